@@ -1,0 +1,56 @@
+"""torchmem: every PyTorch device-memory question answered — where it went, who holds it, what fits.
+
+Importing torchmem does no work: it does not initialise CUDA, change allocator settings, reset peak
+statistics or start threads.
+
+Example:
+    >>> import torchmem
+    >>> print(torchmem.stats())            # doctest: +SKIP
+    >>> with torchmem.track() as t:        # doctest: +SKIP
+    ...     ...
+"""
+
+from __future__ import annotations
+
+from torchmem._errors import (
+    DeviceError,
+    DeviceIndexError,
+    DeviceUnavailableError,
+    NVMLUnavailableError,
+    TorchmemError,
+    TrackingError,
+    UnknownDeviceError,
+    UnsupportedDeviceError,
+)
+from torchmem.analysis.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
+from torchmem.capture.cpu import CpuTracking, cpu_tracking
+from torchmem.capture.read import counters, reset_peak, stats
+from torchmem.capture.track import Tracker, TrackResult, track
+from torchmem.devices import HotReading
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Breakdown",
+    "BreakdownRow",
+    "CpuTracking",
+    "DeviceError",
+    "DeviceIndexError",
+    "DeviceUnavailableError",
+    "HotReading",
+    "MemoryStats",
+    "NVMLUnavailableError",
+    "ProcessMemory",
+    "TorchmemError",
+    "TrackResult",
+    "Tracker",
+    "TrackingError",
+    "UnknownDeviceError",
+    "UnsupportedDeviceError",
+    "__version__",
+    "counters",
+    "cpu_tracking",
+    "reset_peak",
+    "stats",
+    "track",
+]

@@ -1,0 +1,5 @@
+"""``python -m torchmem``."""
+
+from torchmem.cli import run
+
+run()

@@ -1,0 +1,24 @@
+"""Human formatting of byte figures. ``None`` is always ``n/a``."""
+
+from __future__ import annotations
+
+_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def fmt_bytes(n: int | float | None, signed: bool = False) -> str:
+    """``1536 -> '1.50 KiB'``; ``None -> 'n/a'``; ``signed=True`` puts a ``+`` on positive figures."""
+    if n is None:
+        return "n/a"
+    sign = "-" if n < 0 else ("+" if signed and n > 0 else "")
+    v = float(abs(n))
+    for unit in _UNITS:
+        if v < 1024 or unit == _UNITS[-1]:
+            if unit == "B":
+                return f"{sign}{int(v)} B"
+            return f"{sign}{v:.2f} {unit}"
+        v /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_ratio(r: float | None) -> str:
+    return "n/a" if r is None else f"{r:.1%}"

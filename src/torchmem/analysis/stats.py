@@ -1,0 +1,345 @@
+"""Frozen memory statistics and the reconciliation of ``nvidia-smi`` — pure data and arithmetic.
+
+Nothing here touches a device: :func:`build_stats` takes the numbers the device layer read and derives the
+rest, so every rule is testable with plain numbers. A figure that cannot be known stays ``None``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One process's use of a device, as NVML reports it."""
+
+    pid: int
+    name: str | None
+    used: int | None
+
+
+@dataclass(frozen=True)
+class BreakdownRow:
+    """One line of the reconciliation: a labelled byte figure, with sub-rows that sum to it."""
+
+    label: str
+    bytes: int | None
+    note: str = ""
+    children: tuple[BreakdownRow, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "bytes": self.bytes,
+            "note": self.note,
+            "children": [c.to_dict() for c in self.children],
+        }
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Where this process's device memory (what ``nvidia-smi`` shows for its PID) goes.
+
+    ``process`` rows sum exactly to ``process_used`` when it is known: CUDA context + PyTorch reserved
+    (allocated + cached free, of which split) + other allocators in this process + unexplained. ``device``
+    rows explain the device's used total: this process + other processes + memory no process accounts for.
+    """
+
+    device: str
+    process_used: int | None
+    process: tuple[BreakdownRow, ...]
+    device_used: int | None
+    device_total: int | None
+    other_processes: tuple[ProcessMemory, ...] | None
+    unattributed: int | None
+    notes: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        from torchmem.report.text import render_breakdown
+
+        return render_breakdown(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "device": self.device,
+            "process_used": self.process_used,
+            "process": [r.to_dict() for r in self.process],
+            "device_used": self.device_used,
+            "device_total": self.device_total,
+            "other_processes": None
+            if self.other_processes is None
+            else [asdict(p) for p in self.other_processes],
+            "unattributed": self.unattributed,
+            "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """A frozen, timestamped reading of one device's memory.
+
+    Byte figures agree with ``torch.cuda.memory_stats()`` (allocator figures) and NVML (driver figures)
+    read at the same moment. ``None`` means "cannot be known here" and prints as ``n/a``; it never means 0.
+
+    Attributes:
+        device: ``"cuda:0"``, ``"cpu"``, ...
+        platform: ``"cuda"``, ``"rocm"``, ``"mps"``, ``"xpu"`` or ``"cpu"``.
+        name: Product name of the device.
+        timestamp: ``time.time()`` of the reading.
+        allocated: Bytes in blocks handed out to tensors (``allocated_bytes.all.current``). On CPU: bytes of
+            live tensor storages counted by :func:`torchmem.cpu_tracking` (``None`` when it is off).
+        reserved: Bytes the caching allocator holds from the driver (``reserved_bytes.all.current``).
+        active: Bytes in active blocks, including freed blocks still in use by a stream.
+        requested: Bytes the callers asked for, before the allocator's rounding.
+        cached: Reserved but not allocated: free blocks the cache keeps (``reserved - allocated``).
+        fragmented: Bytes of free blocks that are pieces of split segments (``inactive_split_bytes``):
+            cached memory that only requests smaller than its pieces can use.
+        fragmentation: ``fragmented / cached`` (0..1), the share of the cache that is split.
+        peak_allocated: Highest ``allocated`` since the last peak reset.
+        peak_reserved: Highest ``reserved`` since the last peak reset.
+        num_ooms: Out-of-memory errors the allocator raised.
+        alloc_retries: Times the allocator freed its cache and retried a failed cudaMalloc.
+        device_total: Device memory in all.
+        device_free: Free device memory (all processes).
+        device_used: ``device_total - device_free``.
+        process_used: This process's device usage as the driver sees it (the ``nvidia-smi`` process row).
+            On CPU: the process's resident set size.
+        context: Estimated size of this process's CUDA context (see docs/stats.md for how it is measured).
+        context_method: How ``context`` was measured.
+        other_allocators: Bytes held in this process by other libraries' pools (CuPy), by library.
+        non_torch: ``process_used - reserved``: device memory of this process outside PyTorch's allocator
+            (the context, library handles and kernels, NCCL, other allocators).
+        unexplained: ``process_used - context - reserved - other_allocators``: what no reading explains.
+        other_processes: Other processes on this device, with their usage.
+        pinned_host: Page-locked host memory held by torch's host allocator.
+        notes: Why some figures are ``n/a``, and what to do about it.
+    """
+
+    device: str
+    platform: str
+    name: str | None
+    timestamp: float
+    allocated: int | None = None
+    reserved: int | None = None
+    active: int | None = None
+    requested: int | None = None
+    cached: int | None = None
+    fragmented: int | None = None
+    fragmentation: float | None = None
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    num_ooms: int | None = None
+    alloc_retries: int | None = None
+    device_total: int | None = None
+    device_free: int | None = None
+    device_used: int | None = None
+    process_used: int | None = None
+    context: int | None = None
+    context_method: str | None = None
+    other_allocators: Mapping[str, int] = field(default_factory=dict)
+    non_torch: int | None = None
+    unexplained: int | None = None
+    other_processes: tuple[ProcessMemory, ...] | None = None
+    pinned_host: int | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def other_processes_used(self) -> int | None:
+        """Sum of the other processes' usage, ``None`` if unknown for any of them."""
+        if self.other_processes is None:
+            return None
+        total = 0
+        for p in self.other_processes:
+            if p.used is None:
+                return None
+            total += p.used
+        return total
+
+    def breakdown(self) -> Breakdown:
+        """The reconciliation of the ``nvidia-smi`` figures for this device. See :class:`Breakdown`."""
+        return build_breakdown(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field (``None`` stays ``None``)."""
+        d = asdict(self)
+        d["other_allocators"] = dict(self.other_allocators)
+        d["other_processes"] = (
+            None if self.other_processes is None else [asdict(p) for p in self.other_processes]
+        )
+        d["notes"] = list(self.notes)
+        return d
+
+    def __str__(self) -> str:
+        from torchmem.report.text import render_stats
+
+        return render_stats(self)
+
+
+def _sub(a: int | None, *bs: int | None) -> int | None:
+    if a is None or any(b is None for b in bs):
+        return None
+    return a - sum(b for b in bs if b is not None)
+
+
+def build_stats(
+    *,
+    device: str,
+    platform: str,
+    name: str | None,
+    timestamp: float,
+    allocator: Mapping[str, int] | None,
+    hot: tuple[int | None, int | None, int | None, int | None, int | None] | None = None,
+    mem_info: tuple[int, int] | None = None,
+    nvml_total: int | None = None,
+    nvml_used: int | None = None,
+    process_used: int | None = None,
+    context: int | None = None,
+    context_method: str | None = None,
+    other_allocators: Mapping[str, int] | None = None,
+    other_processes: tuple[ProcessMemory, ...] | None = None,
+    pinned_host: int | None = None,
+    notes: tuple[str, ...] = (),
+) -> MemoryStats:
+    """Derive a :class:`MemoryStats` from raw readings.
+
+    ``allocator`` is the flat ``memory_stats()``-style dict (``None`` where the backend has none, in which
+    case ``hot`` gives what is known). ``mem_info`` is ``(free, total)`` from the runtime and wins over
+    NVML's device figures, which are used when the runtime cannot be asked.
+    """
+    if allocator is not None:
+
+        def g(key: str) -> int | None:
+            v = allocator.get(key)
+            return None if v is None else int(v)
+
+        allocated = g("allocated_bytes.all.current")
+        reserved = g("reserved_bytes.all.current")
+        active = g("active_bytes.all.current")
+        requested = g("requested_bytes.all.current")
+        fragmented = g("inactive_split_bytes.all.current")
+        peak_allocated = g("allocated_bytes.all.peak")
+        peak_reserved = g("reserved_bytes.all.peak")
+        num_ooms = g("num_ooms")
+        alloc_retries = g("num_alloc_retries")
+        if not allocator:  # an initialised-nothing allocator: everything is genuinely zero
+            allocated = reserved = active = requested = fragmented = 0
+            peak_allocated = peak_reserved = num_ooms = alloc_retries = 0
+    else:
+        h = hot or (None, None, None, None, None)
+        allocated, reserved, active, peak_allocated, peak_reserved = h
+        requested = fragmented = num_ooms = alloc_retries = None
+
+    cached = _sub(reserved, allocated)
+    fragmentation: float | None = None
+    if fragmented is not None and cached is not None:
+        fragmentation = (fragmented / cached) if cached > 0 else 0.0
+
+    if mem_info is not None:
+        device_free, device_total = mem_info
+        device_used: int | None = device_total - device_free
+    elif nvml_total is not None and nvml_used is not None:
+        device_total, device_used = nvml_total, nvml_used
+        device_free = nvml_total - nvml_used
+    else:
+        device_total = device_free = device_used = None
+
+    others = dict(other_allocators or {})
+    non_torch = _sub(process_used, reserved) if platform != "cpu" else None
+    unexplained = None
+    if platform != "cpu":
+        unexplained = _sub(process_used, context, reserved, sum(others.values()))
+
+    return MemoryStats(
+        device=device,
+        platform=platform,
+        name=name,
+        timestamp=timestamp,
+        allocated=allocated,
+        reserved=reserved,
+        active=active,
+        requested=requested,
+        cached=cached,
+        fragmented=fragmented,
+        fragmentation=fragmentation,
+        peak_allocated=peak_allocated,
+        peak_reserved=peak_reserved,
+        num_ooms=num_ooms,
+        alloc_retries=alloc_retries,
+        device_total=device_total,
+        device_free=device_free,
+        device_used=device_used,
+        process_used=process_used,
+        context=context,
+        context_method=context_method,
+        other_allocators=others,
+        non_torch=non_torch,
+        unexplained=unexplained,
+        other_processes=other_processes,
+        pinned_host=pinned_host,
+        notes=notes,
+    )
+
+
+_CONTEXT_NOTES = {
+    "nvml-process": "measured: a fresh process's usage on this GPU (NVML, per PID)",
+    "nvml-device-delta": "measured: device usage before/after a fresh process created its context",
+}
+
+
+def build_breakdown(s: MemoryStats) -> Breakdown:
+    """The reconciliation rows for ``s`` (pure; see :class:`Breakdown`)."""
+    notes = list(s.notes)
+    if s.platform == "cpu":
+        rows = (
+            BreakdownRow("process resident memory (RSS)", s.process_used),
+            BreakdownRow(
+                "live tensor storages (cpu_tracking)",
+                s.allocated,
+                "" if s.allocated is not None else "turn on torchmem.cpu_tracking() to count",
+            ),
+        )
+        return Breakdown(s.device, s.process_used, rows, s.device_used, s.device_total, None, None, tuple(notes))
+
+    split_row = BreakdownRow(
+        "of which split (fragmented)",
+        s.fragmented,
+        "" if s.fragmentation is None else f"{s.fragmentation:.0%} of the cache",
+    )
+    torch_row = BreakdownRow(
+        "PyTorch reserved",
+        s.reserved,
+        "caching allocator segments",
+        (
+            BreakdownRow("allocated (live tensors, workspaces)", s.allocated),
+            BreakdownRow("cached free blocks", s.cached, "", (split_row,)),
+        ),
+    )
+    rows: list[BreakdownRow] = [
+        BreakdownRow("CUDA context (estimate)", s.context, _CONTEXT_NOTES.get(s.context_method or "", "")),
+        torch_row,
+    ]
+    for lib, n in sorted(s.other_allocators.items()):
+        rows.append(BreakdownRow(f"{lib} memory pool", n, "other allocator in this process"))
+    rows.append(
+        BreakdownRow(
+            "unexplained" if s.context is not None else "context + unexplained",
+            s.unexplained if s.context is not None else _sub(s.process_used, s.reserved, sum(s.other_allocators.values())),
+            "library handles and lazily loaded kernels (cuBLAS, cuDNN), NCCL buffers, raw cudaMalloc",
+        )
+    )
+    others = s.other_processes_used
+    unattributed = _sub(s.device_used, s.process_used, others)
+    if s.process_used is None:
+        notes.append("This process's usage is n/a, so the rows above cannot be reconciled.")
+    return Breakdown(
+        device=s.device,
+        process_used=s.process_used,
+        process=tuple(rows),
+        device_used=s.device_used,
+        device_total=s.device_total,
+        other_processes=s.other_processes,
+        unattributed=unattributed,
+        notes=tuple(notes),
+    )

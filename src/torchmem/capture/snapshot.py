@@ -1,0 +1,124 @@
+"""Take a :class:`~torchmem.analysis.stats.MemoryStats` reading: all device reads batched in one place."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from torchmem.analysis.stats import MemoryStats, ProcessMemory, build_stats
+from torchmem.devices import Backend, CpuBackend, CudaBackend, DeviceLike, backend
+from torchmem.devices import _context, _nvml
+from torchmem.devices._cpu import process_rss
+from torchmem.devices._foreign import foreign_pools
+
+_OTHER_CONTEXT_MAKERS = ("cupy", "jax", "tensorflow", "numba", "pycuda")
+
+
+def read_stats(spec: DeviceLike = None) -> MemoryStats:
+    """Read every figure of one device (see :func:`torchmem.stats`)."""
+    be = backend(spec)
+    if isinstance(be, CudaBackend):
+        return _read_cuda(be)
+    if isinstance(be, CpuBackend):
+        return _read_cpu(be)
+    return _read_generic(be)
+
+
+def _read_cpu(be: CpuBackend) -> MemoryStats:
+    t = time.time()
+    hot = be.hot()
+    notes: tuple[str, ...] = ()
+    if hot.allocated is None:
+        notes = ("CPU tensor bytes are counted only inside torchmem.cpu_tracking() (it costs ~15 µs per op).",)
+    return build_stats(
+        device=be.label,
+        platform="cpu",
+        name=be.name(),
+        timestamp=t,
+        allocator=None,
+        hot=tuple(hot),  # type: ignore[arg-type]
+        mem_info=be.mem_info(),
+        process_used=process_rss(),
+        notes=notes,
+    )
+
+
+def _read_generic(be: Backend) -> MemoryStats:
+    t = time.time()
+    return build_stats(
+        device=be.label,
+        platform=be.platform,
+        name=be.name(),
+        timestamp=t,
+        allocator=be.allocator_stats(),
+        hot=tuple(be.hot()),  # type: ignore[arg-type]
+        mem_info=be.mem_info(),
+        notes=("Per-process device usage is not available for this device kind.",),
+    )
+
+
+def _read_cuda(be: CudaBackend) -> MemoryStats:
+    notes: list[str] = []
+    index = be.index or 0
+    initialized = be.is_initialized()
+    uuid = be.uuid() if initialized else None
+    rocm = be.platform == "rocm"
+
+    # The fast reads first and together, so they describe one moment.
+    t = time.time()
+    allocator = be.allocator_stats()
+    mem_info = be.mem_info()
+    nv = None if rocm else _nvml.device(index, uuid=uuid)
+    pinned = be.pinned_host()
+    pools = foreign_pools(index) if initialized else {}
+
+    if rocm:
+        notes.append("ROCm: per-process figures need AMD SMI, which torchmem does not read yet.")
+    elif nv is None:
+        problem = _nvml.nvml_problem()
+        notes.append(problem or "NVML could not be read for this device.")
+
+    process_used: int | None = None
+    others: tuple[ProcessMemory, ...] | None = None
+    if nv is not None and nv.processes is not None:
+        me = os.getpid()
+        own = [p for p in nv.processes if p.pid == me]
+        others = tuple(ProcessMemory(p.pid, p.name, p.used) for p in nv.processes if p.pid != me)
+        if own:
+            process_used = own[0].used
+            if process_used is None:
+                notes.append("The driver does not report per-process usage here (MIG or a restricted container).")
+        elif not initialized and not any(m in sys.modules for m in _OTHER_CONTEXT_MAKERS):
+            process_used = 0  # no CUDA context in this process, so it holds nothing on the device
+        else:
+            notes.append(
+                "NVML does not list this process's PID (a container with its own PID namespace?): "
+                "this process's usage is n/a."
+            )
+
+    context = context_method = None
+    if initialized and nv is not None:
+        est = _context.estimate(index, nv.uuid, nv.driver)
+        if est is not None:
+            context, context_method = est.bytes, est.method
+        elif _context.probe_enabled():
+            notes.append("The CUDA context could not be measured (the probe process failed).")
+
+    return build_stats(
+        device=be.label,
+        platform=be.platform,
+        name=(nv.name if nv is not None else be.name()),
+        timestamp=t,
+        allocator=allocator,
+        mem_info=mem_info,
+        nvml_total=None if nv is None else nv.total,
+        nvml_used=None if nv is None else nv.used,
+        process_used=process_used,
+        context=context,
+        context_method=context_method,
+        other_allocators=pools,
+        other_processes=others,
+        pinned_host=pinned,
+        notes=tuple(notes),
+    )

@@ -1,0 +1,241 @@
+"""``torchmem.track()``: the memory a block of code used — delta, peak, and what survived it."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar, cast
+
+from torchmem._errors import TrackingError
+from torchmem.devices import Backend, CpuBackend, DeviceLike, backend, ledger
+from torchmem.devices._ledger import Cohort, Watermark
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class TrackResult:
+    """What one tracked block did to a device's memory, in bytes.
+
+    Attributes:
+        device: The device measured.
+        allocated_before / allocated_after: allocated bytes at entry and exit.
+        delta: ``allocated_after - allocated_before``.
+        peak: Highest allocated bytes while the block ran (absolute), ``None`` if the device has no peaks.
+        peak_delta: ``peak - allocated_before``: the extra memory the block needed at its worst.
+        reserved_before / reserved_after: the allocator's reserved bytes (``None`` on CPU).
+        born: Bytes of tensor storages created inside the block (``None`` with ``survivors=False``).
+        survived: Bytes of those storages still alive at exit — what the block left behind.
+        survived_tensors: How many storages survived.
+        seconds: Wall time of the block.
+    """
+
+    device: str
+    allocated_before: int | None
+    allocated_after: int | None
+    delta: int | None
+    peak: int | None
+    peak_delta: int | None
+    reserved_before: int | None
+    reserved_after: int | None
+    born: int | None
+    survived: int | None
+    survived_tensors: int | None
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        from torchmem.report.text import render_track
+
+        return render_track(self)
+
+
+class _Frame:
+    __slots__ = ("carried", "cohort", "hot0", "mark", "stack", "t0")
+
+    def __init__(self) -> None:
+        self.carried = 0
+        self.cohort: Cohort | None = None
+        self.mark: Watermark | None = None
+        self.hot0: Any = None
+        self.stack = ExitStack()
+        self.t0 = 0.0
+
+
+# Active frames per device that reset the allocator's peak: an inner reset must not lose an outer peak.
+_open: dict[str, list[_Frame]] = {}
+_open_lock = threading.Lock()
+
+
+class Tracker:
+    """Context manager and decorator returned by :func:`track`.
+
+    After a block ends, :attr:`result` holds its :class:`TrackResult`, and the attributes ``delta``,
+    ``peak``, ``survived`` ... read through to it. Used as a decorator, each call is one block and
+    :attr:`results` keeps every call's result.
+    """
+
+    def __init__(
+        self,
+        device: DeviceLike = None,
+        *,
+        survivors: bool = True,
+        peak: bool = True,
+        on_exit: Callable[[TrackResult], None] | None = None,
+    ) -> None:
+        self._spec = device
+        self._be: Backend | None = None
+        self._survivors = survivors
+        self._peak = peak
+        self._on_exit = on_exit
+        self._frames: list[_Frame] = []
+        self.result: TrackResult | None = None
+        self.results: list[TrackResult] = []
+
+    # -- result read-through -------------------------------------------------------------------
+    def _res(self) -> TrackResult:
+        if self.result is None:
+            raise TrackingError("The tracked block has not finished yet.", "Read the figures after the block.")
+        return self.result
+
+    @property
+    def delta(self) -> int | None:
+        return self._res().delta
+
+    @property
+    def peak(self) -> int | None:
+        return self._res().peak
+
+    @property
+    def peak_delta(self) -> int | None:
+        return self._res().peak_delta
+
+    @property
+    def survived(self) -> int | None:
+        return self._res().survived
+
+    def __str__(self) -> str:
+        return str(self.result) if self.result is not None else "<torchmem.track: running>"
+
+    # -- context manager -----------------------------------------------------------------------
+    def __enter__(self) -> Tracker:
+        if self._be is None:
+            self._be = backend(self._spec)
+        be = self._be
+        dev = be.label
+        f = _Frame()
+        cpu = isinstance(be, CpuBackend)
+        led = ledger()
+        if cpu or self._survivors:
+            f.stack.enter_context(led.enabled())
+        if self._survivors:
+            f.cohort = led.open_cohort(dev)
+        if cpu:
+            f.mark = led.open_watermark(dev)
+        elif self._peak and be.is_initialized():
+            with _open_lock:
+                prior = be.hot().peak_allocated or 0
+                for other in _open.get(dev, ()):
+                    other.carried = max(other.carried, prior)
+                be.reset_peak()
+                _open.setdefault(dev, []).append(f)
+        f.hot0 = be.hot()
+        f.t0 = time.perf_counter()
+        self._frames.append(f)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._frames:
+            raise TrackingError("track() exited more often than it was entered.", "")
+        f = self._frames.pop()
+        be = cast(Backend, self._be)
+        dev = be.label
+        seconds = time.perf_counter() - f.t0
+        hot1 = be.hot()
+        peak: int | None = None
+        if f.mark is not None:
+            peak = f.mark.peak
+            ledger().close_watermark(f.mark)
+        else:
+            with _open_lock:
+                frames = _open.get(dev, [])
+                if f in frames:
+                    frames.remove(f)
+                    now = hot1.peak_allocated
+                    peak = None if now is None else max(now, f.carried)
+                    for other in frames:  # an enclosing block also saw this peak
+                        other.carried = max(other.carried, peak or 0)
+        born = survived = count = None
+        if f.cohort is not None:
+            ledger().close_cohort(f.cohort)
+            born, survived, count = f.cohort.born_bytes, f.cohort.live_bytes, f.cohort.live_count
+        f.stack.close()
+        a0, a1 = f.hot0.allocated, hot1.allocated
+        delta = None if a0 is None or a1 is None else a1 - a0
+        if peak is not None and a0 is not None and a1 is not None:
+            peak = max(peak, a0, a1)
+        result = TrackResult(
+            device=dev,
+            allocated_before=a0,
+            allocated_after=a1,
+            delta=delta,
+            peak=peak,
+            peak_delta=None if peak is None or a0 is None else peak - a0,
+            reserved_before=f.hot0.reserved,
+            reserved_after=hot1.reserved,
+            born=born,
+            survived=survived,
+            survived_tensors=count,
+            seconds=seconds,
+        )
+        self.result = result
+        self.results.append(result)
+        if self._on_exit is not None:
+            self._on_exit(result)
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return cast(F, wrapper)
+
+
+def track(
+    device: DeviceLike = None,
+    *,
+    survivors: bool = True,
+    peak: bool = True,
+    on_exit: Callable[[TrackResult], None] | None = None,
+) -> Tracker:
+    """Measure the memory a block of code uses: delta, peak inside the block, and what survived it.
+
+    Works as a context manager and as a decorator. Nested blocks each get their own correct peak.
+
+    Args:
+        device: The device to measure (default: the current accelerator, else CPU).
+        survivors: Record the tensor storages created inside the block, to report how many bytes of them
+            are still alive at exit (``survived``). Costs ~15 µs per op inside the block; pass ``False`` in a
+            hot loop (``born``/``survived`` are then ``None``).
+        peak: Measure the peak inside the block. On CUDA/XPU this resets torch's peak counters at block
+            entry (``torch.cuda.reset_peak_memory_stats``): afterwards ``max_memory_allocated()`` reports the
+            peak since the most recent block began. Pass ``False`` to leave torch's counters untouched
+            (``peak`` is then ``None``). On CPU torchmem keeps its own peak and nothing in torch changes.
+        on_exit: Called with the :class:`TrackResult` of each block.
+
+    Example:
+        >>> import torch, torchmem
+        >>> with torchmem.track("cpu") as t:
+        ...     x = torch.ones(1024, 1024)          # 4 MiB that outlives the block
+        ...     tmp = torch.ones(2048, 1024); del tmp  # 8 MiB only at the peak
+        >>> t.delta, t.survived, t.peak_delta
+        (4194304, 4194304, 12582912)
+    """
+    return Tracker(device, survivors=survivors, peak=peak, on_exit=on_exit)

@@ -1,0 +1,57 @@
+"""The ``torchmem`` command line: one module per command, ``main(argv) -> int``.
+
+Errors map to exit codes here and only here: a :class:`~torchmem.TorchmemError` prints its message and
+hint and exits with its ``exit_code``; a wrong command line exits 2 (argparse); Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from torchmem._errors import TorchmemError
+from torchmem.cli import stats as stats_cmd
+
+_COMMANDS = {"stats": stats_cmd}
+
+
+def _parser() -> argparse.ArgumentParser:
+    from torchmem import __version__
+
+    p = argparse.ArgumentParser(
+        prog="torchmem", description="Answers PyTorch device-memory questions: where it went, who holds it."
+    )
+    p.add_argument("--version", action="version", version=f"torchmem {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, mod in _COMMANDS.items():
+        mod.add_parser(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    parser = _parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exc:  # argparse: --help, --version, usage errors
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    if args.command is None:
+        parser.print_help(sys.stdout)
+        return 0
+    try:
+        return int(_COMMANDS[args.command].run(args))
+    except TorchmemError as exc:
+        print(f"torchmem: error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"hint: {exc.hint}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""``torchmem stats``: memory figures per visible device, as a table, JSON, or a refreshing view."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+from torchmem.analysis.stats import MemoryStats
+from torchmem.capture.snapshot import read_stats
+from torchmem.devices import cuda_available, resolve, visible_devices
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("stats", help="memory figures and the nvidia-smi reconciliation per device")
+    p.add_argument("--device", "-d", action="append", help="device to show (repeatable); default: all")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C")
+    p.add_argument("--count", type=int, default=None, help="with --watch: stop after this many readings")
+
+
+def _read(devices: list[Any]) -> list[MemoryStats]:
+    return [read_stats(d) for d in devices]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.watch is not None and args.watch <= 0:
+        print("torchmem: error: --watch needs a positive number of seconds", file=sys.stderr)
+        return 2
+    if args.count is not None and args.count < 1:
+        print("torchmem: error: --count needs a positive number", file=sys.stderr)
+        return 2
+    devices: list[Any] = [resolve(d) for d in args.device] if args.device else visible_devices()
+    if not args.device and not cuda_available() and not args.json:
+        print("No GPU is visible to torch here (CPU-only build or no device); showing CPU and process figures.")
+    if args.watch is None:
+        _emit(_read(devices), args.json)
+        return 0
+    return _watch(devices, args)
+
+
+def _emit(readings: list[MemoryStats], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"devices": [r.to_dict() for r in readings]}, indent=2, default=str))
+    else:
+        from torchmem.report.terminal import render_stats
+
+        render_stats(readings, sys.stdout)
+
+
+def _watch(devices: list[Any], args: argparse.Namespace) -> int:
+    n = 0
+    if args.json or not sys.stdout.isatty():
+        while args.count is None or n < args.count:
+            readings = _read(devices)
+            if args.json:
+                print(json.dumps({"devices": [r.to_dict() for r in readings]}, default=str), flush=True)
+            else:
+                _emit(readings, False)
+            n += 1
+            if args.count is None or n < args.count:
+                time.sleep(args.watch)
+        return 0
+    from rich.live import Live
+
+    from torchmem.report.terminal import console_for, stats_renderable
+
+    with Live(console=console_for(), auto_refresh=False) as live:
+        while args.count is None or n < args.count:
+            live.update(stats_renderable(_read(devices)), refresh=True)
+            n += 1
+            if args.count is None or n < args.count:
+                time.sleep(args.watch)
+    return 0

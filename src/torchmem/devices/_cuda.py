@@ -1,0 +1,102 @@
+"""CUDA (and ROCm, which torch also calls ``cuda``) backend.
+
+The hot read goes straight to the caching allocator's nested statistics
+(``torch._C._cuda_memoryStats``), skipping the flatten-and-sort that makes
+``torch.cuda.memory_allocated()`` cost ~159 µs a call. Where that private entry point is missing it
+falls back to the public ``torch.cuda.memory_stats_as_nested_dict`` (the same dict, one wrapper more).
+Nothing here initialises CUDA: before the process has used the GPU, the allocator figures are exactly 0
+and device-wide figures come from NVML instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from torchmem.devices._base import Backend, HotReading, flatten
+
+
+def _nested_stats_reader() -> Callable[[int], dict[str, Any]]:
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if callable(raw):
+        return raw  # type: ignore[no-any-return]
+
+    def public(index: int) -> dict[str, Any]:
+        return torch.cuda.memory_stats_as_nested_dict(index)
+
+    return public
+
+
+_ZERO = HotReading(0, 0, 0, 0, 0)
+
+
+class CudaBackend(Backend):
+    kind = "cuda"
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self._read: Callable[[int], dict[str, Any]] = _nested_stats_reader()
+        self._idx: int = device.index if device.index is not None else 0
+
+    @property
+    def platform(self) -> str:
+        return "rocm" if getattr(torch.version, "hip", None) else "cuda"
+
+    def is_initialized(self) -> bool:
+        return bool(torch.cuda.is_initialized())
+
+    def name(self) -> str | None:
+        if not self.is_initialized():
+            return None
+        return str(torch.cuda.get_device_name(self._idx))
+
+    def hot(self) -> HotReading:
+        if not torch.cuda.is_initialized():
+            return _ZERO
+        d = self._read(self._idx)
+        a = d["allocated_bytes"]["all"]
+        r = d["reserved_bytes"]["all"]
+        return HotReading(
+            a["current"], r["current"], d["active_bytes"]["all"]["current"], a["peak"], r["peak"]
+        )
+
+    def allocator_stats(self) -> Mapping[str, int] | None:
+        if not torch.cuda.is_initialized():
+            return {}
+        return flatten(self._read(self._idx))
+
+    def mem_info(self) -> tuple[int, int] | None:
+        # cudaMemGetInfo needs a context; creating one would add ~500 MiB to what we measure.
+        if not torch.cuda.is_initialized():
+            return None
+        free, total = torch.cuda.mem_get_info(self._idx)
+        return int(free), int(total)
+
+    def pinned_host(self) -> int | None:
+        if not torch.cuda.is_initialized():
+            return 0
+        reader = getattr(torch.cuda, "host_memory_stats", None)
+        if reader is None:
+            return None
+        stats = reader()
+        for key in ("allocated_bytes.current", "reserved_bytes.current"):
+            if key in stats:
+                return int(stats[key])
+        return None
+
+    def reset_peak(self) -> None:
+        if torch.cuda.is_initialized():
+            torch.cuda.reset_peak_memory_stats(self._idx)
+
+    def uuid(self) -> str | None:
+        """The device UUID (``GPU-…``) once CUDA is initialised, for an exact NVML match."""
+        if not self.is_initialized():
+            return None
+        props = torch.cuda.get_device_properties(self._idx)
+        uuid = getattr(props, "uuid", None)
+        if uuid is None:
+            return None
+        text = str(uuid)
+        return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"

@@ -1,0 +1,363 @@
+"""Exact live-bytes accounting of tensor storages, on any device, through a dispatch mode.
+
+Every aten op that runs while the ledger is on is seen by :class:`_LedgerMode`. Each output whose storage
+the ledger has not seen, and that is not one of the op's inputs (a view, an in-place result, ``out=``), is
+a new storage: its ``nbytes()`` is added and a weak reference with a callback on its ``untyped_storage()``
+subtracts it when the storage dies. Tensors that only autograd holds (saved for backward) are storages like
+any other, so they are counted until the graph is freed. ``resize_`` and ``out=`` growth are followed by
+re-reading ``nbytes()`` of the storages a mutating op touched.
+
+What is counted: storages created while the ledger was on, on the threads where it was on (plus autograd's
+backward, which inherits the dispatch-mode state). Memory that does not belong to a tensor storage
+(allocator caches, library workspaces) is not a tensor and is not counted.
+
+Cost: ~15–20 µs per op on the thread where it is on, which is why it is opt-in.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+try:  # private module, present in every torch >= 2.0; guarded so a rename degrades to "unavailable"
+    from torch.utils._python_dispatch import TorchDispatchMode as _TorchDispatchMode
+except ImportError:  # pragma: no cover - exercised only on a torch that dropped it
+    _TorchDispatchMode = None  # type: ignore[assignment,misc]
+
+_log = logging.getLogger("torchmem")
+
+_SKIP_DEVICES = frozenset({"meta"})
+
+
+class Cohort:
+    """The storages born while a cohort was open, and how many of them are still alive.
+
+    Opened by :meth:`Ledger.open_cohort`; used by ``track()`` to say what survived a block.
+    """
+
+    __slots__ = ("_keys", "born_bytes", "born_count", "closed", "device", "live_bytes")
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self._keys: set[int] = set()
+        self.born_bytes = 0
+        self.born_count = 0
+        self.live_bytes = 0
+        self.closed = False
+
+    @property
+    def live_count(self) -> int:
+        """Storages born in the cohort that are still alive."""
+        return len(self._keys)
+
+
+class Watermark:
+    """A peak counter for one device that starts at the current figure when opened."""
+
+    __slots__ = ("device", "peak", "start")
+
+    def __init__(self, device: str, current: int) -> None:
+        self.device = device
+        self.start = current
+        self.peak = current
+
+
+class _Entry:
+    __slots__ = ("cohorts", "device", "nbytes", "ref")
+
+    def __init__(self, device: str, nbytes: int) -> None:
+        self.device = device
+        self.nbytes = nbytes
+        self.ref: weakref.ref[Any] | None = None
+        self.cohorts: tuple[Cohort, ...] = ()
+
+
+def _storage_key(t: torch.Tensor) -> tuple[int, Any] | None:
+    try:
+        s = t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested and other storage-less layouts
+        return None
+    return s._cdata, s
+
+
+def _tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Iterator[torch.Tensor]:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            yield a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, torch.Tensor):
+                    yield b
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                yield a
+            elif isinstance(a, (list, tuple)):
+                for b in a:
+                    if isinstance(b, torch.Tensor):
+                        yield b
+
+
+class Ledger:
+    """Live bytes per device, counted exactly from storage births and deaths.
+
+    One process-wide instance (:func:`ledger`) is shared by every thread that turns it on; counts are
+    kept per device string (``"cpu"``, ``"cuda:0"``).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._live: dict[int, _Entry] = {}
+        self._current: dict[str, int] = {}
+        self._peak: dict[str, int] = {}
+        self._cohorts: list[Cohort] = []
+        self._watermarks: list[Watermark] = []
+        self._users = 0
+        self._tls = threading.local()
+        self._mutable: dict[Any, bool] = {}
+        self._errors_reported: set[str] = set()
+
+    # -- reading ---------------------------------------------------------------------------------
+    @property
+    def active(self) -> bool:
+        """Whether any thread has the ledger on."""
+        return self._users > 0
+
+    def current(self, device: str) -> int:
+        return self._current.get(device, 0)
+
+    def peak(self, device: str) -> int:
+        return self._peak.get(device, 0)
+
+    def live_storages(self, device: str | None = None) -> int:
+        with self._lock:
+            return sum(1 for e in self._live.values() if device is None or e.device == device)
+
+    def reset_peak(self, device: str) -> None:
+        with self._lock:
+            self._peak[device] = self._current.get(device, 0)
+
+    # -- cohorts and watermarks (used by track()) ------------------------------------------------
+    def open_cohort(self, device: str) -> Cohort:
+        c = Cohort(device)
+        with self._lock:
+            self._cohorts.append(c)
+        return c
+
+    def close_cohort(self, cohort: Cohort) -> None:
+        with self._lock:
+            if cohort in self._cohorts:
+                self._cohorts.remove(cohort)
+            cohort.closed = True
+
+    def open_watermark(self, device: str) -> Watermark:
+        with self._lock:
+            w = Watermark(device, self._current.get(device, 0))
+            self._watermarks.append(w)
+        return w
+
+    def close_watermark(self, mark: Watermark) -> None:
+        with self._lock:
+            if mark in self._watermarks:
+                self._watermarks.remove(mark)
+
+    # -- switching on and off --------------------------------------------------------------------
+    @contextmanager
+    def enabled(self) -> Iterator[Ledger]:
+        """Turn recording on for the calling thread for the duration of the block (re-entrant)."""
+        if _TorchDispatchMode is None:  # pragma: no cover
+            from torchmem._errors import TrackingError
+
+            raise TrackingError(
+                "This torch build has no torch.utils._python_dispatch.TorchDispatchMode.",
+                "Exact tensor accounting needs torch >= 2.0.",
+            )
+        depth = getattr(self._tls, "depth", 0)
+        mode = None
+        with self._lock:
+            self._users += 1
+        if depth == 0:
+            mode = _LedgerMode(self)
+            mode.__enter__()
+        self._tls.depth = depth + 1
+        try:
+            yield self
+        finally:
+            self._tls.depth = depth
+            if mode is not None:
+                mode.__exit__(None, None, None)
+            with self._lock:
+                self._users -= 1
+                if self._users == 0:
+                    self._forget()
+
+    def on_this_thread(self) -> bool:
+        return getattr(self._tls, "depth", 0) > 0
+
+    def _forget(self) -> None:
+        # Last user gone: drop every weak reference so no callback fires into stale counts.
+        for e in self._live.values():
+            e.ref = None
+        self._live.clear()
+        self._current.clear()
+        self._peak.clear()
+
+    # -- recording -------------------------------------------------------------------------------
+    def _is_mutable(self, func: Any) -> bool:
+        m = self._mutable.get(func)
+        if m is None:
+            schema = getattr(func, "_schema", None)
+            m = bool(getattr(schema, "is_mutable", False))
+            self._mutable[func] = m
+        return m
+
+    def _add(self, key: int, storage: Any, device: str, nbytes: int) -> None:
+        e = _Entry(device, nbytes)
+        e.ref = weakref.ref(storage, self._make_release(key, e))
+        cohorts = tuple(c for c in self._cohorts if c.device == device)
+        if cohorts:
+            e.cohorts = cohorts
+            for c in cohorts:
+                c._keys.add(key)
+                c.born_bytes += nbytes
+                c.born_count += 1
+                c.live_bytes += nbytes
+        self._live[key] = e
+        self._grow(device, nbytes)
+
+    def _grow(self, device: str, delta: int) -> None:
+        cur = self._current.get(device, 0) + delta
+        self._current[device] = cur
+        if cur > self._peak.get(device, 0):
+            self._peak[device] = cur
+        if delta > 0:
+            for w in self._watermarks:
+                if w.device == device and cur > w.peak:
+                    w.peak = cur
+
+    def _make_release(self, key: int, entry: _Entry) -> Callable[[Any], None]:
+        def release(_ref: Any) -> None:
+            with self._lock:
+                if self._live.get(key) is not entry:
+                    return
+                del self._live[key]
+                self._current[entry.device] = self._current.get(entry.device, 0) - entry.nbytes
+                for c in entry.cohorts:
+                    if key in c._keys:
+                        c._keys.discard(key)
+                        c.live_bytes -= entry.nbytes
+
+        return release
+
+    def _resize(self, entry: _Entry, key: int, nbytes: int) -> None:
+        delta = nbytes - entry.nbytes
+        entry.nbytes = nbytes
+        for c in entry.cohorts:
+            if key in c._keys:
+                c.live_bytes += delta
+        self._grow(entry.device, delta)
+
+    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> None:
+        """Account for the outputs of one op (called by the mode after the op ran)."""
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        with self._lock:
+            inputs: dict[int, Any] | None = None
+            for t in outs:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                found = _storage_key(t)
+                if found is None:
+                    continue
+                key, s = found
+                e = self._live.get(key)
+                if e is not None:
+                    n = s.nbytes()
+                    if n != e.nbytes:
+                        self._resize(e, key, n)
+                    continue
+                if inputs is None:
+                    inputs = {}
+                    for a in _tensors_in(args, kwargs):
+                        k = _storage_key(a)
+                        if k is not None:
+                            inputs[k[0]] = k[1]
+                if key in inputs:
+                    continue  # a view or in-place result of a storage that predates the ledger
+                dev = s.device
+                if dev.type in _SKIP_DEVICES:
+                    continue
+                self._add(key, s, str(dev), s.nbytes())
+
+    def record_mutation(self, before: dict[int, tuple[Any, int]]) -> None:
+        """After a mutating op: follow storages whose size changed (``resize_``, ``out=``)."""
+        with self._lock:
+            for key, (s, old) in before.items():
+                n = s.nbytes()
+                if n == old:
+                    continue
+                e = self._live.get(key)
+                if e is not None:
+                    self._resize(e, key, n)
+                elif n > old and s.device.type not in _SKIP_DEVICES:
+                    # A storage from before the ledger grew: count the growth only.
+                    self._add(key, s, str(s.device), n - old)
+
+    def sizes_before(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> dict[int, tuple[Any, int]] | None:
+        if not self._is_mutable(func):
+            return None
+        before: dict[int, tuple[Any, int]] = {}
+        for a in _tensors_in(args, kwargs):
+            k = _storage_key(a)
+            if k is not None:
+                before[k[0]] = (k[1], k[1].nbytes())
+        return before
+
+    def report_error(self, where: str, exc: BaseException) -> None:
+        """An error inside the recording path: reported once per place, never raised into user code."""
+        if where in self._errors_reported:
+            return
+        self._errors_reported.add(where)
+        msg = f"torchmem: tensor accounting failed in {where} ({type(exc).__name__}: {exc}); figures may be low"
+        _log.warning(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+
+
+if _TorchDispatchMode is not None:
+
+    class _LedgerMode(_TorchDispatchMode):
+        def __init__(self, owner: Ledger) -> None:
+            super().__init__()
+            self._owner = owner
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        ) -> Any:
+            owner = self._owner
+            try:
+                before = owner.sizes_before(func, args, kwargs)
+            except Exception as exc:
+                owner.report_error("pre-op", exc)
+                before = None
+            out = func(*args, **(kwargs or {}))
+            try:
+                owner.record(func, args, kwargs, out)
+                if before:
+                    owner.record_mutation(before)
+            except Exception as exc:
+                owner.report_error(str(func), exc)
+            return out
+
+
+_LEDGER = Ledger()
+
+
+def ledger() -> Ledger:
+    """The process-wide ledger."""
+    return _LEDGER

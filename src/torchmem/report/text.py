@@ -1,0 +1,88 @@
+"""Plain-text rendering of torchmem's report objects (what ``str()`` gives)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torchmem._format import fmt_bytes, fmt_ratio
+
+if TYPE_CHECKING:
+    from torchmem.analysis.stats import Breakdown, BreakdownRow, MemoryStats
+    from torchmem.capture.track import TrackResult
+
+
+def stats_rows(s: MemoryStats) -> list[tuple[str, str]]:
+    """(label, value) pairs of a stats reading, in reading order; shared by text and terminal output."""
+    rows: list[tuple[str, str]] = [
+        ("allocated", fmt_bytes(s.allocated)),
+        ("reserved", fmt_bytes(s.reserved)),
+        ("active", fmt_bytes(s.active)),
+        ("cached free", fmt_bytes(s.cached)),
+        ("fragmented (split free)", f"{fmt_bytes(s.fragmented)} ({fmt_ratio(s.fragmentation)} of cache)"),
+        ("peak allocated", fmt_bytes(s.peak_allocated)),
+        ("peak reserved", fmt_bytes(s.peak_reserved)),
+        ("OOMs / alloc retries", f"{_n(s.num_ooms)} / {_n(s.alloc_retries)}"),
+        ("device total", fmt_bytes(s.device_total)),
+        ("device free", fmt_bytes(s.device_free)),
+        ("this process", fmt_bytes(s.process_used)),
+    ]
+    if s.platform != "cpu":
+        rows += [
+            ("CUDA context (est.)", fmt_bytes(s.context)),
+            ("outside PyTorch", fmt_bytes(s.non_torch)),
+            ("other processes", fmt_bytes(s.other_processes_used)),
+            ("pinned host memory", fmt_bytes(s.pinned_host)),
+        ]
+    return rows
+
+
+def _n(v: int | None) -> str:
+    return "n/a" if v is None else str(v)
+
+
+def render_stats(s: MemoryStats) -> str:
+    title = f"{s.device}" + (f" ({s.name})" if s.name else "")
+    width = max(len(k) for k, _ in stats_rows(s))
+    lines = [title] + [f"  {k:<{width}}  {v}" for k, v in stats_rows(s)]
+    lines += [f"  note: {n}" for n in s.notes]
+    return "\n".join(lines)
+
+
+def _row_lines(row: BreakdownRow, depth: int, width: int) -> list[str]:
+    pad = "  " * depth
+    label = f"{pad}{row.label}"
+    text = f"  {label:<{width}}  {fmt_bytes(row.bytes):>12}"
+    if row.note:
+        text += f"  {row.note}"
+    out = [text]
+    for c in row.children:
+        out += _row_lines(c, depth + 1, width)
+    return out
+
+
+def render_breakdown(b: Breakdown) -> str:
+    width = 44
+    lines = [f"{b.device}: where this process's device memory goes"]
+    for r in b.process:
+        lines += _row_lines(r, 0, width)
+    lines.append(f"  {'= this process (nvidia-smi process row)':<{width}}  {fmt_bytes(b.process_used):>12}")
+    if b.other_processes is not None:
+        for p in b.other_processes:
+            label = f"+ other process {p.pid}" + (f" ({p.name})" if p.name else "")
+            lines.append(f"  {label:<{width}}  {fmt_bytes(p.used):>12}")
+    lines.append(f"  {'+ not attributed to any process':<{width}}  {fmt_bytes(b.unattributed):>12}")
+    lines.append(f"  {'= device used (nvidia-smi Memory-Usage)':<{width}}  {fmt_bytes(b.device_used):>12}")
+    lines.append(f"  {'  of device total':<{width}}  {fmt_bytes(b.device_total):>12}")
+    lines += [f"  note: {n}" for n in b.notes]
+    return "\n".join(lines)
+
+
+def render_track(r: TrackResult) -> str:
+    parts = [
+        f"{r.device}: delta {fmt_bytes(r.delta, signed=True)}",
+        f"peak {fmt_bytes(r.peak)} ({fmt_bytes(r.peak_delta, signed=True)} over start)",
+    ]
+    if r.survived is not None:
+        parts.append(f"survived {fmt_bytes(r.survived)} in {r.survived_tensors} tensor(s)")
+    parts.append(f"{r.seconds * 1000:.1f} ms")
+    return ", ".join(parts)
