@@ -48,6 +48,7 @@ class Breakdown:
     """
 
     device: str
+    platform: str
     process_used: int | None
     process: tuple[BreakdownRow, ...]
     device_used: int | None
@@ -64,6 +65,7 @@ class Breakdown:
     def to_dict(self) -> dict[str, Any]:
         return {
             "device": self.device,
+            "platform": self.platform,
             "process_used": self.process_used,
             "process": [r.to_dict() for r in self.process],
             "device_used": self.device_used,
@@ -300,7 +302,9 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
                 "" if s.allocated is not None else "turn on torchmem.cpu_tracking() to count",
             ),
         )
-        return Breakdown(s.device, s.process_used, rows, s.device_used, s.device_total, None, None, tuple(notes))
+        return Breakdown(
+            s.device, s.platform, s.process_used, rows, s.device_used, s.device_total, None, None, tuple(notes)
+        )
 
     split_row = BreakdownRow(
         "of which split (fragmented)",
@@ -335,6 +339,7 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
         notes.append("This process's usage is n/a, so the rows above cannot be reconciled.")
     return Breakdown(
         device=s.device,
+        platform=s.platform,
         process_used=s.process_used,
         process=tuple(rows),
         device_used=s.device_used,

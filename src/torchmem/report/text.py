@@ -13,6 +13,14 @@ if TYPE_CHECKING:
 
 def stats_rows(s: MemoryStats) -> list[tuple[str, str]]:
     """(label, value) pairs of a stats reading, in reading order; shared by text and terminal output."""
+    if s.platform == "cpu":
+        return [
+            ("tensor storages (cpu_tracking)", fmt_bytes(s.allocated)),
+            ("peak (cpu_tracking)", fmt_bytes(s.peak_allocated)),
+            ("machine memory", fmt_bytes(s.device_total)),
+            ("machine available", fmt_bytes(s.device_free)),
+            ("this process (RSS)", fmt_bytes(s.process_used)),
+        ]
     rows: list[tuple[str, str]] = [
         ("allocated", fmt_bytes(s.allocated)),
         ("reserved", fmt_bytes(s.reserved)),
@@ -26,13 +34,12 @@ def stats_rows(s: MemoryStats) -> list[tuple[str, str]]:
         ("device free", fmt_bytes(s.device_free)),
         ("this process", fmt_bytes(s.process_used)),
     ]
-    if s.platform != "cpu":
-        rows += [
-            ("CUDA context (est.)", fmt_bytes(s.context)),
-            ("outside PyTorch", fmt_bytes(s.non_torch)),
-            ("other processes", fmt_bytes(s.other_processes_used)),
-            ("pinned host memory", fmt_bytes(s.pinned_host)),
-        ]
+    rows += [
+        ("CUDA context (est.)", fmt_bytes(s.context)),
+        ("outside PyTorch", fmt_bytes(s.non_torch)),
+        ("other processes", fmt_bytes(s.other_processes_used)),
+        ("pinned host memory", fmt_bytes(s.pinned_host)),
+    ]
     return rows
 
 
@@ -62,9 +69,14 @@ def _row_lines(row: BreakdownRow, depth: int, width: int) -> list[str]:
 
 def render_breakdown(b: Breakdown) -> str:
     width = 44
-    lines = [f"{b.device}: where this process's device memory goes"]
+    lines = [f"{b.device}: where this process's memory goes"]
     for r in b.process:
         lines += _row_lines(r, 0, width)
+    if b.platform == "cpu":
+        lines.append(f"  {'machine memory used (all processes)':<{width}}  {fmt_bytes(b.device_used):>12}")
+        lines.append(f"  {'  of machine total':<{width}}  {fmt_bytes(b.device_total):>12}")
+        lines += [f"  note: {n}" for n in b.notes]
+        return "\n".join(lines)
     lines.append(f"  {'= this process (nvidia-smi process row)':<{width}}  {fmt_bytes(b.process_used):>12}")
     if b.other_processes is not None:
         for p in b.other_processes:
