@@ -49,13 +49,35 @@ def main() -> int:
         torch.cuda.synchronize()
         anchor = per_call_us(lambda: torch.cuda.memory_allocated(dev), args.calls, args.repeats)
         rows.append(("torch.cuda.memory_allocated()  [anchor]", anchor))
-        rows.append(("torch.cuda.memory_stats()", per_call_us(lambda: torch.cuda.memory_stats(dev), args.calls, args.repeats)))
-        rows.append(("torch.cuda.max_memory_allocated()", per_call_us(lambda: torch.cuda.max_memory_allocated(dev), args.calls, args.repeats)))
-        rows.append(("torch.cuda.mem_get_info()", per_call_us(lambda: torch.cuda.mem_get_info(dev), args.calls, args.repeats)))
+        rows.append(
+            (
+                "torch.cuda.memory_stats()",
+                per_call_us(lambda: torch.cuda.memory_stats(dev), args.calls, args.repeats),
+            )
+        )
+        rows.append(
+            (
+                "torch.cuda.max_memory_allocated()",
+                per_call_us(lambda: torch.cuda.max_memory_allocated(dev), args.calls, args.repeats),
+            )
+        )
+        rows.append(
+            (
+                "torch.cuda.mem_get_info()",
+                per_call_us(lambda: torch.cuda.mem_get_info(dev), args.calls, args.repeats),
+            )
+        )
         hot = per_call_us(lambda: torchmem.counters(dev), args.calls, args.repeats)
         rows.append(("torchmem.counters()  [hot read: 5 figures]", hot))
-        rows.append(("torchmem.counters(None)  [default device]", per_call_us(lambda: torchmem.counters(), args.calls, args.repeats)))
-        rows.append(("torchmem.stats()  [full reading, NVML]", per_call_us(lambda: torchmem.stats(dev), 50, 3)))
+        rows.append(
+            (
+                "torchmem.counters(None)  [default device]",
+                per_call_us(lambda: torchmem.counters(), args.calls, args.repeats),
+            )
+        )
+        rows.append(
+            ("torchmem.stats()  [full reading, NVML]", per_call_us(lambda: torchmem.stats(dev), 50, 3))
+        )
         c = torchmem.counters(dev)
         assert c.allocated == torch.cuda.memory_allocated(dev), (c, torch.cuda.memory_allocated(dev))
         assert c.reserved == torch.cuda.memory_reserved(dev)
@@ -69,7 +91,10 @@ def main() -> int:
         rows.append(("torchmem.counters('cpu') under cpu_tracking", hot))
         label = "CPU (no CUDA here: anchor not measured)"
 
-    print(f"stats_read — {label}, torch {torch.__version__}, {args.calls} calls x {args.repeats} repeats (median)")
+    print(
+        f"stats_read — {label}, torch {torch.__version__}, "
+        f"{args.calls} calls x {args.repeats} repeats (median)"
+    )
     print(f"{'read':<48} {'µs/call':>9} {'vs anchor':>10}")
     for name, us in rows:
         ratio = f"{us / anchor:.3f}" if anchor else "-"
@@ -79,7 +104,9 @@ def main() -> int:
         print(f"hot read / memory_allocated() = {hot / anchor:.3f} (target <= 0.200): {verdict}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": label, "torch": torch.__version__, "rows": rows, "anchor_us": anchor}, f, indent=1)
+            json.dump(
+                {"device": label, "torch": torch.__version__, "rows": rows, "anchor_us": anchor}, f, indent=1
+            )
     return 0 if anchor is None or hot <= anchor / 5 else 1
 
 

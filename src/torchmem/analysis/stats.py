@@ -210,6 +210,15 @@ def build_stats(
     case ``hot`` gives what is known). ``mem_info`` is ``(free, total)`` from the runtime and wins over
     NVML's device figures, which are used when the runtime cannot be asked.
     """
+    allocated: int | None
+    reserved: int | None
+    active: int | None
+    peak_allocated: int | None
+    peak_reserved: int | None
+    requested: int | None
+    fragmented: int | None
+    num_ooms: int | None
+    alloc_retries: int | None
     if allocator is not None:
 
         def g(key: str) -> int | None:
@@ -238,9 +247,12 @@ def build_stats(
     if fragmented is not None and cached is not None:
         fragmentation = (fragmented / cached) if cached > 0 else 0.0
 
+    device_total: int | None
+    device_free: int | None
+    device_used: int | None
     if mem_info is not None:
         device_free, device_total = mem_info
-        device_used: int | None = device_total - device_free
+        device_used = device_total - device_free
     elif nvml_total is not None and nvml_used is not None:
         device_total, device_used = nvml_total, nvml_used
         device_free = nvml_total - nvml_used
@@ -294,7 +306,7 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
     """The reconciliation rows for ``s`` (pure; see :class:`Breakdown`)."""
     notes = list(s.notes)
     if s.platform == "cpu":
-        rows = (
+        cpu_rows = (
             BreakdownRow("process resident memory (RSS)", s.process_used),
             BreakdownRow(
                 "live tensor storages (cpu_tracking)",
@@ -303,7 +315,15 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
             ),
         )
         return Breakdown(
-            s.device, s.platform, s.process_used, rows, s.device_used, s.device_total, None, None, tuple(notes)
+            s.device,
+            s.platform,
+            s.process_used,
+            cpu_rows,
+            s.device_used,
+            s.device_total,
+            None,
+            None,
+            tuple(notes),
         )
 
     split_row = BreakdownRow(
@@ -329,7 +349,9 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
     rows.append(
         BreakdownRow(
             "unexplained" if s.context is not None else "context + unexplained",
-            s.unexplained if s.context is not None else _sub(s.process_used, s.reserved, sum(s.other_allocators.values())),
+            s.unexplained
+            if s.context is not None
+            else _sub(s.process_used, s.reserved, sum(s.other_allocators.values())),
             "library handles and lazily loaded kernels (cuBLAS, cuDNN), NCCL buffers, raw cudaMalloc",
         )
     )

@@ -7,8 +7,7 @@ import sys
 import time
 
 from torchmem.analysis.stats import MemoryStats, ProcessMemory, build_stats
-from torchmem.devices import Backend, CpuBackend, CudaBackend, DeviceLike, backend
-from torchmem.devices import _context, _nvml
+from torchmem.devices import Backend, CpuBackend, CudaBackend, DeviceLike, _context, _nvml, backend
 from torchmem.devices._cpu import process_rss
 from torchmem.devices._foreign import foreign_pools
 
@@ -30,7 +29,9 @@ def _read_cpu(be: CpuBackend) -> MemoryStats:
     hot = be.hot()
     notes: tuple[str, ...] = ()
     if hot.allocated is None:
-        notes = ("CPU tensor bytes are counted only inside torchmem.cpu_tracking() (it costs ~15 µs per op).",)
+        notes = (
+            "CPU tensor bytes are counted only inside torchmem.cpu_tracking() (it costs ~15 µs per op).",
+        )
     return build_stats(
         device=be.label,
         platform="cpu",
@@ -88,7 +89,9 @@ def _read_cuda(be: CudaBackend) -> MemoryStats:
         if own:
             process_used = own[0].used
             if process_used is None:
-                notes.append("The driver does not report per-process usage here (MIG or a restricted container).")
+                notes.append(
+                    "The driver does not report per-process usage here (MIG or a restricted container)."
+                )
         elif not initialized and not any(m in sys.modules for m in _OTHER_CONTEXT_MAKERS):
             process_used = 0  # no CUDA context in this process, so it holds nothing on the device
         else:

@@ -101,7 +101,9 @@ class Tracker:
     # -- result read-through -------------------------------------------------------------------
     def _res(self) -> TrackResult:
         if self.result is None:
-            raise TrackingError("The tracked block has not finished yet.", "Read the figures after the block.")
+            raise TrackingError(
+                "The tracked block has not finished yet.", "Read the figures after the block."
+            )
         return self.result
 
     @property

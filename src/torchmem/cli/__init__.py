@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"torchmem {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name, mod in _COMMANDS.items():
+    for mod in _COMMANDS.values():
         mod.add_parser(sub)
     return p
 

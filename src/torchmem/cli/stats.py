@@ -34,7 +34,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     devices: list[Any] = [resolve(d) for d in args.device] if args.device else visible_devices()
     if not args.device and not cuda_available() and not args.json:
-        print("No GPU is visible to torch here (CPU-only build or no device); showing CPU and process figures.")
+        print(
+            "No GPU is visible to torch here (CPU-only build or no device); showing CPU and process figures."
+        )
     if args.watch is None:
         _emit(_read(devices), args.json)
         return 0

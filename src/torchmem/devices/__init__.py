@@ -8,7 +8,7 @@ explicitly from what the user gave — never by trying a backend and catching it
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import torch
 
@@ -24,7 +24,7 @@ from torchmem.devices._cuda import CudaBackend
 from torchmem.devices._ledger import Ledger, ledger
 from torchmem.devices._others import MpsBackend, XpuBackend
 
-DeviceLike = Union[str, int, torch.device, torch.Tensor, torch.nn.Module, None]
+DeviceLike = str | int | torch.device | torch.Tensor | torch.nn.Module | None
 
 _KINDS = ("cuda", "mps", "xpu", "cpu")
 

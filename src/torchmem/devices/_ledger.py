@@ -309,7 +309,9 @@ class Ledger:
                     # A storage from before the ledger grew: count the growth only.
                     self._add(key, s, str(s.device), n - old)
 
-    def sizes_before(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> dict[int, tuple[Any, int]] | None:
+    def sizes_before(
+        self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
+    ) -> dict[int, tuple[Any, int]] | None:
         if not self._is_mutable(func):
             return None
         before: dict[int, tuple[Any, int]] = {}
@@ -324,7 +326,9 @@ class Ledger:
         if where in self._errors_reported:
             return
         self._errors_reported.add(where)
-        msg = f"torchmem: tensor accounting failed in {where} ({type(exc).__name__}: {exc}); figures may be low"
+        msg = (
+            f"torchmem: tensor accounting failed in {where} ({type(exc).__name__}: {exc}); figures may be low"
+        )
         _log.warning(msg)
         warnings.warn(msg, RuntimeWarning, stacklevel=3)
 

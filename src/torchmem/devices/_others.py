@@ -23,7 +23,10 @@ class MpsBackend(Backend):
 
     def allocator_stats(self) -> Mapping[str, int] | None:
         hot = self.hot()
-        return {"allocated_bytes.all.current": hot.allocated or 0, "reserved_bytes.all.current": hot.reserved or 0}
+        return {
+            "allocated_bytes.all.current": hot.allocated or 0,
+            "reserved_bytes.all.current": hot.reserved or 0,
+        }
 
     def mem_info(self) -> tuple[int, int] | None:
         mps: Any = torch.mps

@@ -36,9 +36,14 @@ def _breakdown_table(s: MemoryStats) -> Table:
     if s.platform != "cpu":
         for p in b.other_processes or ():
             t.add_row(f"+ process {p.pid} {p.name or ''}".rstrip(), fmt_bytes(p.used), "other process")
-        t.add_row("+ not attributed to a process", fmt_bytes(b.unattributed), "driver reservations, hidden PIDs")
-    t.add_row(Text("= device used", style="bold"), Text(fmt_bytes(b.device_used), style="bold"),
-              f"of {fmt_bytes(b.device_total)}")
+        t.add_row(
+            "+ not attributed to a process", fmt_bytes(b.unattributed), "driver reservations, hidden PIDs"
+        )
+    t.add_row(
+        Text("= device used", style="bold"),
+        Text(fmt_bytes(b.device_used), style="bold"),
+        f"of {fmt_bytes(b.device_total)}",
+    )
     return t
 
 
