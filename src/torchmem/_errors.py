@@ -46,12 +46,6 @@ class UnsupportedDeviceError(DeviceError):
     """The device kind has no memory to measure (``meta``) or no torchmem backend yet."""
 
 
-class NVMLUnavailableError(TorchmemError):
-    """NVML (nvidia-ml-py, the driver, or permission) is not available when it was explicitly required."""
-
-    exit_code = 3
-
-
 class TrackingError(TorchmemError):
     """A tracker is used the wrong way (exited twice, crossed threads, or read before it started)."""
 
@@ -60,7 +54,6 @@ __all__ = [
     "DeviceError",
     "DeviceIndexError",
     "DeviceUnavailableError",
-    "NVMLUnavailableError",
     "TorchmemError",
     "TrackingError",
     "UnknownDeviceError",

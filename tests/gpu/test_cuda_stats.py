@@ -245,6 +245,8 @@ def test_other_processes_are_listed_with_their_usage() -> None:
         child.stdin.write("\n")
         child.stdin.close()
         child.wait(timeout=60)
+        if child.stdout is not None:
+            child.stdout.close()
 
 
 def test_cupy_pool_is_counted_as_another_allocator() -> None:
