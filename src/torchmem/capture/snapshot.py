@@ -125,3 +125,19 @@ def _read_cuda(be: CudaBackend) -> MemoryStats:
         pinned_host=pinned,
         notes=tuple(notes),
     )
+
+
+def process_usage(be: Backend) -> int | None:
+    """This process's usage of the device (NVML for CUDA, RSS for the CPU), ``None`` where unknown."""
+    if isinstance(be, CpuBackend):
+        return process_rss()
+    if not isinstance(be, CudaBackend) or be.platform == "rocm":
+        return None
+    initialized = be.is_initialized()
+    nv = _nvml.device(be.index or 0, uuid=be.uuid() if initialized else None)
+    if nv is None or nv.processes is None:
+        return None
+    for p in nv.processes:
+        if p.pid == os.getpid():
+            return p.used
+    return 0 if not initialized and not any(m in sys.modules for m in _OTHER_CONTEXT_MAKERS) else None

@@ -44,8 +44,8 @@ class Cohort:
 
     __slots__ = ("_keys", "born_bytes", "born_count", "closed", "device", "live_bytes")
 
-    def __init__(self, device: str) -> None:
-        self.device = device
+    def __init__(self, device: str | None) -> None:
+        self.device = device  # None: every device
         self._keys: set[int] = set()
         self.born_bytes = 0
         self.born_count = 0
@@ -145,7 +145,18 @@ class Ledger:
             self._peak[device] = self._current.get(device, 0)
 
     # -- cohorts and watermarks (used by track()) ------------------------------------------------
-    def open_cohort(self, device: str) -> Cohort:
+    def cohort_storages(self, cohort: Cohort) -> list[Any]:
+        """The live storage objects born in ``cohort`` (strong references: drop them soon)."""
+        out = []
+        with self._lock:
+            for key in list(cohort._keys):
+                e = self._live.get(key)
+                s = e.ref() if e is not None and e.ref is not None else None
+                if s is not None:
+                    out.append(s)
+        return out
+
+    def open_cohort(self, device: str | None) -> Cohort:
         c = Cohort(device)
         with self._lock:
             self._cohorts.append(c)
@@ -221,7 +232,7 @@ class Ledger:
     def _add(self, key: int, storage: Any, device: str, nbytes: int) -> None:
         e = _Entry(device, nbytes)
         e.ref = weakref.ref(storage, self._make_release(key, e))
-        cohorts = tuple(c for c in self._cohorts if c.device == device)
+        cohorts = tuple(c for c in self._cohorts if c.device is None or c.device == device)
         if cohorts:
             e.cohorts = cohorts
             for c in cohorts:

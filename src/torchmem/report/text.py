@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from torchmem._format import fmt_bytes, fmt_ratio
 
 if TYPE_CHECKING:
+    from torchmem.actions.release import ReleaseReport
     from torchmem.analysis.stats import Breakdown, BreakdownRow, MemoryStats
     from torchmem.capture.track import TrackResult
 
@@ -98,3 +99,32 @@ def render_track(r: TrackResult) -> str:
         parts.append(f"survived {fmt_bytes(r.survived)} in {r.survived_tensors} tensor(s)")
     parts.append(f"{r.seconds * 1000:.1f} ms")
     return ", ".join(parts)
+
+
+def render_release(r: ReleaseReport) -> str:
+    lines = [
+        f"released {r.released_tensors} tensor(s): freed {fmt_bytes(r.freed_bytes)} of tensor storage"
+        + (f", moved {fmt_bytes(r.offloaded_bytes)}" if r.offloaded_bytes else "")
+        + f" in {r.seconds * 1000:.0f} ms"
+    ]
+    for d in r.devices:
+        lines.append(
+            f"  {d.device}: allocated {fmt_bytes(d.allocated_before)} -> {fmt_bytes(d.allocated_after)}, "
+            f"reserved {fmt_bytes(d.reserved_before)} -> {fmt_bytes(d.reserved_after)}, "
+            f"process {fmt_bytes(d.process_before)} -> {fmt_bytes(d.process_after)}"
+        )
+    for a in r.actions:
+        lines.append(f"  done: {a}")
+    if r.remaining:
+        lines.append(f"  still alive: {fmt_bytes(r.remaining_bytes)} in {len(r.remaining)} storage(s)")
+        for rem in r.remaining:
+            lines.append(f"    {rem.name} ({fmt_bytes(rem.bytes)} on {rem.device}): {rem.reason}")
+            for p in rem.paths:
+                lines.append(f"      held by {p}")
+            if not rem.paths:
+                lines.append("      held by no path torchmem can name (C++ code, or a limit was hit)")
+    for s in r.skipped:
+        lines.append(f"  skipped: {s}")
+    for e in r.errors:
+        lines.append(f"  error: {e}")
+    return "\n".join(lines)

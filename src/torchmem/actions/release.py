@@ -1,0 +1,516 @@
+"""``torchmem.release()``: free what objects hold on the device — for real — and prove it."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+import traceback
+import types
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from torchmem._errors import TorchmemError
+from torchmem.actions._survivors import holders_of_storages
+from torchmem.analysis.release_plan import (
+    BUFFER,
+    EXCEPTION_LOCAL,
+    GRADIENT,
+    OPTIMIZER_STATE,
+    PARAMETER,
+    TENSOR,
+    PlannedTensor,
+    ReleasePlan,
+    plan_release,
+    storage_bytes,
+)
+from torchmem.capture.snapshot import process_usage
+from torchmem.devices import DeviceLike, backend, resolve
+from torchmem.devices import _ops as ops
+
+
+class ReleasedError(TorchmemError):
+    """A module or optimizer was used after :func:`torchmem.release` emptied it."""
+
+
+class ReleaseError(TorchmemError):
+    """``release()`` could not start (nothing was changed)."""
+
+
+@dataclass(frozen=True)
+class DeviceFigures:
+    """Allocator and driver figures of one device before and after a release, in bytes."""
+
+    device: str
+    allocated_before: int | None
+    allocated_after: int | None
+    reserved_before: int | None
+    reserved_after: int | None
+    process_before: int | None
+    process_after: int | None
+
+    @property
+    def allocated_freed(self) -> int | None:
+        if self.allocated_before is None or self.allocated_after is None:
+            return None
+        return self.allocated_before - self.allocated_after
+
+
+@dataclass(frozen=True)
+class Remaining:
+    """A tensor storage the released objects used that is still alive, and who holds it."""
+
+    name: str
+    device: str
+    bytes: int
+    reason: str
+    paths: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReleaseReport:
+    """What :func:`release` did and what it achieved.
+
+    Attributes:
+        freed_bytes: Bytes of tensor storages the objects held that are now freed (exact, every device).
+        released_tensors: Tensors emptied (or moved, with ``offload``).
+        offloaded_bytes: Bytes copied to the offload device.
+        devices: Allocator/driver figures per device, before and after.
+        actions: What was done, in order.
+        remaining: Storages the objects used that are still alive, each with its holder paths.
+        skipped: Arguments that hold nothing, tensors on other devices.
+        errors: Steps that failed (the report says exactly what was done before them).
+        seconds: Wall time.
+    """
+
+    freed_bytes: int
+    released_tensors: int
+    offloaded_bytes: int
+    devices: tuple[DeviceFigures, ...]
+    actions: tuple[str, ...]
+    remaining: tuple[Remaining, ...]
+    skipped: tuple[str, ...]
+    errors: tuple[str, ...]
+    seconds: float
+
+    @property
+    def remaining_bytes(self) -> int:
+        return sum(r.bytes for r in self.remaining)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["remaining_bytes"] = self.remaining_bytes
+        return d
+
+    def __str__(self) -> str:
+        from torchmem.report.text import render_release
+
+        return render_release(self)
+
+
+_RELEASED_ATTR = "_torchmem_released"
+
+
+def _raise_released(what: str) -> Callable[..., Any]:
+    def hook(*_args: Any, **_kwargs: Any) -> Any:
+        raise ReleasedError(
+            f"{what} was emptied by torchmem.release(); its tensors are gone.",
+            "Rebuild or reload it, or release with offload=True to keep it usable on the CPU.",
+        )
+
+    return hook
+
+
+def _caller_names(frame: types.FrameType | None, objs: tuple[Any, ...]) -> list[str]:
+    names: list[str] = []
+    scopes = [frame.f_locals, frame.f_globals] if frame is not None else []
+    for i, o in enumerate(objs):
+        found = None
+        for scope in scopes:
+            for k, v in scope.items():
+                if v is o and not k.startswith("_"):
+                    found = k
+                    break
+            if found:
+                break
+        names.append(found or f"arg{i}")
+    return names
+
+
+def _figures(devices: Iterable[torch.device]) -> dict[str, tuple[int | None, int | None, int | None]]:
+    out: dict[str, tuple[int | None, int | None, int | None]] = {}
+    for d in devices:
+        be = backend(d)
+        hot = be.hot()
+        out[be.label] = (hot.allocated, hot.reserved, process_usage(be))
+    return out
+
+
+def _shared_with_live_modules(plan: ReleasePlan) -> dict[int, str]:
+    """Parameters/buffers that a module *not* being released also holds (tied or shared weights)."""
+    params = [pt.tensor for pt in plan.tensors.values() if pt.role in (PARAMETER, BUFFER)]
+    if not params:
+        return {}
+    wanted = {id(t) for t in params}
+    me = sys._getframe()
+    outside: list[dict[str, Any]] = []
+    for r in gc.get_referrers(*params):
+        if id(r) in plan.visited or r is me or not isinstance(r, dict):
+            continue
+        outside.append(r)
+    if not outside:
+        return {}
+    protected: dict[int, str] = {}
+    for owner in gc.get_referrers(*outside):
+        if isinstance(owner, dict) and id(owner) not in plan.visited:
+            for slot in ("_parameters", "_buffers"):
+                d = owner.get(slot)
+                if isinstance(d, dict) and any(d is o for o in outside):
+                    for v in d.values():
+                        if v is not None and id(v) in wanted:
+                            protected[id(v)] = "shared with an nn.Module that was not released (tied weights)"
+    del me
+    return protected
+
+
+def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike = None) -> ReleaseReport:
+    """Free what ``objs`` hold on the device, clear the known traps, and report what was and was not freed.
+
+    Accepts modules (parameters, gradients, buffers, tensors in attributes and hooks' closures),
+    optimizers (state, parameters and their gradients), LR schedulers and any object with tensor
+    attributes (a Trainer-like object, a dataclass), tensors, containers at any depth, exceptions and
+    tracebacks (the locals of their frames). ``None``, numbers and strings are skipped (listed in the report).
+
+    The objects are emptied **in place**, so the caller's own references see the result:
+
+    - without ``offload``, each tensor becomes a 0-element tensor of the same dtype and device (identity,
+      ``requires_grad`` and parameter registration are kept); a released module raises
+      :class:`ReleasedError` on its next forward, a released optimizer on its next ``step()``, and the
+      optimizer's state is cleared;
+    - with ``offload=True`` (or a device, default ``"cpu"``), each tensor's exact values move to that
+      device (identity, dtype and ``requires_grad`` kept; gradients and optimizer state move too), and the
+      objects keep working there.
+
+    A parameter or buffer that an ``nn.Module`` you did not pass also holds (tied or shared weights) is left
+    untouched and listed in ``remaining``. Then the traps are cleared — ``sys.last_traceback`` /
+    ``last_value`` / ``last_exc`` and the current exception's frames if they hold tensors on the released
+    devices, IPython output history entries that hold them, ``torch.compile`` caches when a released module
+    was compiled, CUDA graphs found in the objects, cuBLAS workspaces — followed by one ``gc.collect()``,
+    a synchronize and ``empty_cache()``. Every storage the objects used that is still alive afterwards is
+    reported with the paths of whoever holds it.
+
+    Args:
+        *objs: What to release.
+        offload: ``False``; ``True`` for the CPU; or a device to move the tensors to.
+        device: Release only tensors on this device (others are left and listed as skipped).
+
+    Returns:
+        A :class:`ReleaseReport`.
+
+    Raises:
+        ReleaseError: ``offload`` copies failed (for example out of host memory); nothing was changed.
+
+    Example:
+        >>> import torch, torchmem
+        >>> model = torch.nn.Linear(1024, 1024)
+        >>> opt = torch.optim.AdamW(model.parameters())
+        >>> model(torch.ones(8, 1024)).sum().backward(); opt.step()
+        >>> report = torchmem.release(model, opt)
+        >>> report.freed_bytes            # weights, bias, their grads and AdamW's two moments
+        25190400
+        >>> model.weight.shape
+        torch.Size([0])
+    """
+    t0 = time.perf_counter()
+    target_dev = resolve(device) if device is not None else None
+    off_dev: torch.device | None = None
+    if offload is not False and offload is not None:
+        off_dev = torch.device("cpu") if offload is True else resolve(offload)  # type: ignore[arg-type]
+    frame = sys._getframe(1)
+    names = _caller_names(frame, objs)
+    del frame
+    plan = plan_release(objs, target_dev, names)
+    actions: list[str] = []
+    errors: list[str] = []
+    skipped = list(plan.skipped)
+    for pt in plan.skipped_other_device:
+        skipped.append(f"{pt.name}: on {pt.tensor.device}, not {target_dev}")
+    if plan.truncated:
+        errors.append("the object walk stopped at 2,000,000 objects; some tensors may not have been released")
+
+    devices = sorted({pt.tensor.device for pt in plan.tensors.values()}, key=str)
+    if target_dev is not None and target_dev not in devices:
+        devices.append(target_dev)
+    if off_dev is not None and off_dev in devices:
+        devices.remove(off_dev)  # tensors already there are left as they are
+    before = _figures(devices)
+
+    protected = _shared_with_live_modules(plan)
+    work = [
+        pt
+        for pt in plan.tensors.values()
+        if id(pt.tensor) not in protected and not (off_dev is not None and pt.tensor.device == off_dev)
+    ]
+    # Old storages, to prove they died: storage id -> (weakref, bytes, device, name)
+    old: dict[int, tuple[weakref.ref[Any], int, str, str]] = {}
+    for pt in work:
+        s = pt.tensor.untyped_storage()
+        if s._cdata not in old and s.nbytes() > 0:
+            old[s._cdata] = (weakref.ref(s), s.nbytes(), str(pt.tensor.device), pt.name)
+        del s
+    kept = [pt for pt in plan.tensors.values() if id(pt.tensor) in protected]
+
+    # 1. Offload copies first, all of them, so a failure changes nothing.
+    copies: dict[int, torch.Tensor] = {}
+    offloaded = 0
+    if off_dev is not None:
+        try:
+            for pt in work:
+                copies[id(pt.tensor)] = pt.tensor.detach().to(off_dev, copy=True)
+                offloaded += pt.tensor.nbytes
+        except Exception as exc:
+            copies.clear()
+            raise ReleaseError(
+                f"Copying to {off_dev} failed after {offloaded} bytes ({type(exc).__name__}: {exc}); "
+                "nothing was released.",
+                "Free host memory, or release without offload.",
+            ) from exc
+
+    # 2. Empty (or move) every tensor in place.
+    released = 0
+    try:
+        released = _apply(plan, work, copies, off_dev, actions)
+    except Exception as exc:  # report exactly what was done; never leave the caller guessing
+        errors.append(f"stopped after {released} tensors: {type(exc).__name__}: {exc}")
+    copies.clear()
+
+    # 3. Traps that pin device memory outside the objects.
+    released_devices = {str(d) for d in devices}
+    _clear_traps(plan, released_devices, actions, errors)
+
+    # 4. Collect once (cycles included), then give the cache back.
+    collected = gc.collect()
+    actions.append(f"gc.collect(): {collected} unreachable objects")
+    for d in devices:
+        try:
+            ops.synchronize(d)
+            if ops.clear_blas_workspaces(d):
+                actions.append(f"cleared cuBLAS workspaces on {d}")
+            if ops.empty_cache(d):
+                actions.append(f"empty_cache({d})")
+        except Exception as exc:
+            errors.append(f"emptying the cache of {d}: {type(exc).__name__}: {exc}")
+    after = _figures(devices)
+
+    # 5. Prove it: which old storages died, and who holds the ones that did not.
+    freed = 0
+    survivors: list[tuple[Any, int, str, str]] = []
+    for ref, nbytes, dev, name in old.values():
+        alive = ref()
+        if alive is None or alive.nbytes() == 0:
+            freed += nbytes
+        else:
+            survivors.append((alive, nbytes, dev, name))
+        del alive
+    remaining = _remaining(survivors, kept)
+    survivors.clear()
+
+    figures = tuple(
+        DeviceFigures(label, b[0], after[label][0], b[1], after[label][1], b[2], after[label][2])
+        for label, b in before.items()
+    )
+    return ReleaseReport(
+        freed_bytes=freed,
+        released_tensors=released,
+        offloaded_bytes=offloaded,
+        devices=figures,
+        actions=tuple(actions),
+        remaining=tuple(remaining),
+        skipped=tuple(skipped),
+        errors=tuple(errors),
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _shell(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=t.dtype, device=t.device)
+
+
+def _apply(
+    plan: ReleasePlan,
+    work: list[PlannedTensor],
+    copies: dict[int, torch.Tensor],
+    off_dev: torch.device | None,
+    actions: list[str],
+) -> int:
+    done = 0
+    by_role: dict[str, int] = {}
+    # Drop autograd graphs hanging off non-leaf tensors first: they keep saved activations alive.
+    for pt in work:
+        t = pt.tensor
+        if t.grad_fn is not None and pt.role in (TENSOR, EXCEPTION_LOCAL):
+            try:
+                t.detach_()
+            except RuntimeError:
+                pass  # a view cannot be detached in place; its graph is reported if it survives
+    # Parameters, buffers and plain tensors first, gradients after (a grad must match its param's device).
+    ordered = sorted(work, key=lambda pt: pt.role == GRADIENT)
+    with torch.no_grad():
+        for pt in ordered:
+            t = pt.tensor
+            new = copies.get(id(t))
+            if pt.role == GRADIENT:
+                param = pt.owner
+                if new is None:
+                    t.data = _shell(t)  # frees the storage even where the grad object is still referenced
+                if param is not None and getattr(param, "grad", None) is t:
+                    param.grad = new if new is not None and param.device == new.device else None
+                elif new is not None:
+                    t.data = new
+            elif pt.role == OPTIMIZER_STATE:
+                opt, (param, key) = pt.owner, pt.owner_key
+                state = opt.state.get(param)
+                if new is not None and isinstance(state, dict):
+                    state[key] = new
+                else:
+                    t.data = _shell(t)
+            else:
+                t.data = new if new is not None else _shell(t)
+            done += 1
+            by_role[pt.role] = by_role.get(pt.role, 0) + 1
+    for role in (PARAMETER, GRADIENT, BUFFER, OPTIMIZER_STATE, TENSOR, EXCEPTION_LOCAL):
+        if by_role.get(role):
+            verb = f"moved to {off_dev}" if off_dev is not None else "emptied"
+            actions.append(f"{verb}: {by_role[role]} {role} tensor(s)")
+    if off_dev is None:
+        for name, m in plan.modules:
+            if not getattr(m, _RELEASED_ATTR, False):
+                m.register_forward_pre_hook(_raise_released(f"Module {name!r} ({type(m).__name__})"))
+                object.__setattr__(m, _RELEASED_ATTR, True)
+        for name, opt in plan.optimizers:
+            opt.state.clear()
+            if not getattr(opt, _RELEASED_ATTR, False) and hasattr(opt, "register_step_pre_hook"):
+                opt.register_step_pre_hook(_raise_released(f"Optimizer {name!r} ({type(opt).__name__})"))
+                setattr(opt, _RELEASED_ATTR, True)
+        if plan.optimizers:
+            actions.append(f"cleared the state of {len(plan.optimizers)} optimizer(s)")
+    return done
+
+
+def _holds_tensor_on(obj: Any, devices: set[str], depth: int = 3) -> bool:
+    if isinstance(obj, torch.Tensor):
+        return str(obj.device) in devices
+    if depth == 0:
+        return False
+    if isinstance(obj, dict):
+        return any(_holds_tensor_on(v, devices, depth - 1) for v in list(obj.values())[:1000])
+    if isinstance(obj, (list, tuple)):
+        return any(_holds_tensor_on(v, devices, depth - 1) for v in obj[:1000])
+    d = getattr(obj, "__dict__", None)
+    if isinstance(d, dict) and not isinstance(obj, (type, types.ModuleType)):
+        return any(_holds_tensor_on(v, devices, depth - 1) for v in list(d.values())[:1000])
+    return False
+
+
+def _tb_holds(tb: types.TracebackType | None, devices: set[str]) -> bool:
+    while tb is not None:
+        try:
+            local_values = list(tb.tb_frame.f_locals.values())
+        except Exception:
+            local_values = []
+        if any(_holds_tensor_on(v, devices) for v in local_values):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _clear_traps(plan: ReleasePlan, devices: set[str], actions: list[str], errors: list[str]) -> None:
+    try:
+        # The interpreter's record of the last uncaught exception (what a notebook or REPL keeps).
+        last_tb = getattr(sys, "last_traceback", None)
+        if last_tb is not None and _tb_holds(last_tb, devices):
+            traceback.clear_frames(last_tb)
+            for attr in ("last_traceback", "last_value", "last_type", "last_exc"):
+                if hasattr(sys, attr):
+                    setattr(sys, attr, None)
+            actions.append("cleared sys.last_traceback / last_value / last_exc (their frames held tensors)")
+        # The exception being handled right now, if release() runs in an except block.
+        current = sys.exc_info()[1]
+        if current is not None and _tb_holds(current.__traceback__, devices):
+            traceback.clear_frames(current.__traceback__)
+            actions.append("cleared the locals of the current exception's finished frames")
+        for exc in plan.exceptions:
+            if exc.__traceback__ is not None:
+                traceback.clear_frames(exc.__traceback__)
+        for tb in plan.tracebacks:
+            traceback.clear_frames(tb)
+        if plan.exceptions or plan.tracebacks:
+            actions.append(
+                f"cleared the frames of {len(plan.exceptions) or len(plan.tracebacks)} exception(s)"
+            )
+        _clear_ipython(devices, actions)
+        compiled = any(
+            hasattr(m, "_orig_mod") or "OptimizedModule" in type(m).__name__ for _, m in plan.modules
+        )
+        if compiled and ops.reset_compile_caches():
+            actions.append("reset torch.compile caches (torch._dynamo.reset())")
+        for g in plan.graphs:
+            g.reset()
+        if plan.graphs:
+            actions.append(f"reset {len(plan.graphs)} CUDA graph(s)")
+    except Exception as exc:
+        errors.append(f"clearing traps: {type(exc).__name__}: {exc}")
+
+
+def _clear_ipython(devices: set[str], actions: list[str]) -> None:
+    ipy = sys.modules.get("IPython")
+    if ipy is None:
+        return
+    get = getattr(ipy, "get_ipython", None)
+    shell = get() if get is not None else None
+    if shell is None:
+        return
+    ns = shell.user_ns
+    out = ns.get("Out")
+    cleared: list[str] = []
+    if isinstance(out, dict):
+        for k in [k for k, v in out.items() if _holds_tensor_on(v, devices)]:
+            del out[k]
+            cleared.append(f"Out[{k}]")
+            ns.pop(f"_{k}", None)
+    for name in ("_", "__", "___"):
+        if _holds_tensor_on(ns.get(name), devices):
+            ns[name] = None
+            cleared.append(name)
+    hist = getattr(shell, "displayhook", None)
+    for name in ("_", "__", "___"):
+        if hist is not None and _holds_tensor_on(getattr(hist, name, None), devices):
+            setattr(hist, name, None)
+    if cleared:
+        actions.append("cleared IPython output history: " + ", ".join(cleared))
+
+
+def _remaining(survivors: list[tuple[Any, int, str, str]], kept: list[PlannedTensor]) -> list[Remaining]:
+    """Each storage still alive, with whoever holds it."""
+    storages: list[Any] = []
+    meta: list[tuple[str, str, int, str]] = []
+    for pt in kept:
+        storages.append(pt.tensor.untyped_storage())
+        meta.append(
+            (
+                pt.name,
+                str(pt.tensor.device),
+                storage_bytes(pt.tensor),
+                "shared with an nn.Module that was not released",
+            )
+        )
+    for storage, nbytes, dev, name in survivors:
+        storages.append(storage)
+        meta.append((name, dev, nbytes, "still referenced after release"))
+    paths = holders_of_storages(storages)
+    storages.clear()
+    return [Remaining(name, dev, nbytes, reason, p) for (name, dev, nbytes, reason), p in zip(meta, paths)]
