@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 
+from torchmem.analysis.live import LiveTensorReport, collect_live
 from torchmem.analysis.stats import MemoryStats
 from torchmem.capture.snapshot import read_stats
-from torchmem.devices import Backend, DeviceLike, HotReading, backend
+from torchmem.devices import Backend, DeviceLike, HotReading, backend, resolve
 
 _backends: dict[Any, Backend] = {}
 
@@ -38,8 +39,8 @@ def stats(device: DeviceLike = None) -> MemoryStats:
 def _cached_backend(device: DeviceLike) -> Backend:
     if device is None:
         key: Any = ("default", torch.cuda.current_device() if torch.cuda.is_initialized() else None)
-    elif isinstance(device, (str, int, torch.device)):
-        key = device
+    elif isinstance(device, (str, int, torch.device)) and not isinstance(device, bool):
+        key = (type(device).__name__, device)
     else:
         return backend(device)
     be = _backends.get(key)
@@ -72,3 +73,26 @@ def reset_peak(device: DeviceLike = None) -> None:
         >>> torchmem.reset_peak("cpu")
     """
     backend(device).reset_peak()
+
+
+def live_tensors(device: DeviceLike = None, *, holders: bool = True) -> LiveTensorReport:
+    """Every live tensor on ``device``, one entry per storage, with category, name and holder path.
+
+    Categories: parameter, gradient, optimizer state, buffer, saved for backward (tensors only an
+    autograd graph holds are found by walking every live graph), other. Totals per category and per
+    top-level module; ``unexplained`` is the allocator's allocated bytes that no tensor explains.
+
+    Args:
+        device: The device (default: the current accelerator, else CPU).
+        holders: Find each tensor's shortest holder path (one shared search; pass ``False`` to skip it).
+
+    Example:
+        >>> import torch, torchmem
+        >>> weights = torch.nn.Linear(256, 256)
+        >>> report = torchmem.live_tensors("cpu")
+        >>> report.by_category["parameter"] >= 256 * 256 * 4
+        True
+    """
+    dev = resolve(device)
+    allocated = backend(dev).hot().allocated
+    return collect_live(dev, allocated, with_holders=holders)

@@ -160,7 +160,10 @@ def _validate(dev: torch.device) -> torch.device:
         count = int(xpu.device_count())
         index = 0 if dev.index is None else dev.index
         if index >= count:
-            raise DeviceIndexError(f"xpu:{index} does not exist: {count} XPU device(s) visible.", "")
+            raise DeviceIndexError(
+                f"xpu:{index} does not exist: {count} XPU device(s) visible.",
+                "Use an index below the device count, or check ZE_AFFINITY_MASK.",
+            )
         return torch.device("xpu", index)
     if kind == "meta":
         raise UnsupportedDeviceError(

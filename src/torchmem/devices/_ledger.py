@@ -34,6 +34,16 @@ except ImportError:  # pragma: no cover - exercised only on a torch that dropped
 _log = logging.getLogger("torchmem")
 
 _SKIP_DEVICES = frozenset({"meta"})
+# Ops that return their input as a *new* tensor: torch.tensor(data) builds the storage below the dispatcher
+# and hands it through lift_fresh, so the output aliases the input and is still a fresh allocation.
+_FRESH = frozenset(
+    op
+    for op in (
+        getattr(getattr(torch.ops.aten, "lift_fresh", None), "default", None),
+        getattr(getattr(torch.ops.aten, "lift", None), "default", None),
+    )
+    if op is not None
+)
 
 
 class Cohort:
@@ -70,11 +80,12 @@ class Watermark:
 
 
 class _Entry:
-    __slots__ = ("cohorts", "device", "nbytes", "ref")
+    __slots__ = ("base", "cohorts", "device", "nbytes", "ref")
 
-    def __init__(self, device: str, nbytes: int) -> None:
+    def __init__(self, device: str, nbytes: int, base: int = 0) -> None:
         self.device = device
-        self.nbytes = nbytes
+        self.nbytes = nbytes  # bytes counted
+        self.base = base  # bytes the storage had before the ledger saw it (never counted)
         self.ref: weakref.ref[Any] | None = None
         self.cohorts: tuple[Cohort, ...] = ()
 
@@ -229,8 +240,8 @@ class Ledger:
             self._mutable[func] = m
         return m
 
-    def _add(self, key: int, storage: Any, device: str, nbytes: int) -> None:
-        e = _Entry(device, nbytes)
+    def _add(self, key: int, storage: Any, device: str, nbytes: int, base: int = 0) -> None:
+        e = _Entry(device, nbytes, base)
         e.ref = weakref.ref(storage, self._make_release(key, e))
         cohorts = tuple(c for c in self._cohorts if c.device is None or c.device == device)
         if cohorts:
@@ -267,12 +278,15 @@ class Ledger:
 
         return release
 
-    def _resize(self, entry: _Entry, key: int, nbytes: int) -> None:
-        delta = nbytes - entry.nbytes
-        entry.nbytes = nbytes
+    def _resize(self, entry: _Entry, key: int, total: int) -> None:
+        counted = max(total - entry.base, 0)
+        delta = counted - entry.nbytes
+        entry.nbytes = counted
         for c in entry.cohorts:
             if key in c._keys:
                 c.live_bytes += delta
+                if delta > 0:
+                    c.born_bytes += delta
         self._grow(entry.device, delta)
 
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> None:
@@ -290,7 +304,7 @@ class Ledger:
                 e = self._live.get(key)
                 if e is not None:
                     n = s.nbytes()
-                    if n != e.nbytes:
+                    if n != e.nbytes + e.base:
                         self._resize(e, key, n)
                     continue
                 if inputs is None:
@@ -299,7 +313,7 @@ class Ledger:
                         k = _storage_key(a)
                         if k is not None:
                             inputs[k[0]] = k[1]
-                if key in inputs:
+                if key in inputs and func not in _FRESH:
                     continue  # a view or in-place result of a storage that predates the ledger
                 dev = s.device
                 if dev.type in _SKIP_DEVICES:
@@ -318,7 +332,7 @@ class Ledger:
                     self._resize(e, key, n)
                 elif n > old and s.device.type not in _SKIP_DEVICES:
                     # A storage from before the ledger grew: count the growth only.
-                    self._add(key, s, str(s.device), n - old)
+                    self._add(key, s, str(s.device), n - old, base=old)
 
     def sizes_before(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
@@ -341,7 +355,10 @@ class Ledger:
             f"torchmem: tensor accounting failed in {where} ({type(exc).__name__}: {exc}); figures may be low"
         )
         _log.warning(msg)
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        try:
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+        except Exception:  # warnings turned into errors: the op must still run
+            pass
 
 
 if _TorchDispatchMode is not None:

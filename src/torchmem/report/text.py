@@ -8,6 +8,7 @@ from torchmem._format import fmt_bytes, fmt_ratio
 
 if TYPE_CHECKING:
     from torchmem.actions.release import ReleaseReport
+    from torchmem.analysis.live import LiveTensorReport
     from torchmem.analysis.stats import Breakdown, BreakdownRow, MemoryStats
     from torchmem.capture.track import TrackResult
 
@@ -127,4 +128,27 @@ def render_release(r: ReleaseReport) -> str:
         lines.append(f"  skipped: {s}")
     for e in r.errors:
         lines.append(f"  error: {e}")
+    return "\n".join(lines)
+
+
+def render_live(r: LiveTensorReport, top: int = 20) -> str:
+    lines = [f"{r.device}: {len(r.tensors)} live tensor storage(s), {fmt_bytes(r.total)}"]
+    for cat, n in r.by_category.items():
+        lines.append(f"  {cat:<20} {fmt_bytes(n):>12}")
+    if r.allocated is not None:
+        lines.append(f"  {'allocator allocated':<20} {fmt_bytes(r.allocated):>12}")
+        extra = f" (of which block rounding {fmt_bytes(r.rounding)})" if r.rounding else ""
+        lines.append(f"  {'not a live tensor':<20} {fmt_bytes(r.unexplained):>12}{extra}")
+    for m, n in sorted(r.by_module.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  module {m}: {fmt_bytes(n)}")
+    for t in r.tensors[:top]:
+        shape = "x".join(str(d) for d in t.shape) or "scalar"
+        who = t.name or t.holder or "?"
+        lines.append(f"  {fmt_bytes(t.bytes):>12}  {t.category:<18} {shape:<16} {t.dtype:<9} {who}")
+        if t.name and t.holder:
+            lines.append(f"  {'':>12}  held by {t.holder}")
+    if len(r.tensors) > top:
+        lines.append(f"  ... {len(r.tensors) - top} more")
+    if r.truncated:
+        lines.append("  note: the holder search hit its limit; some holders are missing")
     return "\n".join(lines)

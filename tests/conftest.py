@@ -1,0 +1,35 @@
+"""Shared fixtures for the CPU test suite (tests/gpu has its own)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from torchmem.devices import ledger
+
+
+def storage_bytes(*tensors: torch.Tensor) -> int:
+    """Sum of ``untyped_storage().nbytes()`` over the distinct storages behind ``tensors``."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        seen[s._cdata] = s.nbytes()
+    return sum(seen.values())
+
+
+@pytest.fixture
+def nbytes() -> Callable[..., int]:
+    """The real byte size of the storages behind some tensors (views of one storage count once)."""
+    return storage_bytes
+
+
+@pytest.fixture(autouse=True)
+def _no_leaked_tracking() -> Iterator[None]:
+    """Every test starts and ends with the ledger off and no dispatch mode pushed."""
+    assert not ledger().active, "a previous test left cpu_tracking on"
+    assert torch._C._len_torch_dispatch_stack() == 0
+    yield
+    assert not ledger().active, "this test left cpu_tracking on"
+    assert torch._C._len_torch_dispatch_stack() == 0

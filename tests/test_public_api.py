@@ -1,0 +1,172 @@
+"""The public surface: what ``import torchmem`` exports, documents, ships, and (does not) do."""
+
+from __future__ import annotations
+
+import doctest
+import importlib.resources
+import inspect
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import torchmem
+
+EXPECTED_ALL = {
+    "Breakdown",
+    "BreakdownRow",
+    "CpuTracking",
+    "DeviceError",
+    "DeviceIndexError",
+    "DeviceUnavailableError",
+    "HotReading",
+    "MemoryStats",
+    "ProcessMemory",
+    "TorchmemError",
+    "TrackResult",
+    "Tracker",
+    "TrackingError",
+    "UnknownDeviceError",
+    "UnsupportedDeviceError",
+    "__version__",
+    "counters",
+    "cpu_tracking",
+    "reset_peak",
+    "stats",
+    "track",
+}
+
+PUBLIC_FUNCTIONS = ["counters", "cpu_tracking", "reset_peak", "stats", "track"]
+
+ERRORS = [
+    "DeviceError",
+    "DeviceIndexError",
+    "DeviceUnavailableError",
+    "TrackingError",
+    "UnknownDeviceError",
+    "UnsupportedDeviceError",
+]
+
+
+def test_all_is_exactly_the_expected_set() -> None:
+    assert set(torchmem.__all__) == EXPECTED_ALL
+    assert len(torchmem.__all__) == len(EXPECTED_ALL), "duplicates in __all__"
+
+
+def test_every_name_in_all_exists() -> None:
+    missing = [name for name in torchmem.__all__ if not hasattr(torchmem, name)]
+    assert missing == []
+
+
+def test_star_import_gives_exactly_all() -> None:
+    ns: dict[str, object] = {}
+    exec("from torchmem import *", ns)
+    assert {k for k in ns if k != "__builtins__"} == EXPECTED_ALL
+
+
+def test_public_functions_are_functions_in_all() -> None:
+    exported_functions = {n for n in torchmem.__all__ if inspect.isfunction(getattr(torchmem, n))}
+    assert exported_functions == set(PUBLIC_FUNCTIONS)
+
+
+@pytest.mark.parametrize("name", PUBLIC_FUNCTIONS)
+def test_public_functions_have_docstring_with_example(name: str) -> None:
+    doc = inspect.getdoc(getattr(torchmem, name))
+    assert doc, f"{name} has no docstring"
+    assert "Example" in doc, f"{name}'s docstring has no Example section"
+    # The Example section holds a doctest.
+    assert ">>> " in doc.split("Example", 1)[1]
+
+
+@pytest.mark.parametrize("name", PUBLIC_FUNCTIONS)
+def test_public_function_examples_run(name: str) -> None:
+    """The docstring examples are real doctests and give the printed results on a CPU build."""
+    fn = getattr(torchmem, name)
+    tests = doctest.DocTestFinder(recurse=False).find(fn, name, globs={})
+    assert tests and tests[0].examples
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for t in tests:
+        runner.run(t)
+    result = runner.summarize(verbose=False)
+    assert result.failed == 0
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_ALL - {"__version__", *PUBLIC_FUNCTIONS}))
+def test_public_classes_have_docstrings(name: str) -> None:
+    obj = getattr(torchmem, name)
+    assert inspect.isclass(obj)
+    assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_errors_derive_from_torchmem_error(name: str) -> None:
+    cls = getattr(torchmem, name)
+    assert issubclass(cls, torchmem.TorchmemError)
+    err = cls("what happened", "what to do")
+    assert err.message == "what happened"
+    assert err.hint == "what to do"
+    assert "what happened" in str(err) and "what to do" in str(err)
+
+
+def test_device_errors_share_a_base() -> None:
+    for name in (
+        "DeviceIndexError",
+        "DeviceUnavailableError",
+        "UnknownDeviceError",
+        "UnsupportedDeviceError",
+    ):
+        assert issubclass(getattr(torchmem, name), torchmem.DeviceError)
+    assert not issubclass(torchmem.TrackingError, torchmem.DeviceError)
+
+
+def test_version_matches_distribution_metadata() -> None:
+    from importlib.metadata import version
+
+    assert torchmem.__version__ == version("torchmem")
+
+
+def test_py_typed_is_shipped() -> None:
+    assert importlib.resources.files("torchmem").joinpath("py.typed").is_file()
+    tomllib = pytest.importorskip("tomllib")
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    data = tomllib.loads(pyproject.read_text())
+    assert "py.typed" in data["tool"]["setuptools"]["package-data"]["torchmem"]
+
+
+_IMPORT_PROBE = textwrap.dedent(
+    """
+    import json, sys, threading
+    import torch
+    threads_after_torch = threading.active_count()
+    names_after_torch = sorted(t.name for t in threading.enumerate())
+    import torchmem
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    print(json.dumps({
+        "cuda_initialized": torch.cuda.is_initialized(),
+        "threads_after_torch": threads_after_torch,
+        "threads_after_torchmem": threading.active_count(),
+        "names_after_torch": names_after_torch,
+        "names_after_torchmem": sorted(t.name for t in threading.enumerate()),
+        "dispatch_stack": torch._C._len_torch_dispatch_stack(),
+        "function_stack": torch._C._len_torch_function_stack(),
+        "current_mode": repr(_get_current_dispatch_mode()),
+    }))
+    """
+)
+
+
+def test_import_does_no_work_in_a_fresh_process() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert data["cuda_initialized"] is False
+    assert data["threads_after_torchmem"] == data["threads_after_torch"]
+    assert data["names_after_torchmem"] == data["names_after_torch"]
+    assert data["dispatch_stack"] == 0
+    assert data["function_stack"] == 0
+    assert data["current_mode"] == "None"
