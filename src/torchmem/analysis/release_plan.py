@@ -6,6 +6,7 @@ Pure over the live object graph: it reads objects and returns a plan; it changes
 from __future__ import annotations
 
 import dataclasses
+import sys
 import types
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -190,9 +191,19 @@ class _Walker:
 
     def _traceback(self, tb: types.TracebackType, n: str, stack: list[tuple[Any, str]]) -> None:
         self.plan.tracebacks.append(tb)
+        # Only frames that have finished: a running frame (the caller's own, a notebook cell's module
+        # level) holds the program's live variables, not the exception's leftovers.
+        running: set[int] = set()
+        f: types.FrameType | None = sys._getframe()
+        while f is not None:
+            running.add(id(f))
+            f = f.f_back
         cur: types.TracebackType | None = tb
         while cur is not None:
             frame = cur.tb_frame
+            if id(frame) in running or frame.f_code.co_name == "<module>":
+                cur = cur.tb_next
+                continue
             where = (
                 f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{cur.tb_lineno} in {frame.f_code.co_name}()"
             )

@@ -1,0 +1,123 @@
+"""release() on CUDA: everything back to the baseline, proven by the allocator and NVML (run on the device)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+MiB = 1 << 20
+SRC = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "src"))
+
+SCENARIO = textwrap.dedent(
+    """
+    import json, sys, torch
+    import torchmem
+    dev = torch.device("cuda", 0)
+    torch.cuda.init(); torch.cuda.synchronize()
+    floor = torchmem.stats(dev)
+    base_alloc = torch.cuda.memory_allocated(dev)
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(8)]).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 10)
+    for _ in range(2):
+        loss = model(torch.randn(256, 2048, device=dev)).square().mean()
+        loss.backward(); opt.step(); sched.step()
+    outputs = {"logits": model(torch.randn(256, 2048, device=dev)), "loss": loss}
+    def failing_step():
+        activations = torch.empty(1 << 31, dtype=torch.uint8, device=dev)  # 2 GiB
+        raise RuntimeError("boom")
+    try:
+        failing_step()
+    except RuntimeError as e:
+        err = e
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated(dev) - base_alloc
+    w = model[0].weight
+    report = torchmem.release(model, opt, sched, outputs, err)
+    after = torchmem.stats(dev)
+    print("RESULT " + json.dumps({
+        "held": held, "base_alloc": base_alloc,
+        "alloc_after": torch.cuda.memory_allocated(dev), "reserved_after": torch.cuda.memory_reserved(dev),
+        "proc_floor": floor.process_used, "proc_after": after.process_used, "context": after.context,
+        "freed": report.freed_bytes, "remaining": report.remaining_bytes, "errors": list(report.errors),
+        "shell": list(w.shape), "same_param": model[0].weight is w,
+        "dev_proc_after": [d.process_after for d in report.devices],
+    }))
+    print(report)
+    """
+)
+
+OFFLOAD = textwrap.dedent(
+    """
+    import hashlib, json, torch
+    import torchmem
+    dev = torch.device("cuda", 0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.BatchNorm1d(512), torch.nn.Linear(512, 8)).to(dev)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(16, 512, device=dev)).sum().backward(); opt.step()
+    def digest(ts):
+        h = hashlib.sha256()
+        for t in ts:
+            h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+    params = list(model.parameters())
+    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    before = (digest(params), digest([p.grad for p in params]), digest(list(model.buffers())), digest(state))
+    dtypes = [p.dtype for p in params]; rg = [p.requires_grad for p in params]
+    report = torchmem.release(model, opt, offload=True)
+    after = (digest(params), digest([p.grad for p in params]), digest(list(model.buffers())),
+             digest([v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]))
+    ok_identity = all(a is b for a, b in zip(params, model.parameters()))
+    model(torch.randn(4, 512)).sum().backward(); opt.step()  # keeps working on the CPU
+    print("RESULT " + json.dumps({
+        "same": before == after, "identity": ok_identity,
+        "dtypes": [p.dtype for p in params] == dtypes, "requires_grad": [p.requires_grad for p in params] == rg,
+        "devices": sorted({str(p.device) for p in params}), "alloc_after": torch.cuda.memory_allocated(dev),
+        "offloaded": report.offloaded_bytes,
+    }))
+    """
+)
+
+
+def _run(code: str) -> dict[str, object]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])  # type: ignore[no-any-return]
+    raise AssertionError(out.stdout[-3000:] + out.stderr[-3000:])
+
+
+def test_release_returns_allocated_reserved_and_process_usage_to_the_baseline() -> None:
+    r = _run(SCENARIO)
+    assert r["errors"] == []
+    assert int(r["held"]) > 2 * 1024 * MiB  # model + AdamW + grads + outputs' graph + 2 GiB in the exception
+    assert abs(int(r["alloc_after"]) - int(r["base_alloc"])) <= MiB
+    assert r["reserved_after"] == 0
+    assert r["remaining"] == 0
+    assert r["shell"] == [0] and r["same_param"] is True
+    # NVML: back to the floor before the model (context + what cuBLAS/cuRAND loaded), within 2 MiB + kernels.
+    assert int(r["proc_after"]) - int(r["proc_floor"]) < 256 * MiB
+    assert r["dev_proc_after"][0] == r["proc_after"] or abs(int(r["dev_proc_after"][0]) - int(r["proc_after"])) < 2 * MiB
+
+
+def test_offload_keeps_exact_values_identity_dtypes_and_frees_the_gpu() -> None:
+    r = _run(OFFLOAD)
+    assert r["same"] is True
+    assert r["identity"] is True and r["dtypes"] is True and r["requires_grad"] is True
+    assert r["devices"] == ["cpu"]
+    assert int(r["alloc_after"]) < MiB
+    assert int(r["offloaded"]) > 0
