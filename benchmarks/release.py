@@ -1,4 +1,4 @@
-"""Benchmark: freeing a training run's memory — torchmem.release vs accelerate vs the del/gc/empty_cache recipe.
+"""Benchmark: freeing a training run's memory — torchmem.release vs accelerate vs del/gc/empty_cache.
 
 Each method runs in a fresh process on the same scenario: an 8×Linear(2048) model, AdamW with state, an LR
 scheduler, gradients, a dict of outputs that still holds its autograd graph, and a caught exception whose
@@ -97,7 +97,9 @@ GC_VS_RELEASE = textwrap.dedent(
 def _run(code: str, *args: str) -> dict[str, float | str]:
     env = dict(os.environ)
     env["TORCHMEM_SRC"] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, check=False
+    )
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])  # type: ignore[no-any-return]
@@ -113,10 +115,18 @@ def main() -> int:
 
     rows = []
     if torch.cuda.is_available():
-        methods = ["torchmem.release", "accelerate.release_memory", "gc + empty_cache", "del all + gc + empty_cache"]
+        methods = [
+            "torchmem.release",
+            "accelerate.release_memory",
+            "gc + empty_cache",
+            "del all + gc + empty_cache",
+        ]
         for m in methods:
             rows.append(_run(SCENARIO, m))
-        print(f"release — {torch.cuda.get_device_name(0)}, torch {torch.__version__}; MiB, caller keeps its names")
+        print(
+            f"release — {torch.cuda.get_device_name(0)}, torch {torch.__version__}; "
+            "MiB, the caller keeps its names"
+        )
         print(
             f"{'method':<28} {'held':>9} {'alloc after':>11} {'freed':>9} {'reserved':>9} "
             f"{'proc before':>11} {'proc after':>10} {'ms':>8}"

@@ -21,9 +21,20 @@ from torchmem._errors import (
     UnknownDeviceError,
     UnsupportedDeviceError,
 )
+from torchmem.actions.release import (
+    DeviceFigures,
+    ReleasedError,
+    ReleaseError,
+    ReleaseReport,
+    Remaining,
+    release,
+)
+from torchmem.actions.scope import Scope, ScopeReport, scope
+from torchmem.analysis.holders import HolderPath, HolderSearch, find_holders, holders
+from torchmem.analysis.live import LiveTensor, LiveTensorReport
 from torchmem.analysis.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
 from torchmem.capture.cpu import CpuTracking, cpu_tracking
-from torchmem.capture.read import counters, reset_peak, stats
+from torchmem.capture.read import counters, live_tensors, reset_peak, stats
 from torchmem.capture.track import Tracker, TrackResult, track
 from torchmem.devices import HotReading
 
@@ -34,11 +45,22 @@ __all__ = [
     "BreakdownRow",
     "CpuTracking",
     "DeviceError",
+    "DeviceFigures",
     "DeviceIndexError",
     "DeviceUnavailableError",
+    "HolderPath",
+    "HolderSearch",
     "HotReading",
+    "LiveTensor",
+    "LiveTensorReport",
     "MemoryStats",
     "ProcessMemory",
+    "ReleaseError",
+    "ReleaseReport",
+    "ReleasedError",
+    "Remaining",
+    "Scope",
+    "ScopeReport",
     "TorchmemError",
     "TrackResult",
     "Tracker",
@@ -48,7 +70,12 @@ __all__ = [
     "__version__",
     "counters",
     "cpu_tracking",
+    "find_holders",
+    "holders",
+    "live_tensors",
+    "release",
     "reset_peak",
+    "scope",
     "stats",
     "track",
 ]

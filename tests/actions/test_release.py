@@ -19,7 +19,9 @@ def _nbytes(*ts: torch.Tensor) -> int:
 
 def _trained(width: int = 64) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.BatchNorm1d(width), torch.nn.Linear(width, 4))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, width), torch.nn.BatchNorm1d(width), torch.nn.Linear(width, 4)
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model(torch.randn(8, width)).sum().backward()
     opt.step()
@@ -45,7 +47,7 @@ def test_release_model_and_optimizer_frees_every_byte_and_leaves_shells() -> Non
         assert all(p.numel() == 0 and p.grad is None for p in model.parameters())
         assert model[0].weight is params[0]  # identity kept: the caller's references see the shell
         assert len(opt.state) == 0
-        with pytest.raises(ReleasedError, match="emptied by torchmem.release"):
+        with pytest.raises(ReleasedError, match=r"emptied by torchmem\.release"):
             model(torch.randn(2, 64))
         with pytest.raises(ReleasedError):
             opt.step()
@@ -86,14 +88,18 @@ def test_arbitrary_objects_dataclasses_and_dicts_of_outputs_with_graphs() -> Non
         assert cpu.allocated - start == _nbytes(x)
 
 
-def test_optimizer_alone_releases_its_parameters_and_state() -> None:
+def test_optimizer_alone_frees_its_state_and_keeps_the_live_models_parameters() -> None:
     with torchmem.cpu_tracking() as cpu:
         model, opt = _trained()
+        params = list(model.parameters())
+        state = _nbytes(*[v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)])
         start = cpu.allocated
-        buffers = _nbytes(*list(model.buffers()))
         report = torchmem.release(opt)
-        assert cpu.allocated == buffers  # only the BatchNorm buffers are left, they belong to the model
-        assert report.freed_bytes == start - buffers
+        assert report.freed_bytes == state == start - cpu.allocated
+        assert all(p.numel() > 0 and p.grad is not None for p in params)  # the model still works
+        assert {r.name for r in report.remaining} >= {"opt.param_groups[0]['params'][0]"}
+        assert all("not released" in r.reason for r in report.remaining)
+        model(torch.randn(4, 64)).sum().backward()
 
 
 def test_offload_on_the_same_device_changes_nothing() -> None:

@@ -1,4 +1,4 @@
-"""release() on CUDA: everything back to the baseline, proven by the allocator and NVML (run on the device)."""
+"""release() on CUDA: back to the baseline, proven by the allocator and NVML (run on the device)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,8 @@ OFFLOAD = textwrap.dedent(
     import hashlib, json, torch
     import torchmem
     dev = torch.device("cuda", 0)
-    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.BatchNorm1d(512), torch.nn.Linear(512, 8)).to(dev)
+    layers = [torch.nn.Linear(512, 512), torch.nn.BatchNorm1d(512), torch.nn.Linear(512, 8)]
+    model = torch.nn.Sequential(*layers).to(dev)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.randn(16, 512, device=dev)).sum().backward(); opt.step()
     def digest(ts):
@@ -83,7 +84,8 @@ OFFLOAD = textwrap.dedent(
     model(torch.randn(4, 512)).sum().backward(); opt.step()  # keeps working on the CPU
     print("RESULT " + json.dumps({
         "same": before == after, "identity": ok_identity,
-        "dtypes": [p.dtype for p in params] == dtypes, "requires_grad": [p.requires_grad for p in params] == rg,
+        "dtypes": [p.dtype for p in params] == dtypes,
+        "requires_grad": [p.requires_grad for p in params] == rg,
         "devices": sorted({str(p.device) for p in params}), "alloc_after": torch.cuda.memory_allocated(dev),
         "offloaded": report.offloaded_bytes,
     }))
@@ -111,7 +113,10 @@ def test_release_returns_allocated_reserved_and_process_usage_to_the_baseline() 
     assert r["shell"] == [0] and r["same_param"] is True
     # NVML: back to the floor before the model (context + what cuBLAS/cuRAND loaded), within 2 MiB + kernels.
     assert int(r["proc_after"]) - int(r["proc_floor"]) < 256 * MiB
-    assert r["dev_proc_after"][0] == r["proc_after"] or abs(int(r["dev_proc_after"][0]) - int(r["proc_after"])) < 2 * MiB
+    assert (
+        r["dev_proc_after"][0] == r["proc_after"]
+        or abs(int(r["dev_proc_after"][0]) - int(r["proc_after"])) < 2 * MiB
+    )
 
 
 def test_offload_keeps_exact_values_identity_dtypes_and_frees_the_gpu() -> None:

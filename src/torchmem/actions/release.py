@@ -125,19 +125,34 @@ def _raise_released(what: str) -> Callable[..., Any]:
     return hook
 
 
+def _name_in(scopes: list[dict[str, Any]], obj: Any) -> str | None:
+    for scope in scopes:
+        for k, v in scope.items():
+            if v is obj and not k.startswith("_"):
+                return str(k)
+    return None
+
+
 def _caller_names(frame: types.FrameType | None, objs: tuple[Any, ...]) -> list[str]:
     names: list[str] = []
-    scopes = [frame.f_locals, frame.f_globals] if frame is not None else []
+    scopes: list[dict[str, Any]] = []
+    snapshot: Any = None
+    if frame is not None:
+        loc = frame.f_locals
+        if loc is not frame.f_globals:
+            scopes.append(loc)
+            if sys.version_info < (3, 13):
+                snapshot = loc
+        scopes.append(frame.f_globals)
+        del loc
     for i, o in enumerate(objs):
-        found = None
-        for scope in scopes:
-            for k, v in scope.items():
-                if v is o and not k.startswith("_"):
-                    found = k
-                    break
-            if found:
-                break
-        names.append(found or f"arg{i}")
+        names.append(_name_in(scopes, o) or f"arg{i}")
+    scopes.clear()
+    # Before 3.13, reading f_locals leaves a snapshot dict on the frame that keeps every local alive after
+    # a later `del`. Empty it when nobody else holds it and no tracer could write it back (the next read of
+    # f_locals refills it).
+    if snapshot is not None and sys.gettrace() is None and sys.getrefcount(snapshot) <= 3:
+        snapshot.clear()
     return names
 
 
@@ -220,8 +235,8 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
         >>> opt = torch.optim.AdamW(model.parameters())
         >>> model(torch.ones(8, 1024)).sum().backward(); opt.step()
         >>> report = torchmem.release(model, opt)
-        >>> report.freed_bytes            # weights, bias, their grads and AdamW's two moments
-        25190400
+        >>> report.freed_bytes            # weights, bias, their grads, AdamW's two moments and steps
+        16793608
         >>> model.weight.shape
         torch.Size([0])
     """
@@ -250,6 +265,9 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
     before = _figures(devices)
 
     protected = _shared_with_live_modules(plan)
+    for pt in plan.tensors.values():  # a kept parameter keeps its gradient
+        if pt.role == GRADIENT and id(pt.owner) in protected:
+            protected[id(pt.tensor)] = protected[id(pt.owner)]
     work = [
         pt
         for pt in plan.tensors.values()
@@ -482,10 +500,24 @@ def _clear_ipython(devices: set[str], actions: list[str]) -> None:
             del out[k]
             cleared.append(f"Out[{k}]")
             ns.pop(f"_{k}", None)
-    for name in ("_", "__", "___"):
-        if _holds_tensor_on(ns.get(name), devices):
-            ns[name] = None
-            cleared.append(name)
+    # The displayhook writes _, __, ___ and _N into user_ns and into user_ns_hidden (for %who).
+    for space in (ns, getattr(shell, "user_ns_hidden", None)):
+        if not isinstance(space, dict):
+            continue
+        for name in [k for k in space if isinstance(k, str) and k[:1] == "_" and k[1:].isdigit()]:
+            if _holds_tensor_on(space.get(name), devices):
+                del space[name]
+                if name not in cleared:
+                    cleared.append(name)
+        for name in ("_", "__", "___"):
+            if _holds_tensor_on(space.get(name), devices):
+                space[name] = None
+                if name not in cleared:
+                    cleared.append(name)
+    last = getattr(shell, "last_execution_result", None)
+    if last is not None and _holds_tensor_on(getattr(last, "result", None), devices):
+        last.result = None
+        cleared.append("the last cell's result")
     hist = getattr(shell, "displayhook", None)
     for name in ("_", "__", "___"):
         if hist is not None and _holds_tensor_on(getattr(hist, name, None), devices):

@@ -16,8 +16,10 @@ BUFFER = "buffer"
 SAVED = "saved for backward"
 OTHER = "other"
 CATEGORIES = (PARAMETER, GRADIENT, OPTIMIZER_STATE, BUFFER, SAVED, OTHER)
-# When one storage plays several roles, the first wins; a tensor the program holds is not "saved".
-_PRECEDENCE = (PARAMETER, GRADIENT, OPTIMIZER_STATE, BUFFER, OTHER, SAVED)
+# When one storage plays several roles, the first wins: a parameter that autograd saved is a parameter, an
+# input the program holds and autograd saved is "saved for backward" (its holder path names the program's
+# reference).
+_PRECEDENCE = (PARAMETER, GRADIENT, OPTIMIZER_STATE, BUFFER, SAVED, OTHER)
 
 
 @dataclass(frozen=True)
@@ -102,12 +104,12 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     modules: list[torch.nn.Module] = []
     optimizers: list[torch.optim.Optimizer] = []
     for o in gc.get_objects():
-        t = type(o)
-        if issubclass(t, tensor_type):
+        kind = type(o)
+        if issubclass(kind, tensor_type):
             tensors.append(o)
-        elif issubclass(t, module_type):
+        elif issubclass(kind, module_type):
             modules.append(o)
-        elif issubclass(t, opt_type):
+        elif issubclass(kind, opt_type):
             optimizers.append(o)
 
     # storage key -> [representative tensor, category, name, views]
@@ -171,8 +173,8 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
             for nxt, _ in getattr(f, "next_functions", ()):
                 if nxt is not None:
                     stack.append(nxt)
-    for t in tensors:  # count views per storage
-        k = _storage_key(t) if t.device == device else None
+    for tv in tensors:  # count views per storage
+        k = _storage_key(tv) if tv.device == device else None
         if k is not None and k in store:
             store[k][3] += 1
 
