@@ -18,19 +18,29 @@ by unreachable reference cycles is a ``cycle`` root (the next ``gc.collect()`` f
 How it is fast. A forward walk from the roots visits the whole heap (~5 µs an object, 5–6 s at a million
 objects), and ``gc.get_referrers(*objs)`` compares every reference in the heap with each of its arguments
 (~1.2 ms per argument per million objects). Instead the search takes one snapshot of the heap's
-references: ``gc.get_referents`` over chunks of 32 objects (~0.13 µs an object), the referents' addresses
-read straight from the list that holds them, sorted once as 32-bit keys. Each level of the backward
-breadth-first search from all targets at once is then a ``searchsorted`` plus an exact check of the few
-chunks that matched. References the garbage collector cannot see are added as virtual edges: a tensor's
-``.grad`` and ``._base``, and every tensor saved for backward in an autograd graph (walked from each live
-tensor's ``grad_fn`` through ``next_functions``; matched to targets by identity, or by data pointer,
-shape and stride when autograd unpacks a fresh wrapper, as it does for saved outputs).
+references: ``gc.get_referents`` over chunks of 64 objects, the referents' addresses copied straight out
+of the list that holds them, sorted once (as 32-bit keys; the addresses make matches exact). Each level of
+the backward breadth-first search from all targets at once is then a ``searchsorted``, and the referrer
+of each match is found by walking the few matching chunks. The paths are rebuilt best-first (A*) from
+each target up to the roots, rendered, and the most readable kept. References the garbage collector
+cannot see are added as virtual edges: a tensor's ``.grad`` and ``._base``, and every tensor saved for
+backward in an autograd graph (walked from each live tensor's ``grad_fn`` through ``next_functions``;
+matched to targets by identity, or by data pointer, shape and stride when autograd unpacks a fresh
+wrapper, as it does for saved outputs; a different view of the same storage is reported as sharing it).
 
-The search does not count itself: its own frames (and every ``torchmem`` frame), its temporaries, the
-target list and whatever is passed in ``exclude`` are not holders. The result holds strings only.
+The search does not count itself: its own frames (and every executing ``torchmem`` frame), its
+temporaries, the target sequence and whatever is passed in ``exclude`` are not holders. The result holds
+strings only. Reading a function frame's ``f_locals`` (CPython <= 3.12) leaves a snapshot dict on the
+frame that would keep its locals alive; the search empties the snapshots it made when nobody else holds
+them and no Python-level tracer could write them back.
 
-Cost: about 0.4 s per million live objects for the snapshot, plus ~80 bytes of temporary memory per
-reference while the search runs; the garbage collector is paused meanwhile and restored after.
+Cost: about 0.45 s at a million live gc-tracked objects (2 cores), plus ~30 bytes of temporary memory per
+reference while the search runs; the garbage collector is paused meanwhile and restored after. Python's
+own tools run untouched: the caller's torch function and dispatch modes do not see the search's tensors.
+
+Limits: objects frozen with ``gc.freeze()`` are not in the snapshot (only the root namespaces' references
+are added back); holders that keep an object only on a C stack or in C state show as ``gc-orphan``;
+reading autograd's saved tensors runs any ``saved_tensors_hooks`` unpack hook.
 """
 
 from __future__ import annotations
@@ -100,12 +110,13 @@ class HolderSearch:
     """The result of one search for the holders of several objects.
 
     Attributes:
-        paths: One tuple per target, in the order given, shortest first (rooted paths before
-            ``gc-orphan`` and ``cycle`` ones). Empty where nothing but the search itself holds the target.
+        paths: One tuple per target, in the order given, most readable first: rooted paths before
+            ``gc-orphan`` and ``cycle`` ones, then fewer steps, then fewer references. Empty where nothing
+            but the search itself (or what was excluded) holds the target.
         truncated: A limit was hit, so some holders may be missing.
         reason: Which limits, comma-separated: ``"max_paths"`` (a target has more paths than asked
             for), ``"time_limit"``, ``"max_objects"``, ``"fan_in"`` (an object had too many referrers
-            to follow them all).
+            to follow them all), ``"error: <type>"`` (the search failed; logged, paths empty).
         seconds: Wall time of the search.
         visited: Objects the backward search explored.
 
@@ -239,6 +250,7 @@ def find_holders(
 _CHUNK = 64  # objects per get_referents call while indexing
 _FAN_IN = 2048  # most referrers followed per object
 _POP_BUDGET = 20_000  # most states the path enumeration pops per target and pass
+_ALTERNATIVES = 8  # most names tried for one reference (an object under several keys of one dict)
 _INF = 1 << 30
 _CO_OPTIMIZED = 0x0001
 _SYS_LAST = {"last_traceback": "traceback", "last_value": "exception", "last_exc": "exception"}
@@ -273,8 +285,9 @@ def _addresses(lst: list[Any]) -> torch.Tensor:
     if n and isinstance(_list_items_offset, int) and ctypes.sizeof(ctypes.c_void_p) == 8:
         ptr = ctypes.c_void_p.from_address(id(lst) + _list_items_offset).value
         if ptr:
-            buf = (ctypes.c_int64 * n).from_address(ptr)
-            return torch.frombuffer(buf, dtype=torch.int64).clone()
+            out = torch.empty(n, dtype=torch.int64)
+            ctypes.memmove(out.data_ptr(), ptr, n * 8)  # (a ctypes array type per length would pile up)
+            return out
     return (
         torch.tensor(array("q", map(id, lst)), dtype=torch.int64) if n else torch.zeros(0, dtype=torch.int64)
     )
@@ -404,10 +417,14 @@ class _Search:
         self.expanded: list[bool] = []
         self.root_of: dict[int, _Root] = {}
         self.held_by_ignored: set[int] = set()
+        self.selfref: set[int] = set()  # nodes that refer to themselves
         self.vparents: dict[int, list[tuple[Any, str, int]]] = {}
         self.modules: list[Any] | None = None
         self.param_names: dict[int, str] | None = None
-        self.key_cache: dict[int, dict[int, Any]] = {}
+        self.key_cache: dict[int, dict[int, list[Any]]] = {}
+        self._choices: list[int] = []
+        self._counts: list[int] = []
+        self._cursor = 0
 
     # -- limits -----------------------------------------------------------------------------------
     def _out_of_time(self) -> bool:
@@ -425,14 +442,21 @@ class _Search:
         n = len(self.targets)
         if n == 0:
             return HolderSearch((), False, None, time.perf_counter() - self.t0, 0)
-        self._collect_roots()
-        gc.disable()
-        ok = self._build_index()
-        if ok and any(isinstance(t, torch.Tensor) for t in self.targets):
-            self._autograd_edges()
-        if ok:
-            self._bfs()
-        paths = self._all_paths() if ok else [() for _ in range(n)]
+        # The search's own tensors must not go through the caller's torch function or dispatch modes
+        # (`with torch.device("cuda")`, a FakeTensorMode, torchmem's own ledger).
+        paths: list[tuple[HolderPath, ...]] = [() for _ in range(n)]
+        try:
+            with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+                self._collect_roots()
+                gc.disable()
+                if self._build_index():
+                    if any(isinstance(t, torch.Tensor) for t in self.targets):
+                        self._autograd_edges()
+                    self._bfs()
+                    paths = self._all_paths()
+        except Exception as e:  # an object that refused inspection must not break release() or a report
+            _log.warning("holders(): the search failed: %r", e)
+            self._truncate(f"error: {type(e).__name__}")
         visited = len(self.nobj)
         return HolderSearch(
             tuple(paths),
@@ -502,11 +526,15 @@ class _Search:
         names = {t.ident: t.name for t in threading.enumerate()}
         frames = sys._current_frames()
         self.ignore.add(id(frames))
-        for tid, top in frames.items():
-            f: types.FrameType | None = top
+        f: types.FrameType | None = None
+        for tid in list(frames):
+            f = frames[tid]
             while f is not None:
                 self._add_frame(f, tid == me, names.get(tid, str(tid)))
                 f = f.f_back
+        # This frame is among them: a local still naming it would be a reference cycle that keeps the
+        # frame, its callers and their locals (the targets) alive until the next collection.
+        f = None
         frames.clear()
 
         exc = sys.exc_info()[1]
@@ -532,7 +560,8 @@ class _Search:
         self.ignore.add(id(f))
         self.keep.append(f)
         g = f.f_globals
-        own = id(f) in self.exclude_frames or str(g.get("__name__", "")).startswith("torchmem")
+        mod = str(g.get("__name__", ""))
+        own = id(f) in self.exclude_frames or mod == "torchmem" or mod.startswith("torchmem.")
         if id(g) not in self.roots:
             self.roots[id(g)] = _Root("module", str(g.get("__name__", "<globals>")), True, _is_ipython_ns(g))
         code = f.f_code
@@ -849,6 +878,8 @@ class _Search:
 
         budget = 0
         for owner, fn, prefix, w0 in graph_roots:
+            if owner is fn and id(fn) in memo:
+                continue  # a Python-defined node already reached from a tensor's grad_fn
             stack: list[tuple[Any, bool]] = [(fn, False)]
             while stack:
                 n, done = stack.pop()
@@ -943,7 +974,10 @@ class _Search:
                         nxt.append(pn)
                 else:
                     self.mask[pn] |= self.mask[c]
-                if (c, pn, label) in seen or pn == c:
+                if pn == c:
+                    self.selfref.add(c)
+                    continue
+                if (c, pn, label) in seen:
                     continue
                 seen.add((c, pn, label))
                 par[c].append((pn, label, w))
@@ -954,7 +988,7 @@ class _Search:
                         count[low.bit_length() - 1] += 1
                         m ^= low
             frontier = nxt
-            if frontier and min(count) > self.max_paths:
+            if frontier and min(count) > 2 * self.max_paths + 2:  # candidates _all_paths ranks
                 self._truncate("max_paths")
                 return
         self.complete = True
@@ -993,41 +1027,43 @@ class _Search:
             and not self.par[n]
             and n not in self.root_of
             and n not in self.held_by_ignored
+            and n not in self.selfref
         ]
         orphan_set = set(orphans)
         orphan_d = self._distances(orphans) if orphans else None
+        # Gather more candidates than asked for, then keep the most readable: a parameter is better named
+        # `model.0.weight` than by its place among an optimizer's state keys, fewer references or not.
+        want = 2 * self.max_paths + 2
         out: list[tuple[HolderPath, ...]] = []
         for t in self.targets:
             tn = self.nid[id(t)]
             found: dict[str, HolderPath] = {}
-            more = self._enumerate(tn, rooted, self.root_of.__contains__, found, "root")
-            if len(found) < self.max_paths and orphan_d is not None:
-                more |= self._enumerate(tn, orphan_d, orphan_set.__contains__, found, "gc-orphan")
-            if not found and self.complete and self.par[tn] and tn not in self.held_by_ignored:
+            more = self._enumerate(tn, rooted, self.root_of.__contains__, found, "root", want)
+            if len(found) < want and orphan_d is not None:
+                more |= self._enumerate(tn, orphan_d, orphan_set.__contains__, found, "gc-orphan", want)
+            if not found and self.complete and self.par[tn]:
                 p = self._cycle_path(tn)
                 if p is not None:
                     found[str(p)] = p
-            if more:
+            ranked = sorted(found.values(), key=_readability)
+            if more or len(ranked) > self.max_paths:
                 self._truncate("max_paths")
-            out.append(
-                tuple(sorted(found.values(), key=lambda p: (p.root in ("gc-orphan", "cycle"), p.depth)))
-            )
+            out.append(tuple(ranked[: self.max_paths]))
             if self._out_of_time():
                 out.extend(() for _ in range(n_t - len(out)))
                 break
         return out
 
     def _enumerate(
-        self, tn: int, h: list[int], is_goal: Any, found: dict[str, HolderPath], kind: str
+        self, tn: int, h: list[int], is_goal: Any, found: dict[str, HolderPath], kind: str, want: int
     ) -> bool:
         """Best-first (A*) enumeration of the shortest paths from target node ``tn`` up to goal nodes.
 
-        Adds rendered paths to ``found`` (deduplicated by text); returns whether more paths existed than
-        ``max_paths``.
+        Adds rendered paths to ``found`` (deduplicated by text); returns whether more than ``want``
+        paths existed.
         """
         if h[tn] >= _INF:
             return False
-        want = self.max_paths
         seq = itertools.count()
         # state: (f, g, seq, node, link); link = (node, label, weight, prev link) from the target upward
         heap: list[tuple[int, int, int, int, Any]] = [(h[tn], 0, next(seq), tn, (tn, None, 0, None))]
@@ -1035,17 +1071,19 @@ class _Search:
         budget = _POP_BUDGET
         while heap and budget:
             budget -= 1
+            if budget % 1024 == 0 and self._out_of_time():
+                break
             _, g, _, n, link = heapq.heappop(heap)
             k = pops.get(n, 0)
             if k > want:
                 continue
             pops[n] = k + 1
             if is_goal(n):
-                p = self._render(link, g, kind)
-                if p is not None and str(p) not in found:
-                    if len(found) >= want:
-                        return True
-                    found[str(p)] = p
+                for p in self._render_all(link, g, kind, want + 1):
+                    if str(p) not in found:
+                        if len(found) >= want:
+                            return True
+                        found[str(p)] = p
                 if n != tn:
                     continue
             for pn, label, w in self.par[n]:
@@ -1069,9 +1107,17 @@ class _Search:
         seen = {tn}
         n = tn
         for _ in range(10_000):
-            nxt = next(((p, lab, w) for p, lab, w in self.par[n] if p not in self.held_by_ignored), None)
+            ps = self.par[n]
+            nxt = next(
+                ((p, lab, w) for p, lab, w in ps if p not in self.held_by_ignored), ps[0] if ps else None
+            )
             if nxt is None:
-                return None
+                # a node that refers only to itself closes the cycle
+                return (
+                    next(iter(self._render_all(link, _link_depth(link), "cycle", 1)), None)
+                    if n in self.selfref
+                    else None
+                )
             p, lab, w = nxt
             link = (p, lab, w, link)
             if p in seen:
@@ -1079,16 +1125,35 @@ class _Search:
                 ln = link[3]
                 while ln[0] != p:
                     ln = ln[3]
-                depth, x = 0, ln
-                while x is not None:
-                    depth += x[2]
-                    x = x[3]
-                return self._render(ln, depth, "cycle")
+                return next(iter(self._render_all(ln, _link_depth(ln), "cycle", 1)), None)
             seen.add(p)
             n = p
         return None
 
     # -- rendering --------------------------------------------------------------------------------
+    def _render_all(self, link: Any, depth: int, kind: str, limit: int) -> list[HolderPath]:
+        """The path ``link`` rendered once per way of naming it (an object under two keys: two paths)."""
+        out: list[HolderPath] = []
+        choices: list[int] = []
+        while len(out) < limit:
+            self._choices, self._counts, self._cursor = choices, [], 0
+            p = self._render(link, depth, kind)
+            if p is not None:
+                out.append(p)
+            counts = self._counts
+            nxt = choices + [0] * (len(counts) - len(choices))
+            j = len(counts) - 1
+            while j >= 0:  # next combination, odometer-style
+                nxt[j] += 1
+                if nxt[j] < counts[j]:
+                    break
+                nxt[j] = 0
+                j -= 1
+            if j < 0:
+                break
+            choices = nxt
+        return out
+
     def _render(self, link: Any, depth: int, kind: str) -> HolderPath | None:
         nodes: list[int] = []
         labels: list[str | None] = []
@@ -1288,43 +1353,53 @@ class _Search:
             self.snaps.append((f, loc))
         return loc
 
+    def _pick(self, options: list[Any]) -> Any:
+        """One of several equally valid names for a reference (the same object under several keys).
+
+        :meth:`_render_all` renders a path once per combination of choices.
+        """
+        i = self._cursor
+        self._cursor += 1
+        if i >= len(self._counts):
+            self._counts.append(min(len(options), _ALTERNATIVES))
+        c = self._choices[i] if i < len(self._choices) else 0
+        return options[c] if c < len(options) else options[0]
+
     def _key_in_dict(self, d: Any, child: Any) -> Any:
-        """The key under which ``child`` is a value of mapping ``d`` (``_MISSING`` when it is not)."""
-        items: Any
+        """A key under which ``child`` is a value of mapping ``d`` (``_MISSING`` when it is not)."""
+        keys: list[Any]
         if isinstance(d, dict):
             if len(d) > 64:
                 cache = self.key_cache.get(id(d))
                 if cache is None:
-                    cache = {id(v): k for k, v in dict.items(d)}
+                    cache = {}
+                    for k, v in dict.items(d):
+                        cache.setdefault(id(v), []).append(k)
                     self.key_cache[id(d)] = cache
-                k = cache.get(id(child), _MISSING)
-                if k is not _MISSING and dict.get(d, k, _MISSING) is child:
-                    return k
-            items = dict.items(d)
+                keys = [k for k in cache.get(id(child), ()) if dict.get(d, k, _MISSING) is child]
+            else:
+                keys = [k for k, v in dict.items(d) if v is child]
         else:
             try:
-                items = list(d.items())
+                keys = [k for k, v in list(d.items()) if v is child]
             except Exception:
                 return _MISSING
-        for k, v in items:
-            if v is child:
-                return k
-        return _MISSING
+        return self._pick(keys) if keys else _MISSING
 
     def _index_of(self, seq: Any, child: Any) -> int:
-        """Index of ``child`` in sequence ``seq`` by identity (-1 when absent)."""
+        """An index of ``child`` in sequence ``seq`` by identity (-1 when absent)."""
+        found: list[int]
         if len(seq) > 64:
             cache = self.key_cache.get(id(seq))
             if cache is None:
-                cache = {id(v): i for i, v in enumerate(seq)}
+                cache = {}
+                for i, v in enumerate(seq):
+                    cache.setdefault(id(v), []).append(i)
                 self.key_cache[id(seq)] = cache
-            i = cache.get(id(child), -1)
-            if 0 <= i < len(seq) and seq[i] is child:
-                return int(i)
-        for i, v in enumerate(seq):
-            if v is child:
-                return i
-        return -1
+            found = [i for i in cache.get(id(child), ()) if i < len(seq) and seq[i] is child]
+        else:
+            found = [i for i, v in enumerate(seq) if v is child]
+        return int(self._pick(found)) if found else -1
 
     def _render_key(self, k: Any) -> str:
         if isinstance(k, torch.Tensor):
@@ -1367,6 +1442,20 @@ class _Search:
                 continue
         self.param_names = names
         return names
+
+
+def _readability(p: HolderPath) -> tuple[bool, int, int]:
+    """Sort key: rooted paths first, then fewer steps to read (a hop ``->`` or key membership counts two)."""
+    steps = len(p.steps) + sum(s.count(" -> ") + s.startswith(" key ") for s in p.steps)
+    return (p.root in ("gc-orphan", "cycle"), steps, p.depth)
+
+
+def _link_depth(link: Any) -> int:
+    depth = 0
+    while link is not None:
+        depth += link[2]
+        link = link[3]
+    return depth
 
 
 def _tname(o: Any) -> str:
