@@ -165,6 +165,34 @@ def _figures(devices: Iterable[torch.device]) -> dict[str, tuple[int | None, int
     return out
 
 
+def _settled(
+    before: dict[str, tuple[int | None, int | None, int | None]],
+    after: dict[str, tuple[int | None, int | None, int | None]],
+    devices: list[torch.device],
+    timeout: float = 1.0,
+) -> dict[str, tuple[int | None, int | None, int | None]]:
+    """Re-read until the driver's per-process figure reflects memory the allocator gave back.
+
+    NVML updates a process's usage lazily: read right after ``empty_cache()`` it can still show the old
+    figure. Poll (at most ``timeout`` seconds) until it has dropped by at least half of what ``reserved``
+    dropped.
+    """
+    deadline = time.perf_counter() + timeout
+    while True:
+        pending = False
+        for label, (_, res0, proc0) in before.items():
+            _, res1, proc1 = after[label]
+            if None in (res0, res1, proc0, proc1):
+                continue
+            returned = res0 - res1  # type: ignore[operator]
+            if returned > (2 << 20) and proc0 - proc1 < returned // 2:  # type: ignore[operator]
+                pending = True
+        if not pending or time.perf_counter() > deadline:
+            return after
+        time.sleep(0.02)
+        after = _figures(devices)
+
+
 def _shared_with_live_modules(plan: ReleasePlan) -> dict[int, str]:
     """Parameters/buffers that a module *not* being released also holds (tied or shared weights)."""
     params = [pt.tensor for pt in plan.tensors.values() if pt.role in (PARAMETER, BUFFER)]
@@ -322,7 +350,7 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
                 actions.append(f"empty_cache({d})")
         except Exception as exc:
             errors.append(f"emptying the cache of {d}: {type(exc).__name__}: {exc}")
-    after = _figures(devices)
+    after = _settled(before, _figures(devices), devices)
 
     # 5. Prove it: which old storages died, and who holds the ones that did not.
     freed = 0
@@ -383,20 +411,13 @@ def _apply(
             new = copies.get(id(t))
             if pt.role == GRADIENT:
                 param = pt.owner
-                if new is None:
-                    t.data = _shell(t)  # frees the storage even where the grad object is still referenced
-                if param is not None and getattr(param, "grad", None) is t:
-                    param.grad = new if new is not None and param.device == new.device else None
-                elif new is not None:
-                    t.data = new
-            elif pt.role == OPTIMIZER_STATE:
-                opt, (param, key) = pt.owner, pt.owner_key
-                state = opt.state.get(param)
-                if new is not None and isinstance(state, dict):
-                    state[key] = new
+                if new is not None:
+                    t.data = new  # in place after its parameter moved: the same grad object, now there
                 else:
-                    t.data = _shell(t)
-            else:
+                    t.data = _shell(t)  # frees the storage even where the grad object is still referenced
+                    if param is not None and getattr(param, "grad", None) is t:
+                        param.grad = None
+            else:  # parameters, buffers, optimizer state, plain tensors: in place, identity kept
                 t.data = new if new is not None else _shell(t)
             done += 1
             by_role[pt.role] = by_role.get(pt.role, 0) + 1

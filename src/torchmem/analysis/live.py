@@ -188,7 +188,9 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         search = find_holders(
             targets, max_paths=1, time_limit=5.0, exclude=[tensors, modules, optimizers, store]
         )
-        truncated = search.truncated
+        # One path per tensor is all we ask for: hitting max_paths is success, not truncation.
+        limits = {r.strip() for r in (search.reason or "").split(",") if r.strip()} - {"max_paths"}
+        truncated = search.truncated and bool(limits)
         holders = [str(p[0]) if p else None for p in search.paths[: len(entries)]]
         root_names = [
             str(p[0]) if p else type(m).__name__ for p, m in zip(search.paths[len(entries) :], roots)
