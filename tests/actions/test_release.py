@@ -264,3 +264,22 @@ def test_live_tensors_categories_and_reconciliation() -> None:
         # Every storage the ledger counted is found, including those only the graph of `loss` holds.
         assert report.total >= cpu.allocated
         del loss
+
+
+def test_compiled_module_caches_are_reset() -> None:
+    with torchmem.cpu_tracking() as cpu:
+        start = cpu.allocated
+        model = torch.nn.Linear(64, 64)
+        compiled = torch.compile(model, backend="eager")
+        compiled(torch.ones(4, 64))
+        report = torchmem.release(compiled)
+        assert any("torch.compile" in a for a in report.actions)
+        assert model.weight.numel() == 0  # the wrapped module was released through the wrapper
+        assert cpu.allocated == start
+
+
+def test_only_the_requested_device_is_released() -> None:
+    t = torch.ones(10)
+    meta = torch.empty(10, device="meta")
+    report = torchmem.release({"t": t, "m": meta}, device="cpu")
+    assert report.released_tensors == 1 and t.numel() == 0

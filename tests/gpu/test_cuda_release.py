@@ -156,3 +156,30 @@ def test_live_tensors_on_cuda_reconcile_with_the_allocator() -> None:
     assert r.unexplained < 128 * MiB
     assert any(t.holder for t in r.tensors)
     del kept
+
+
+def test_cuda_graph_pools_are_reset_and_other_devices_left_alone() -> None:
+    import torchmem
+
+    lin = torch.nn.Linear(1024, 1024).cuda()
+    static_in = torch.randn(512, 1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            lin(static_in)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = lin(static_in)
+    graph.replay()
+    torch.cuda.synchronize()
+    cpu_t = torch.ones(100)
+    holder = {"graph": graph, "lin": lin, "in": static_in, "out": static_out, "cpu": cpu_t}
+    reserved_before = torch.cuda.memory_reserved(0)
+    report = torchmem.release(holder, device="cuda:0")
+    assert any("CUDA graph" in a for a in report.actions)
+    assert cpu_t.numel() == 100 and any("on cpu" in s for s in report.skipped)
+    assert static_out.numel() == 0 and lin.weight.numel() == 0
+    assert torch.cuda.memory_reserved(0) < reserved_before
+    assert report.errors == ()
