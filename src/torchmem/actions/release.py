@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import sys
 import time
@@ -399,10 +400,9 @@ def _apply(
     for pt in work:
         t = pt.tensor
         if t.grad_fn is not None and pt.role in (TENSOR, EXCEPTION_LOCAL):
-            try:
+            # A view cannot be detached in place (RuntimeError); its graph is reported if it survives.
+            with contextlib.suppress(RuntimeError):
                 t.detach_()
-            except RuntimeError:
-                pass  # a view cannot be detached in place; its graph is reported if it survives
     # Parameters, buffers and plain tensors first, gradients after (a grad must match its param's device).
     ordered = sorted(work, key=lambda pt: pt.role == GRADIENT)
     with torch.no_grad():

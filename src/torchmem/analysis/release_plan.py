@@ -49,10 +49,6 @@ class ReleasePlan:
     truncated: bool = False
 
 
-def _label(obj: Any) -> str:
-    return type(obj).__name__
-
-
 def plan_release(
     objs: Iterable[Any], device: torch.device | None = None, names: Iterable[str] = ()
 ) -> ReleasePlan:
@@ -251,4 +247,4 @@ def storage_bytes(t: torch.Tensor) -> int:
         return 0
 
 
-__all__ = ["PlannedTensor", "ReleasePlan", "_label", "plan_release", "storage_bytes"]
+__all__ = ["PlannedTensor", "ReleasePlan", "plan_release", "storage_bytes"]

@@ -10,6 +10,7 @@ context then shows as ``n/a`` and is folded into the unexplained remainder.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -105,7 +106,8 @@ def _read_cache(key: str) -> ContextEstimate | None:
 
 def _write_cache(key: str, est: ContextEstimate) -> None:
     path = _cache_file()
-    try:
+    # A read-only home only costs a re-probe in the next process.
+    with contextlib.suppress(OSError):
         try:
             data = json.loads(path.read_text())
             if not isinstance(data, dict):
@@ -117,8 +119,6 @@ def _write_cache(key: str, est: ContextEstimate) -> None:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
         os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home only costs a re-probe in the next process
 
 
 def _run_probe(cuda_index: int, uuid: str) -> ContextEstimate | None:
