@@ -283,3 +283,46 @@ def test_only_the_requested_device_is_released() -> None:
     meta = torch.empty(10, device="meta")
     report = torchmem.release({"t": t, "m": meta}, device="cpu")
     assert report.released_tensors == 1 and t.numel() == 0
+
+
+def test_release_of_an_exception_never_empties_the_live_model_or_the_callers_input() -> None:
+    class Boom(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            activ = self.fc(x).relu()  # noqa: F841 - only the traceback holds it
+            raise RuntimeError("boom")
+
+    model, batch = Boom(), torch.ones(4, 8)
+    with torchmem.cpu_tracking() as cpu:
+        try:
+            model(batch)
+        except RuntimeError as e:
+            err = e
+        held = cpu.allocated
+        assert held > 0
+        torchmem.release(err)
+        assert cpu.allocated == 0  # the activation died with the cleared frames
+    assert model.fc.weight.shape == (8, 8) and batch.shape == (4, 8)
+    model.fc(batch)
+
+
+def test_sparse_tensors_are_skipped_not_a_crash_and_dataclass_extras_are_released() -> None:
+    sparse = torch.sparse_coo_tensor(
+        torch.tensor([[0, 1], [1, 0]]), torch.tensor([1.0, 2.0]), (2, 2), check_invariants=True
+    )
+    report = torchmem.release({"s": sparse})
+    assert report.errors == () and any("sparse" in s for s in report.skipped)
+
+    @dataclasses.dataclass
+    class Holder:
+        a: torch.Tensor
+
+        def __post_init__(self) -> None:
+            self.cache = torch.ones(1000)
+
+    h = Holder(torch.ones(10))
+    report = torchmem.release(h)
+    assert report.released_tensors == 2 and h.cache.numel() == 0

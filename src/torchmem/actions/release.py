@@ -302,9 +302,12 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
         for pt in plan.tensors.values()
         if id(pt.tensor) not in protected and not (off_dev is not None and pt.tensor.device == off_dev)
     ]
+    # Exception-frame tensors are freed by clearing the frames, never emptied: others may still use them.
+    frame_only = [pt for pt in work if pt.role == EXCEPTION_LOCAL]
+    work = [pt for pt in work if pt.role != EXCEPTION_LOCAL]
     # Old storages, to prove they died: storage id -> (weakref, bytes, device, name)
     old: dict[int, tuple[weakref.ref[Any], int, str, str]] = {}
-    for pt in work:
+    for pt in [*work, *frame_only]:
         s = pt.tensor.untyped_storage()
         if s._cdata not in old and s.nbytes() > 0:
             old[s._cdata] = (weakref.ref(s), s.nbytes(), str(pt.tensor.device), pt.name)
@@ -328,11 +331,13 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
             ) from exc
 
     # 2. Empty (or move) every tensor in place.
-    released = 0
+    progress = [0]
     try:
-        released = _apply(plan, work, copies, off_dev, actions)
+        _apply(plan, work, copies, off_dev, actions, progress)
     except Exception as exc:  # report exactly what was done; never leave the caller guessing
-        errors.append(f"stopped after {released} tensors: {type(exc).__name__}: {exc}")
+        errors.append(f"stopped after {progress[0]} tensors: {type(exc).__name__}: {exc}")
+    released = progress[0]
+    frame_only.clear()
     copies.clear()
 
     # 3. Traps that pin device memory outside the objects.
@@ -393,13 +398,26 @@ def _apply(
     copies: dict[int, torch.Tensor],
     off_dev: torch.device | None,
     actions: list[str],
-) -> int:
-    done = 0
+    progress: list[int],
+) -> None:
     by_role: dict[str, int] = {}
+    try:
+        _empty(work, copies, by_role, progress)
+    finally:
+        for role in (PARAMETER, GRADIENT, BUFFER, OPTIMIZER_STATE, TENSOR):
+            if by_role.get(role):
+                verb = f"moved to {off_dev}" if off_dev is not None else "emptied"
+                actions.append(f"{verb}: {by_role[role]} {role} tensor(s)")
+    _mark_released(plan, off_dev, actions)
+
+
+def _empty(
+    work: list[PlannedTensor], copies: dict[int, torch.Tensor], by_role: dict[str, int], progress: list[int]
+) -> None:
     # Drop autograd graphs hanging off non-leaf tensors first: they keep saved activations alive.
     for pt in work:
         t = pt.tensor
-        if t.grad_fn is not None and pt.role in (TENSOR, EXCEPTION_LOCAL):
+        if t.grad_fn is not None and pt.role == TENSOR:
             # A view cannot be detached in place (RuntimeError); its graph is reported if it survives.
             with contextlib.suppress(RuntimeError):
                 t.detach_()
@@ -419,12 +437,11 @@ def _apply(
                         param.grad = None
             else:  # parameters, buffers, optimizer state, plain tensors: in place, identity kept
                 t.data = new if new is not None else _shell(t)
-            done += 1
+            progress[0] += 1
             by_role[pt.role] = by_role.get(pt.role, 0) + 1
-    for role in (PARAMETER, GRADIENT, BUFFER, OPTIMIZER_STATE, TENSOR, EXCEPTION_LOCAL):
-        if by_role.get(role):
-            verb = f"moved to {off_dev}" if off_dev is not None else "emptied"
-            actions.append(f"{verb}: {by_role[role]} {role} tensor(s)")
+
+
+def _mark_released(plan: ReleasePlan, off_dev: torch.device | None, actions: list[str]) -> None:
     if off_dev is None:
         for name, m in plan.modules:
             if not getattr(m, _RELEASED_ATTR, False):
@@ -437,7 +454,6 @@ def _apply(
                 setattr(opt, _RELEASED_ATTR, True)
         if plan.optimizers:
             actions.append(f"cleared the state of {len(plan.optimizers)} optimizer(s)")
-    return done
 
 
 def _holds_tensor_on(obj: Any, devices: set[str], depth: int = 3) -> bool:

@@ -92,6 +92,9 @@ class _Walker:
         pt = PlannedTensor(t, role, name, owner, key)
         if t.device.type == "meta":
             return
+        if t.layout != torch.strided:
+            self.plan.skipped.append(f"{name}: {t.layout} tensors are not released")
+            return
         if self.device is not None and t.device != self.device:
             self.plan.skipped_other_device.append(pt)
             return
@@ -203,11 +206,17 @@ class _Walker:
             where = (
                 f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{cur.tb_lineno} in {frame.f_code.co_name}()"
             )
+            # Only tensors the frame holds directly or in a plain container: `self` and the caller's
+            # objects are live program state, not the exception's leftovers. These tensors are not emptied;
+            # clearing the frames drops the exception's references and frees what nothing else holds.
             for k, v in list(frame.f_locals.items()):
-                if isinstance(v, torch.Tensor):
-                    self.add_tensor(v, EXCEPTION_LOCAL, f"frame {where} local {k!r}")
-                elif not isinstance(v, (types.ModuleType, type)):
-                    stack.append((v, f"frame {where} local {k!r}"))
+                items = [v] if isinstance(v, torch.Tensor) else []
+                if isinstance(v, (list, tuple)):
+                    items = [x for x in v if isinstance(x, torch.Tensor)]
+                elif isinstance(v, dict):
+                    items = [x for x in v.values() if isinstance(x, torch.Tensor)]
+                for x in items:
+                    self.add_tensor(x, EXCEPTION_LOCAL, f"frame {where} local {k!r}")
             cur = cur.tb_next
 
     def _function(self, f: types.FunctionType, n: str, stack: list[tuple[Any, str]]) -> None:
@@ -224,7 +233,6 @@ class _Walker:
         if dataclasses.is_dataclass(o) and not isinstance(o, type):
             for fld in dataclasses.fields(o):
                 stack.append((getattr(o, fld.name, None), f"{n}.{fld.name}"))
-            return
         d = getattr(o, "__dict__", None)
         if isinstance(d, dict):
             for k, v in list(d.items()):
