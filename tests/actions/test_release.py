@@ -326,3 +326,13 @@ def test_sparse_tensors_are_skipped_not_a_crash_and_dataclass_extras_are_release
     h = Holder(torch.ones(10))
     report = torchmem.release(h)
     assert report.released_tensors == 2 and h.cache.numel() == 0
+
+
+def test_a_submodule_shared_with_an_unreleased_model_is_kept() -> None:
+    shared = torch.nn.Linear(4, 4)
+    a = torch.nn.Sequential(shared, torch.nn.ReLU(), torch.nn.Linear(4, 4))
+    b = torch.nn.Sequential(shared, torch.nn.Tanh())
+    report = torchmem.release(a)
+    assert b[0].weight.shape == (4, 4) and a[2].weight.numel() == 0
+    assert {r.name for r in report.remaining} == {"a.0.weight", "a.0.bias"}
+    b(torch.ones(2, 4))  # still works, no ReleasedError

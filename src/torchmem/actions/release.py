@@ -206,10 +206,8 @@ def _shared_with_live_modules(plan: ReleasePlan) -> dict[int, str]:
         if id(r) in plan.visited or r is me or not isinstance(r, dict):
             continue
         outside.append(r)
-    if not outside:
-        return {}
     protected: dict[int, str] = {}
-    for owner in gc.get_referrers(*outside):
+    for owner in gc.get_referrers(*outside) if outside else ():
         if isinstance(owner, dict) and id(owner) not in plan.visited:
             for slot in ("_parameters", "_buffers"):
                 d = owner.get(slot)
@@ -217,6 +215,21 @@ def _shared_with_live_modules(plan: ReleasePlan) -> dict[int, str]:
                     for v in d.values():
                         if v is not None and id(v) in wanted:
                             protected[id(v)] = "shared with an nn.Module that was not released (tied weights)"
+    # A submodule that an unreleased module also holds (a shared block): keep all of it.
+    subs = [m for _, m in plan.modules]
+    outside_mods = [r for r in gc.get_referrers(*subs) if isinstance(r, dict) and id(r) not in plan.visited]
+    if outside_mods:
+        shared_subs: list[torch.nn.Module] = []
+        for owner in gc.get_referrers(*outside_mods):
+            if isinstance(owner, dict) and id(owner) not in plan.visited:
+                mods = owner.get("_modules")
+                if isinstance(mods, dict) and any(mods is o for o in outside_mods):
+                    shared_subs.extend(m for m in mods.values() if m is not None and id(m) in plan.visited)
+        for sub in shared_subs:
+            object.__setattr__(sub, "_torchmem_shared", True)
+            for t in [*sub.parameters(), *sub.buffers()]:
+                if id(t) in wanted:
+                    protected[id(t)] = "in a submodule an nn.Module that was not released also holds"
     del me
     return protected
 
@@ -444,6 +457,9 @@ def _empty(
 def _mark_released(plan: ReleasePlan, off_dev: torch.device | None, actions: list[str]) -> None:
     if off_dev is None:
         for name, m in plan.modules:
+            if getattr(m, "_torchmem_shared", False):
+                object.__delattr__(m, "_torchmem_shared")
+                continue
             if not getattr(m, _RELEASED_ATTR, False):
                 m.register_forward_pre_hook(_raise_released(f"Module {name!r} ({type(m).__name__})"))
                 object.__setattr__(m, _RELEASED_ATTR, True)
