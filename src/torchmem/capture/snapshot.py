@@ -84,21 +84,10 @@ def _read_cuda(be: CudaBackend) -> MemoryStats:
     others: tuple[ProcessMemory, ...] | None = None
     if nv is not None and nv.processes is not None:
         me = os.getpid()
-        own = [p for p in nv.processes if p.pid == me]
         others = tuple(ProcessMemory(p.pid, p.name, p.used) for p in nv.processes if p.pid != me)
-        if own:
-            process_used = own[0].used
-            if process_used is None:
-                notes.append(
-                    "The driver does not report per-process usage here (MIG or a restricted container)."
-                )
-        elif not initialized and not any(m in sys.modules for m in _OTHER_CONTEXT_MAKERS):
-            process_used = 0  # no CUDA context in this process, so it holds nothing on the device
-        else:
-            notes.append(
-                "NVML does not list this process's PID (a container with its own PID namespace?): "
-                "this process's usage is n/a."
-            )
+        process_used, note = _own_usage(nv.processes, initialized)
+        if note:
+            notes.append(note)
 
     context = context_method = None
     if initialized and nv is not None:
@@ -137,7 +126,22 @@ def process_usage(be: Backend) -> int | None:
     nv = _nvml.device(be.index or 0, uuid=be.uuid() if initialized else None)
     if nv is None or nv.processes is None:
         return None
-    for p in nv.processes:
+    return _own_usage(nv.processes, initialized)[0]
+
+
+def _own_usage(processes: tuple[_nvml.NvmlProcess, ...], initialized: bool) -> tuple[int | None, str | None]:
+    """This process's usage from NVML's process list, and a note when it cannot be known."""
+    for p in processes:
         if p.pid == os.getpid():
-            return p.used
-    return 0 if not initialized and not any(m in sys.modules for m in _OTHER_CONTEXT_MAKERS) else None
+            if p.used is None:
+                return (
+                    None,
+                    "The driver does not report per-process usage here (MIG or a restricted container).",
+                )
+            return p.used, None
+    if not initialized and not any(m in sys.modules for m in _OTHER_CONTEXT_MAKERS):
+        return 0, None  # no CUDA context in this process, so it holds nothing on the device
+    return None, (
+        "NVML does not list this process's PID (a container with its own PID namespace?): "
+        "this process's usage is n/a."
+    )
