@@ -294,6 +294,7 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
     actions: list[str] = []
     errors: list[str] = []
     skipped = list(plan.skipped)
+    pt: PlannedTensor | None = None
     for pt in plan.skipped_other_device:
         skipped.append(f"{pt.name}: on {pt.tensor.device}, not {target_dev}")
     if plan.truncated:
@@ -350,7 +351,11 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
     except Exception as exc:  # report exactly what was done; never leave the caller guessing
         errors.append(f"stopped after {progress[0]} tensors: {type(exc).__name__}: {exc}")
     released = progress[0]
+    # Drop the plan's own references to exception-frame tensors, or they outlive the cleared frames.
+    for key in [id(f.tensor) for f in frame_only]:
+        plan.tensors.pop(key, None)
     frame_only.clear()
+    pt = None  # the loops above must not keep their last tensor alive past the cleared frames
     copies.clear()
 
     # 3. Traps that pin device memory outside the objects.
