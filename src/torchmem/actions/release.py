@@ -504,12 +504,35 @@ def _tb_holds(tb: types.TracebackType | None, devices: set[str]) -> bool:
     return False
 
 
+def _clear_frames(tb: types.TracebackType | None) -> None:
+    """``traceback.clear_frames``, plus the frames' ``f_locals`` snapshots.
+
+    Before Python 3.13, reading ``frame.f_locals`` of a finished frame (which the plan and ``_tb_holds`` do)
+    leaves a dict on the frame that ``frame.clear()`` does not empty: it would keep every local alive until
+    someone reads ``f_locals`` again — after ``empty_cache()``, too late. Reading it once more after the clear
+    re-syncs the snapshot, which drops the cleared names.
+    """
+    frame: types.FrameType | None = None
+    while tb is not None:
+        frame = tb.tb_frame
+        try:
+            frame.clear()
+        except RuntimeError:  # still executing: its locals are the program's, not the exception's
+            pass
+        else:
+            if sys.version_info < (3, 13):
+                with contextlib.suppress(Exception):
+                    frame.f_locals  # noqa: B018 - the read re-syncs the snapshot
+        tb = tb.tb_next
+    del frame
+
+
 def _clear_traps(plan: ReleasePlan, devices: set[str], actions: list[str], errors: list[str]) -> None:
     try:
         # The interpreter's record of the last uncaught exception (what a notebook or REPL keeps).
         last_tb = getattr(sys, "last_traceback", None)
         if last_tb is not None and _tb_holds(last_tb, devices):
-            traceback.clear_frames(last_tb)
+            _clear_frames(last_tb)
             for attr in ("last_traceback", "last_value", "last_type", "last_exc"):
                 if hasattr(sys, attr):
                     setattr(sys, attr, None)
@@ -517,13 +540,13 @@ def _clear_traps(plan: ReleasePlan, devices: set[str], actions: list[str], error
         # The exception being handled right now, if release() runs in an except block.
         current = sys.exc_info()[1]
         if current is not None and _tb_holds(current.__traceback__, devices):
-            traceback.clear_frames(current.__traceback__)
+            _clear_frames(current.__traceback__)
             actions.append("cleared the locals of the current exception's finished frames")
         for exc in plan.exceptions:
             if exc.__traceback__ is not None:
-                traceback.clear_frames(exc.__traceback__)
+                _clear_frames(exc.__traceback__)
         for tb in plan.tracebacks:
-            traceback.clear_frames(tb)
+            _clear_frames(tb)
         if plan.exceptions or plan.tracebacks:
             actions.append(
                 f"cleared the frames of {len(plan.exceptions) or len(plan.tracebacks)} exception(s)"
