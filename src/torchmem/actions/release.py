@@ -6,7 +6,6 @@ import contextlib
 import gc
 import sys
 import time
-import traceback
 import types
 import weakref
 from collections.abc import Callable, Iterable
