@@ -83,13 +83,15 @@ GC_VS_RELEASE = textwrap.dedent(
         o = torch.optim.AdamW(m.parameters()); m(torch.randn(8, 512, device=dev)).sum().backward(); o.step()
         return m, o
     m, o = build()
+    torchmem.release(build()[0])  # warm: backends, NVML
     gcs, rels = [], []
-    for _ in range(3):
+    for _ in range(5):  # interleaved, same heap state before each: a fresh model + optimizer
+        m, o = build()
         t0 = time.perf_counter(); gc.collect(); gcs.append(time.perf_counter() - t0)
-    for _ in range(3):
         m, o = build()
         t0 = time.perf_counter(); torchmem.release(m, o); rels.append(time.perf_counter() - t0)
-    print("RESULT " + json.dumps({"objects": len(gc.get_objects()), "gc": min(gcs), "release": min(rels)}))
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    print("RESULT " + json.dumps({"objects": len(gc.get_objects()), "gc": med(gcs), "release": med(rels)}))
     """
 )
 

@@ -194,41 +194,50 @@ def _settled(
 
 
 def _shared_with_live_modules(plan: ReleasePlan) -> dict[int, str]:
-    """Parameters/buffers that a module *not* being released also holds (tied or shared weights)."""
+    """Parameters/buffers that a module *not* being released also holds (tied or shared weights).
+
+    At most two heap scans: one ``gc.get_referrers`` over every parameter, buffer and submodule, and, only
+    when a dict outside the release set looks like a module's ``_parameters``/``_buffers``/``_modules``
+    (every value a tensor, or every value a module), one more to find that dict's owner.
+    """
     params = [pt.tensor for pt in plan.tensors.values() if pt.role in (PARAMETER, BUFFER)]
-    if not params:
+    subs = [m for _, m in plan.modules]
+    if not params and not subs:
         return {}
     wanted = {id(t) for t in params}
     me = sys._getframe()
-    outside: list[dict[str, Any]] = []
-    for r in gc.get_referrers(*params):
-        if id(r) in plan.visited or r is me or not isinstance(r, dict):
+    tensor_dicts: list[dict[str, Any]] = []
+    module_dicts: list[dict[str, Any]] = []
+    for r in gc.get_referrers(*params, *subs):
+        if id(r) in plan.visited or r is me or not isinstance(r, dict) or not r:
             continue
-        outside.append(r)
+        values = list(r.values())
+        if all(v is None or isinstance(v, torch.Tensor) for v in values):
+            tensor_dicts.append(r)
+        elif all(v is None or isinstance(v, torch.nn.Module) for v in values):
+            module_dicts.append(r)
+        del values
     protected: dict[int, str] = {}
-    for owner in gc.get_referrers(*outside) if outside else ():
-        if isinstance(owner, dict) and id(owner) not in plan.visited:
-            for slot in ("_parameters", "_buffers"):
-                d = owner.get(slot)
-                if isinstance(d, dict) and any(d is o for o in outside):
-                    for v in d.values():
-                        if v is not None and id(v) in wanted:
-                            protected[id(v)] = "shared with an nn.Module that was not released (tied weights)"
-    # A submodule that an unreleased module also holds (a shared block): keep all of it.
-    subs = [m for _, m in plan.modules]
-    outside_mods = [r for r in gc.get_referrers(*subs) if isinstance(r, dict) and id(r) not in plan.visited]
-    if outside_mods:
-        shared_subs: list[torch.nn.Module] = []
-        for owner in gc.get_referrers(*outside_mods):
-            if isinstance(owner, dict) and id(owner) not in plan.visited:
-                mods = owner.get("_modules")
-                if isinstance(mods, dict) and any(mods is o for o in outside_mods):
-                    shared_subs.extend(m for m in mods.values() if m is not None and id(m) in plan.visited)
-        for sub in shared_subs:
-            object.__setattr__(sub, "_torchmem_shared", True)
-            for t in [*sub.parameters(), *sub.buffers()]:
-                if id(t) in wanted:
-                    protected[id(t)] = "in a submodule an nn.Module that was not released also holds"
+    candidates = [*tensor_dicts, *module_dicts]
+    shared_subs: list[torch.nn.Module] = []
+    for owner in gc.get_referrers(*candidates) if candidates else ():
+        if not isinstance(owner, dict) or id(owner) in plan.visited:
+            continue
+        for slot in ("_parameters", "_buffers"):
+            d = owner.get(slot)
+            if isinstance(d, dict) and any(d is o for o in tensor_dicts):
+                for v in d.values():
+                    if v is not None and id(v) in wanted:
+                        protected[id(v)] = "shared with an nn.Module that was not released (tied weights)"
+        # A submodule that an unreleased module also holds (a shared block): keep all of it.
+        mods = owner.get("_modules")
+        if isinstance(mods, dict) and any(mods is o for o in module_dicts):
+            shared_subs.extend(m for m in mods.values() if m is not None and id(m) in plan.visited)
+    for sub in shared_subs:
+        object.__setattr__(sub, "_torchmem_shared", True)
+        for t in [*sub.parameters(), *sub.buffers()]:
+            if id(t) in wanted:
+                protected[id(t)] = "in a submodule an nn.Module that was not released also holds"
     del me
     return protected
 
