@@ -16,13 +16,18 @@ Cost: ~15–20 µs per op on the thread where it is on, which is why it is opt-i
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+import sysconfig
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -52,10 +57,11 @@ class Cohort:
     Opened by :meth:`Ledger.open_cohort`; used by ``track()`` to say what survived a block.
     """
 
-    __slots__ = ("_keys", "born_bytes", "born_count", "closed", "device", "live_bytes")
+    __slots__ = ("_keys", "born_bytes", "born_count", "closed", "device", "live_bytes", "sites")
 
-    def __init__(self, device: str | None) -> None:
+    def __init__(self, device: str | None, sites: bool = False) -> None:
         self.device = device  # None: every device
+        self.sites = sites  # record each birth's allocation site (the user's file:line)
         self._keys: set[int] = set()
         self.born_bytes = 0
         self.born_count = 0
@@ -80,7 +86,7 @@ class Watermark:
 
 
 class _Entry:
-    __slots__ = ("base", "cohorts", "device", "nbytes", "ref")
+    __slots__ = ("base", "cohorts", "device", "nbytes", "ref", "site")
 
     def __init__(self, device: str, nbytes: int, base: int = 0) -> None:
         self.device = device
@@ -88,6 +94,54 @@ class _Entry:
         self.base = base  # bytes the storage had before the ledger saw it (never counted)
         self.ref: weakref.ref[Any] | None = None
         self.cohorts: tuple[Cohort, ...] = ()
+        self.site: Site | None = None
+
+
+class Site(NamedTuple):
+    """Where a storage was born: the innermost frame outside torch, torchmem and the standard library."""
+
+    filename: str
+    lineno: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{os.path.basename(self.filename)}:{self.lineno}"
+
+
+def _internal_dirs() -> tuple[str, ...]:
+    dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__))}
+    for key in ("stdlib", "platstdlib"):
+        with contextlib.suppress(KeyError, OSError):
+            dirs.add(sysconfig.get_paths()[key])
+    return tuple(os.path.join(d, "") for d in dirs if d)
+
+
+_INTERNAL: tuple[str, ...] | None = None
+_internal_code: dict[Any, bool] = {}
+
+
+def birth_site(skip: int = 1) -> Site | None:
+    """The user's frame that caused the current allocation (None when every frame is internal).
+
+    Frames of torch, torchmem and the standard library are skipped; the decision is cached per code object,
+    so a birth costs a few frame hops.
+    """
+    global _INTERNAL
+    if _INTERNAL is None:
+        _INTERNAL = _internal_dirs()
+    f: types.FrameType | None = sys._getframe(skip)
+    cache = _internal_code
+    while f is not None:
+        code = f.f_code
+        internal = cache.get(code)
+        if internal is None:
+            fn = code.co_filename
+            internal = fn.startswith(_INTERNAL) or fn.startswith("<frozen")
+            cache[code] = internal
+        if not internal:
+            return Site(code.co_filename, f.f_lineno, code.co_name)
+        f = f.f_back
+    return None
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, Any] | None:
@@ -167,8 +221,31 @@ class Ledger:
                     out.append(s)
         return out
 
-    def open_cohort(self, device: str | None) -> Cohort:
-        c = Cohort(device)
+    def cohort_entries(self, cohort: Cohort) -> list[tuple[Any, int, Site | None]]:
+        """``(storage, counted bytes, birth site)`` of each live storage born in ``cohort`` (strong refs)."""
+        out = []
+        with self._lock:
+            for key in list(cohort._keys):
+                e = self._live.get(key)
+                s = e.ref() if e is not None and e.ref is not None else None
+                if s is not None and e is not None:
+                    out.append((s, e.nbytes, e.site))
+        return out
+
+    def cohort_site_bytes(self, cohort: Cohort) -> dict[Site | None, tuple[int, int]]:
+        """Live bytes and storage count per birth site of the storages born in ``cohort`` (no strong refs)."""
+        out: dict[Site | None, tuple[int, int]] = {}
+        with self._lock:
+            for key in cohort._keys:
+                e = self._live.get(key)
+                if e is None:
+                    continue
+                b, n = out.get(e.site, (0, 0))
+                out[e.site] = (b + e.nbytes, n + 1)
+        return out
+
+    def open_cohort(self, device: str | None, sites: bool = False) -> Cohort:
+        c = Cohort(device, sites)
         with self._lock:
             self._cohorts.append(c)
         return c
@@ -246,6 +323,8 @@ class Ledger:
         cohorts = tuple(c for c in self._cohorts if c.device is None or c.device == device)
         if cohorts:
             e.cohorts = cohorts
+            if any(c.sites for c in cohorts):
+                e.site = birth_site(2)
             for c in cohorts:
                 c._keys.add(key)
                 c.born_bytes += nbytes
