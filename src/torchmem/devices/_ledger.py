@@ -57,10 +57,11 @@ class Cohort:
     Opened by :meth:`Ledger.open_cohort`; used by ``track()`` to say what survived a block.
     """
 
-    __slots__ = ("_keys", "born_bytes", "born_count", "closed", "device", "live_bytes", "sites")
+    __slots__ = ("_keys", "born_bytes", "born_count", "closed", "device", "devices", "live_bytes", "sites")
 
     def __init__(self, device: str | None, sites: bool = False) -> None:
         self.device = device  # None: every device
+        self.devices: set[str] = set()  # every device a storage was born on while open (alive or not)
         self.sites = sites  # record each birth's allocation site (the user's file:line)
         self._keys: set[int] = set()
         self.born_bytes = 0
@@ -327,6 +328,7 @@ class Ledger:
                 e.site = birth_site(2)
             for c in cohorts:
                 c._keys.add(key)
+                c.devices.add(device)
                 c.born_bytes += nbytes
                 c.born_count += 1
                 c.live_bytes += nbytes
