@@ -86,6 +86,33 @@ class Watermark:
         self.peak = current
 
 
+class Cap:
+    """A byte cap on one device's counted figure, checked after every op (used by ``limit()``/``budget()``).
+
+    ``hard``: the op that takes the figure over ``bytes`` fails with ``torch.OutOfMemoryError`` (its output
+    storages are freed first, and the peaks do not count them). Soft: the first crossing only calls
+    ``on_cross``. ``on_cross(cap)`` runs after the op, outside the ledger's lock, at most once per cap.
+    """
+
+    __slots__ = ("bytes", "crossed", "device", "hard", "on_cross", "owner", "requested")
+
+    def __init__(
+        self,
+        device: str,
+        nbytes: int,
+        hard: bool,
+        owner: str = "torchmem.limit()",
+        on_cross: Callable[[Cap], None] | None = None,
+    ) -> None:
+        self.device = device
+        self.bytes = nbytes
+        self.hard = hard
+        self.owner = owner  # who set it, for the OOM message
+        self.on_cross = on_cross
+        self.crossed = False
+        self.requested = 0  # size of the allocation that crossed
+
+
 class _Entry:
     __slots__ = ("base", "cohorts", "device", "nbytes", "ref", "site")
 
@@ -189,6 +216,7 @@ class Ledger:
         self._tls = threading.local()
         self._mutable: dict[Any, bool] = {}
         self._errors_reported: set[str] = set()
+        self._caps: list[Cap] = []  # limit()/budget(): see the "caps" section
 
     # -- reading ---------------------------------------------------------------------------------
     @property
@@ -338,6 +366,8 @@ class Ledger:
     def _grow(self, device: str, delta: int) -> None:
         cur = self._current.get(device, 0) + delta
         self._current[device] = cur
+        if delta > 0 and self._caps and self._check_caps(device, cur, delta):
+            return  # a hard cap refused it: the op will fail, so it never reaches a peak
         if cur > self._peak.get(device, 0):
             self._peak[device] = cur
         if delta > 0:
@@ -427,6 +457,87 @@ class Ledger:
                 before[k[0]] = (k[1], k[1].nbytes())
         return before
 
+    # -- caps (torchmem.limit() / torchmem.budget()) -------------------------------------------------
+    def add_cap(self, cap: Cap) -> None:
+        with self._lock:
+            self._caps.append(cap)
+
+    def remove_cap(self, cap: Cap) -> None:
+        with self._lock:
+            if cap in self._caps:
+                self._caps.remove(cap)
+
+    def caps(self, device: str) -> list[Cap]:
+        with self._lock:
+            return [c for c in self._caps if c.device == device]
+
+    def largest(self, device: str, n: int) -> list[tuple[Any, int]]:
+        """The ``n`` largest live counted storages of ``device``: ``(storage, bytes)`` (strong references)."""
+        with self._lock:
+            entries = sorted(
+                (e for e in self._live.values() if e.device == device and e.ref is not None),
+                key=lambda e: e.nbytes,
+                reverse=True,
+            )
+            out = []
+            for e in entries:
+                s = e.ref() if e.ref is not None else None
+                if s is not None:
+                    out.append((s, e.nbytes))
+                if len(out) >= n:
+                    break
+            return out
+
+    def _check_caps(self, device: str, cur: int, delta: int) -> bool:
+        """Called by ``_grow`` under the lock on growth: marks crossed caps; True if a hard cap refused it."""
+        refused = False
+        for c in self._caps:
+            if c.device != device or cur <= c.bytes:
+                continue
+            if c.hard:
+                refused = True
+            elif c.crossed:
+                continue
+            c.crossed = True
+            c.requested = delta
+            pending: list[Cap] = getattr(self._tls, "crossed", None) or []
+            if c not in pending:
+                pending.append(c)
+            self._tls.crossed = pending
+        return refused
+
+    def after_op(self) -> str | None:
+        """After an op: the OOM message if a hard cap refused it (callbacks wait for run_cap_callbacks)."""
+        pending: list[Cap] | None = getattr(self._tls, "crossed", None)
+        if not pending:
+            return None
+        message = None
+        for c in pending:
+            if c.hard and message is None:
+                from torchmem._format import fmt_bytes
+
+                used = self._current.get(c.device, 0) - c.requested
+                message = (
+                    f"{c.device.upper()} out of memory. Tried to allocate {fmt_bytes(c.requested)}. "
+                    f"Device {c.device} has a limit of {fmt_bytes(c.bytes)} set by {c.owner}, of which "
+                    f"{fmt_bytes(max(c.bytes - used, 0))} is free. Of the allocated memory "
+                    f"{fmt_bytes(used)} is allocated by tensors torchmem tracks on {c.device}."
+                )
+        return message
+
+    def run_cap_callbacks(self) -> None:
+        """Run the ``on_cross`` callbacks of the caps the last op crossed (a refused op freed its outputs)."""
+        pending: list[Cap] | None = getattr(self._tls, "crossed", None)
+        if not pending:
+            return
+        self._tls.crossed = None
+        for c in pending:
+            if c.on_cross is not None:
+                try:
+                    c.on_cross(c)
+                except Exception as exc:
+                    self.report_error("a memory cap's callback", exc)
+
     def report_error(self, where: str, exc: BaseException) -> None:
         """An error inside the recording path: reported once per place, never raised into user code."""
         if where in self._errors_reported:
@@ -465,6 +576,13 @@ if _TorchDispatchMode is not None:
                     owner.record_mutation(before)
             except Exception as exc:
                 owner.report_error(str(func), exc)
+            if owner._caps:  # torchmem.limit()/budget(): a refused op frees its outputs, then fails
+                refused = owner.after_op()
+                if refused is not None:
+                    del out, before
+                    owner.run_cap_callbacks()
+                    raise torch.OutOfMemoryError(refused)
+                owner.run_cap_callbacks()
             return out
 
 

@@ -61,3 +61,84 @@ def reset_compile_caches() -> bool:
         return False
     reset()
     return True
+
+
+# -- per-process memory caps (torchmem.limit) -------------------------------------------------------------
+# What torchmem set, per CUDA device index: (fraction, bytes). The allocator's own getter is newer than
+# torch 2.4, so this is also how stats() can report a cap where torch cannot read it back.
+_CUDA_CAPS: dict[int, tuple[float, int]] = {}
+
+
+def cuda_total_memory(device: torch.device) -> int:
+    """Total memory of a CUDA device as the allocator sees it (``cudaMemGetInfo``'s total).
+
+    Initialises CUDA: only called when the user asks for a cap.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(torch.cuda.mem_get_info(index)[1])
+
+
+def get_cuda_memory_fraction(device: torch.device) -> float | None:
+    """The allocator's per-process fraction, or ``None`` where this torch cannot read it (or CUDA is unused).
+
+    Public ``torch.cuda.get_per_process_memory_fraction`` where it exists, else the private
+    ``torch._C._cuda_getMemoryFraction`` (guarded), else what torchmem itself set.
+    """
+    if device.type != "cuda" or not torch.cuda.is_initialized():
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if getter is not None:
+        return float(getter(index))
+    raw = getattr(torch._C, "_cuda_getMemoryFraction", None)
+    if callable(raw):
+        return float(raw(index))
+    known = _CUDA_CAPS.get(index)
+    return None if known is None else known[0]
+
+
+def set_cuda_memory_fraction(device: torch.device, fraction: float, nbytes: int | None) -> None:
+    """Cap the caching allocator of ``device`` at ``fraction`` of its total (``nbytes`` for the record).
+
+    The allocator compares its reserved bytes plus the new segment with ``int(fraction * total)``.
+    ``nbytes=None`` records that the cap was lifted (fraction 1.0).
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(float(fraction), index)
+    if nbytes is None:
+        _CUDA_CAPS.pop(index, None)
+    else:
+        _CUDA_CAPS[index] = (float(fraction), int(nbytes))
+
+
+def memory_limit(device: torch.device) -> int | None:
+    """The per-process cap in effect on ``device``, in bytes; ``None`` when there is none (or unknown).
+
+    CUDA: torchmem's own record, else the allocator's fraction times the total when below 1.0 (read only
+    when CUDA is already initialised). CPU: the smallest hard cap ``torchmem.limit()``/``budget(hard=True)``
+    placed on the exact ledger. Other kinds: ``None``.
+    """
+    if device.type == "cuda":
+        if not torch.cuda.is_initialized():
+            return None
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        known = _CUDA_CAPS.get(index)
+        if known is not None:
+            return known[1]
+        fraction = get_cuda_memory_fraction(device)
+        if fraction is None or fraction >= 1.0:
+            return None
+        return int(fraction * cuda_total_memory(device))
+    if device.type == "cpu":
+        from torchmem.devices._ledger import ledger
+
+        hard = [c.bytes for c in ledger().caps("cpu") if c.hard]
+        return min(hard) if hard else None
+    return None
+
+
+def cpu_total_memory() -> int | None:
+    """Physical memory of the machine (what a CPU ``limit()`` fraction is a fraction of)."""
+    from torchmem.devices._cpu import physical_memory
+
+    return physical_memory()
