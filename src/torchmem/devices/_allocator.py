@@ -1,0 +1,132 @@
+"""CUDA caching-allocator internals for OOM diagnosis: segment snapshots, the OOM observer, history dumps.
+
+Every private entry point is looked up with ``getattr`` and falls back to the public one that gives the
+same data (``torch.cuda.memory_snapshot()`` for ``torch._C._cuda_memorySnapshot``). Nothing here
+initialises CUDA except :func:`attach_oom_observer`, which torch itself initialises to attach (documented).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+ObserverFn = Callable[[int, int, int, int], None]
+
+
+def cuda_ready() -> bool:
+    return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+
+
+def platform() -> str:
+    return "rocm" if getattr(torch.version, "hip", None) else "cuda"
+
+
+def alloc_conf() -> str | None:
+    """The allocator configuration string in effect for this process (environment), ``None`` if unset.
+
+    torch 2.9+ reads ``PYTORCH_ALLOC_CONF`` for every device; older torch reads ``PYTORCH_CUDA_ALLOC_CONF``
+    (``PYTORCH_HIP_ALLOC_CONF`` on ROCm). Settings given in several are joined (later ones win in torch).
+    """
+    names = ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"]
+    if platform() == "rocm":
+        names.append("PYTORCH_HIP_ALLOC_CONF")
+    parts = [os.environ[n] for n in names if os.environ.get(n)]
+    return ",".join(parts) if parts else None
+
+
+def segments(index: int | None = None) -> list[dict[str, Any]] | None:
+    """The allocator's segments (``torch.cuda.memory_snapshot()`` format) of device ``index`` (all devices
+    when ``None``), without trace entries where torch allows it. ``None`` if CUDA is not in use."""
+    if not cuda_ready():
+        return None
+    raw = getattr(torch._C, "_cuda_memorySnapshot", None)
+    segs: Any = None
+    if raw is not None:
+        for args in (((0, 0, False),), (None,), ()):
+            try:
+                segs = raw(*args)["segments"]
+                break
+            except (TypeError, RuntimeError):
+                continue
+    if segs is None:
+        try:
+            segs = torch.cuda.memory_snapshot(include_traces=False)  # type: ignore[call-arg]
+        except TypeError:
+            segs = torch.cuda.memory_snapshot()
+    out = [dict(s) for s in segs]
+    if index is not None:
+        out = [s for s in out if s.get("device", index) == index]
+    for s in out:  # frames and history make snapshots big; the diagnosis needs sizes and states only
+        s["blocks"] = [
+            {k: b[k] for k in ("size", "requested_size", "state", "address") if k in b}
+            for b in s.get("blocks", ())
+        ]
+        s.pop("frames", None)
+    return out
+
+
+def flat_stats(index: int) -> dict[str, int] | None:
+    if not cuda_ready():
+        return None
+    return {k: int(v) for k, v in torch.cuda.memory_stats(index).items() if isinstance(v, (int, float))}
+
+
+def mem_info(index: int) -> tuple[int, int] | None:
+    if not cuda_ready():
+        return None
+    free, total = torch.cuda.mem_get_info(index)
+    return int(free), int(total)
+
+
+def device_total(index: int) -> int | None:
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(index).total_memory)
+
+
+def history_enabled() -> bool | None:
+    """Whether ``torch.cuda.memory._record_memory_history`` is recording (``None``: torch cannot say)."""
+    fn = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    if fn is None or not cuda_ready():
+        return None
+    try:
+        return bool(fn())
+    except RuntimeError:
+        return None
+
+
+def dump_snapshot(path: str) -> bool:
+    """Write the full snapshot (with history) as the pickle https://pytorch.org/memory_viz opens."""
+    mem: Any = torch.cuda.memory
+    dump = getattr(mem, "_dump_snapshot", None)
+    if dump is not None:
+        dump(path)
+        return True
+    snap = getattr(mem, "_snapshot", None)
+    if snap is None:
+        return False
+    with open(path, "wb") as f:
+        pickle.dump(snap(), f)
+    return True
+
+
+def attach_oom_observer(fn: ObserverFn) -> str | None:
+    """Attach ``fn(device, requested, limit_or_total, device_free)`` to the caching allocator's OOM path.
+
+    torch cannot detach an observer; callers attach once per process and dispatch themselves. Returns
+    ``None`` on success, else why it could not be attached. Attaching initialises CUDA (torch does it).
+    """
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is None:
+        return "this torch has no allocator OOM observer (torch._C._cuda_attach_out_of_memory_observer)."
+    if not torch.cuda.is_available():
+        return "no CUDA device is available."
+    try:
+        attach(fn)
+    except (RuntimeError, TypeError) as exc:  # cudaMallocAsync backend: not supported
+        return f"the allocator refused the observer ({exc})."
+    return None
