@@ -1,16 +1,499 @@
-"""``torchmem.oom_guard()`` and ``torchmem.install()``: recover from out-of-memory errors."""
+"""``torchmem.oom_guard()`` and ``torchmem.install()``: on an out-of-memory error, explain it and free what
+the failed call's frames held — without allocating device memory while doing so.
+
+Recovery, step by step (the same in the guard, the ``sys.excepthook`` and the IPython hook):
+
+1. the OOM is found by type in the exception's ``__cause__``/``__context__`` chain;
+2. the diagnosis is taken while the frames still hold the step's tensors (``explain_oom``);
+3. the finished frames of every traceback in the chain are cleared (a frame still running — the function
+   that contains the ``with`` — holds the program's own variables and is left alone);
+4. one ``gc.collect()``, then each device's cache is emptied;
+5. the bytes that came back are measured: storages the cleared frames referenced that died.
+
+Nothing in this path creates a tensor, so it cannot itself run out of device memory.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
+import sys
+import time
+import types
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any, TypeVar, cast
+
 import torch
 
+from torchmem._format import fmt_bytes
 
-def find_oom(exc: BaseException | None) -> torch.OutOfMemoryError | None:
-    """The ``torch.OutOfMemoryError`` in ``exc`` or its ``__cause__``/``__context__`` chain, if any."""
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def find_oom(exc: BaseException | None) -> BaseException | None:
+    """The out-of-memory error in ``exc`` or its ``__cause__``/``__context__`` chain, if any.
+
+    By type (``torch.OutOfMemoryError``) first; where the diagnosis module is present, also the memory
+    errors torch raises as a plain ``RuntimeError`` (old torch, ROCm, the driver).
+    """
+    if exc is None:
+        return None
+    try:
+        from torchmem.analysis.oom import oom_exception
+    except ImportError:  # pragma: no cover - the diagnosis module ships with torchmem
+        pass
+    else:
+        return oom_exception(exc)
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, torch.OutOfMemoryError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, torch.OutOfMemoryError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ if cur.__cause__ is not None else cur.__context__
     return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        for nxt in (e.__cause__, e.__context__):
+            if nxt is not None:
+                stack.append(nxt)
+
+
+# -- the result ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OOMRecovery:
+    """What an OOM handler found and freed.
+
+    Attributes:
+        error: ``"OutOfMemoryError: CUDA out of memory. Tried to allocate ..."`` (first line).
+        devices: The devices recovered (the OOM's device kind).
+        diagnosis: The :class:`~torchmem.analysis.oom.OOMDiagnosis` (``None`` if it could not be made).
+        freed_bytes: Bytes of tensor storages the cleared frames (and notebook history) held that are now
+            freed. Exact: each storage is followed by a weak reference.
+        allocated_before / allocated_after: The device's allocated bytes when the handler started and
+            ended (first device; ``None`` where unknown, e.g. the CPU without the ledger).
+        reserved_before / reserved_after: Likewise for the allocator's reserved bytes.
+        frames_cleared: Finished frames whose locals were dropped.
+        actions: What was done, in order.
+        errors: Steps that failed (recovery goes on after each).
+        reraised: Whether the exception was re-raised after recovery.
+        seconds: Time the handler took.
+    """
+
+    error: str
+    devices: tuple[str, ...]
+    diagnosis: Any
+    freed_bytes: int
+    allocated_before: int | None
+    allocated_after: int | None
+    reserved_before: int | None
+    reserved_after: int | None
+    frames_cleared: int
+    actions: tuple[str, ...]
+    errors: tuple[str, ...]
+    reraised: bool
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        diag = self.diagnosis
+        return {
+            "error": self.error,
+            "devices": list(self.devices),
+            "diagnosis": diag.to_dict() if hasattr(diag, "to_dict") else None,
+            "freed_bytes": self.freed_bytes,
+            "allocated_before": self.allocated_before,
+            "allocated_after": self.allocated_after,
+            "reserved_before": self.reserved_before,
+            "reserved_after": self.reserved_after,
+            "frames_cleared": self.frames_cleared,
+            "actions": list(self.actions),
+            "errors": list(self.errors),
+            "reraised": self.reraised,
+            "seconds": self.seconds,
+        }
+
+    def summary(self) -> str:
+        """One line: what came back."""
+        dev = self.devices[0] if self.devices else "the device"
+        text = f"torchmem: freed {fmt_bytes(self.freed_bytes)} the failed call held on {dev}"
+        if self.allocated_before is not None and self.allocated_after is not None:
+            text += (
+                f" (allocated {fmt_bytes(self.allocated_before)} -> {fmt_bytes(self.allocated_after)}"
+                + (
+                    f", reserved {fmt_bytes(self.reserved_before)} -> {fmt_bytes(self.reserved_after)}"
+                    if self.reserved_before is not None
+                    else ""
+                )
+                + ")"
+            )
+        return text + "."
+
+    def __str__(self) -> str:
+        lines = []
+        if self.diagnosis is not None:
+            lines.append(str(self.diagnosis).rstrip())
+        else:
+            lines.append(self.error)
+        lines.append(self.summary())
+        lines.extend(f"torchmem: recovery step failed: {e}" for e in self.errors)
+        return "\n".join(lines)
+
+
+# -- recovery ---------------------------------------------------------------------------------------------
+def _devices_of(oom: BaseException) -> list[torch.device]:
+    """The devices to recover: the CPU for a torchmem CPU limit, else every initialised accelerator."""
+    from torchmem.devices import visible_devices
+
+    text = str(oom)
+    if text.startswith("CPU out of memory"):
+        return [torch.device("cpu")]
+    devs = [d for d in visible_devices() if d.type != "cpu"]
+    return devs or [torch.device("cpu")]
+
+
+def _diagnose(oom: BaseException, exc: BaseException, errors: list[str]) -> Any:
+    explain: Any = None
+    for mod in ("torchmem.capture.oom", "torchmem.analysis.oom"):
+        with contextlib.suppress(ImportError):
+            explain = getattr(__import__(mod, fromlist=["explain_oom"]), "explain_oom", None)
+        if explain is not None:
+            break
+    if explain is None:
+        return None
+    try:
+        return explain(exc)
+    except Exception as e:  # a diagnosis that fails must not stop the recovery
+        errors.append(f"diagnosis: {type(e).__name__}: {e}")
+        return None
+
+
+def _frame_storages(tbs: list[types.TracebackType]) -> dict[int, tuple[weakref.ref[Any], int, str]]:
+    """Storages that finished frames reference directly or in a plain container (weakly, with sizes)."""
+    running: set[int] = set()
+    f: types.FrameType | None = sys._getframe()
+    while f is not None:
+        running.add(id(f))
+        f = f.f_back
+    out: dict[int, tuple[weakref.ref[Any], int, str]] = {}
+    for tb in tbs:
+        cur: types.TracebackType | None = tb
+        while cur is not None:
+            frame = cur.tb_frame
+            cur = cur.tb_next
+            if id(frame) in running:
+                continue
+            try:
+                values = list(frame.f_locals.values())
+            except Exception:
+                continue
+            for v in values:
+                items: list[Any] = [v]
+                if isinstance(v, (list, tuple)):
+                    items = list(v[:10000])
+                elif isinstance(v, dict):
+                    items = list(v.values())[:10000]
+                for x in items:
+                    if isinstance(x, torch.Tensor) and x.layout == torch.strided:
+                        try:
+                            s = x.untyped_storage()
+                        except (RuntimeError, NotImplementedError):
+                            continue
+                        if s._cdata not in out and s.nbytes() > 0:
+                            out[s._cdata] = (weakref.ref(s), s.nbytes(), str(x.device))
+                        del s
+                del items
+            values.clear()
+            del frame
+    return out
+
+
+def _hot(dev: torch.device) -> tuple[int | None, int | None]:
+    from torchmem.devices import backend
+
+    h = backend(dev).hot()
+    return h.allocated, h.reserved
+
+
+def recover(
+    exc: BaseException,
+    *,
+    reraised: bool,
+    ipython: Any = None,
+    diagnose: bool = True,
+) -> OOMRecovery:
+    """Explain ``exc``'s OOM and free what its finished frames hold. Never raises; never allocates.
+
+    Args:
+        exc: The exception (its chain holds the OOM).
+        reraised: Recorded in the result.
+        ipython: An IPython shell whose output history is also cleared of tensors on the OOM's devices.
+        diagnose: Make the diagnosis (``explain_oom``) before freeing.
+    """
+    t0 = time.perf_counter()
+    errors: list[str] = []
+    actions: list[str] = []
+    oom = find_oom(exc) or exc
+    first = str(oom).strip().splitlines()[0] if str(oom).strip() else ""
+    error = f"{type(oom).__name__}: {first}"
+    devices: list[torch.device] = []
+    try:
+        devices = _devices_of(oom)
+    except Exception as e:
+        errors.append(f"devices: {type(e).__name__}: {e}")
+    before: tuple[int | None, int | None] = (None, None)
+    with contextlib.suppress(Exception):
+        before = _hot(devices[0]) if devices else (None, None)
+    diagnosis = _diagnose(oom, exc, errors) if diagnose else None
+
+    tbs = [e.__traceback__ for e in _chain(exc) if e.__traceback__ is not None]
+    frames = 0
+    storages: dict[int, tuple[weakref.ref[Any], int, str]] = {}
+    try:
+        storages = _frame_storages(tbs)
+        from torchmem.actions.release import _clear_frames
+
+        for tb in tbs:
+            frames += _count_finished(tb)
+            _clear_frames(tb)
+        actions.append(f"cleared {frames} finished frame(s) of the exception")
+    except Exception as e:
+        errors.append(f"clearing frames: {type(e).__name__}: {e}")
+    tbs.clear()
+    if ipython is not None:
+        try:
+            from torchmem.actions.release import _clear_ipython
+
+            _clear_ipython({str(d) for d in devices}, actions)
+        except Exception as e:
+            errors.append(f"IPython history: {type(e).__name__}: {e}")
+    actions.append(f"gc.collect(): {gc.collect()} unreachable objects")
+    from torchmem.devices import _ops as ops
+
+    for d in devices:
+        try:
+            ops.synchronize(d)
+            if ops.empty_cache(d):
+                actions.append(f"empty_cache({d})")
+        except Exception as e:
+            errors.append(f"emptying the cache of {d}: {type(e).__name__}: {e}")
+    freed = 0
+    for ref, nbytes, _ in storages.values():
+        alive = ref()
+        if alive is None or alive.nbytes() == 0:
+            freed += nbytes
+        del alive
+    storages.clear()
+    after: tuple[int | None, int | None] = (None, None)
+    with contextlib.suppress(Exception):
+        after = _hot(devices[0]) if devices else (None, None)
+    return OOMRecovery(
+        error=error,
+        devices=tuple(str(d) for d in devices),
+        diagnosis=diagnosis,
+        freed_bytes=freed,
+        allocated_before=before[0],
+        allocated_after=after[0],
+        reserved_before=before[1],
+        reserved_after=after[1],
+        frames_cleared=frames,
+        actions=tuple(actions),
+        errors=tuple(errors),
+        reraised=reraised,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _count_finished(tb: types.TracebackType | None) -> int:
+    running: set[int] = set()
+    f: types.FrameType | None = sys._getframe()
+    while f is not None:
+        running.add(id(f))
+        f = f.f_back
+    n = 0
+    while tb is not None:
+        if id(tb.tb_frame) not in running:
+            n += 1
+        tb = tb.tb_next
+    return n
+
+
+def _emit(text: str, file: IO[str] | None, default: IO[str]) -> None:
+    try:
+        print(text, file=file if file is not None else default, flush=True)
+    except Exception:  # a closed stream must not turn recovery into a new error
+        pass
+
+
+# -- the guard ------------------------------------------------------------------------------------------
+class OOMGuard:
+    """Context manager and decorator returned by :func:`oom_guard`.
+
+    Attributes:
+        oom: The :class:`OOMRecovery` of the last OOM handled (``None`` if the block did not run out).
+    """
+
+    def __init__(self, *, reraise: bool, file: IO[str] | None, quiet: bool, diagnose: bool) -> None:
+        self.reraise = reraise
+        self.file = file
+        self.quiet = quiet
+        self.diagnose = diagnose
+        self.oom: OOMRecovery | None = None
+
+    def __enter__(self) -> OOMGuard:
+        self.oom = None
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: types.TracebackType | None
+    ) -> bool:
+        del tb
+        if ev is None or not isinstance(ev, Exception) or find_oom(ev) is None:
+            return False  # no exception, or not an OOM: untouched
+        result = recover(ev, reraised=self.reraise, diagnose=self.diagnose)
+        self.oom = result
+        if not self.quiet:
+            _emit(str(result), self.file, sys.stderr)
+        return not self.reraise
+
+    def __call__(self, fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+            return None  # only reached when an OOM was swallowed (reraise=False)
+
+        return cast(F, wrapper)
+
+
+def oom_guard(
+    *, reraise: bool = True, file: IO[str] | None = None, quiet: bool = False, diagnose: bool = True
+) -> OOMGuard:
+    """Recover from an out-of-memory error raised in a block: explain it, then free what it pinned.
+
+    On an OOM (``torch.OutOfMemoryError`` anywhere in the exception's cause/context chain) the guard
+    prints the diagnosis (:func:`torchmem.explain_oom`), clears the *finished* frames of the traceback —
+    the locals of the functions the error passed through, which hold the step's activations — collects,
+    empties the cache, and measures what came back. The handler creates no tensor, so it cannot itself run
+    out of memory. Any other exception passes through untouched.
+
+    By default the OOM is then **re-raised**: code after the block never runs on a half-done step, but the
+    exception that propagates no longer pins the memory (a notebook's ``sys.last_traceback`` included).
+    With ``reraise=False`` it is swallowed and ``guard.oom`` says what happened.
+
+    What cannot be freed: variables of the function that contains the ``with`` (it is still running — put
+    the work in a function, or use the decorator form), tensors that other live objects hold (a model, an
+    optimizer, a list you keep), and memory outside PyTorch's allocator.
+
+    Args:
+        reraise: Re-raise the OOM after recovering (default) or swallow it.
+        file: Where to print (default ``sys.stderr``).
+        quiet: Print nothing (the result is still in ``guard.oom``).
+        diagnose: Make the diagnosis; ``False`` skips it (recovery only).
+
+    Returns:
+        An :class:`OOMGuard`, usable as ``with`` block or decorator (a swallowed OOM returns ``None``).
+
+    Example:
+        >>> import torch, torchmem
+        >>> def step():
+        ...     activations = torch.ones(1 << 20)
+        ...     return torch.ones(1 << 22)            # over the 8 MiB cap below
+        >>> with torchmem.cpu_tracking() as cpu, torchmem.limit(8 << 20, "cpu"):
+        ...     with torchmem.oom_guard(reraise=False, quiet=True) as guard:
+        ...         step()
+        ...     guard.oom.freed_bytes, cpu.allocated
+        (4194304, 0)
+    """
+    return OOMGuard(reraise=reraise, file=file, quiet=quiet, diagnose=diagnose)
+
+
+# -- install ------------------------------------------------------------------------------------------------
+class _Installed:
+    def __init__(self) -> None:
+        self.previous_hook: Callable[..., Any] | None = None
+        self.hook: Callable[..., Any] | None = None
+        self.file: IO[str] | None = None
+        self.quiet = False
+        self.shell: Any = None
+        self.shell_saved: tuple[Any, Any] | None = None
+
+
+_state = _Installed()
+
+
+def _excepthook(etype: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
+    previous = _state.previous_hook or sys.__excepthook__
+    if _state.hook is None or not isinstance(value, Exception) or find_oom(value) is None:
+        previous(etype, value, tb)
+        return
+    try:
+        previous(etype, value, tb)  # the usual traceback first (it reads source lines, not locals)
+        del tb
+        result = recover(value, reraised=True)
+    except Exception as e:  # the hook must never fail
+        _emit(f"torchmem: OOM recovery failed: {type(e).__name__}: {e}", _state.file, sys.stderr)
+        return
+    if not _state.quiet:
+        _emit(str(result), _state.file, sys.stderr)
+
+
+def install(*, file: IO[str] | None = None, quiet: bool = False, ipython: bool = True) -> None:
+    """Recover from every uncaught OOM: a ``sys.excepthook``, and the IPython hook when IPython runs.
+
+    The excepthook prints the usual traceback, then the diagnosis, then frees what the traceback's
+    finished frames held (``sys.last_traceback`` keeps them alive in a REPL). It chains to the hook that
+    was installed before; calling ``install()`` again changes the options only. In IPython/Jupyter, an OOM
+    in a cell shows its traceback followed by the diagnosis, and the memory pinned by the traceback and by
+    output history (``Out``, ``_``) entries holding tensors on the failing device comes back. Other
+    exceptions are left to the usual handlers. :func:`uninstall` undoes it.
+
+    Args:
+        file: Where to print (default: ``sys.stderr``; the cell's output in IPython).
+        quiet: Recover without printing.
+        ipython: Also install the IPython hook when an IPython shell is running.
+
+    Example:
+        >>> import torchmem
+        >>> torchmem.install()       # doctest: +SKIP
+    """
+    _state.file = file
+    _state.quiet = quiet
+    if sys.excepthook is not _excepthook:
+        _state.previous_hook = sys.excepthook
+        sys.excepthook = _excepthook
+    _state.hook = _excepthook
+    if ipython:
+        from torchmem.integrations.ipython import install_ipython
+
+        install_ipython(_state)
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: restore the previous ``sys.excepthook`` and IPython handler (idempotent).
+
+    If another hook was installed on top of torchmem's since, torchmem's stays in the chain but only
+    passes exceptions on.
+
+    Example:
+        >>> import torchmem
+        >>> torchmem.uninstall()     # doctest: +SKIP
+    """
+    if sys.excepthook is _excepthook:
+        sys.excepthook = _state.previous_hook or sys.__excepthook__
+        _state.previous_hook = None
+    _state.hook = None
+    from torchmem.integrations.ipython import uninstall_ipython
+
+    uninstall_ipython(_state)

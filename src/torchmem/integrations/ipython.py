@@ -1,0 +1,78 @@
+"""IPython / Jupyter: an OOM in a cell prints its diagnosis and gives back what its traceback pinned.
+
+Installed by :func:`torchmem.install` through ``shell.set_custom_exc``; IPython matches the handler by
+the exception's exact type, so it sees ``torch.OutOfMemoryError`` raised by a cell (an OOM wrapped in another
+exception type is left to IPython's usual display).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import torch
+
+
+def _shell() -> Any:
+    ipy = sys.modules.get("IPython")
+    get = getattr(ipy, "get_ipython", None) if ipy is not None else None
+    return get() if get is not None else None
+
+
+def _make_handler(state: Any, previous: Any, previous_types: tuple[type[BaseException], ...]) -> Any:
+    def handler(
+        shell: Any,
+        etype: type[BaseException],
+        value: BaseException,
+        tb: types.TracebackType | None,
+        tb_offset: int | None = None,
+    ) -> list[str]:
+        from torchmem.actions.guard import _emit, find_oom, recover
+
+        if state.hook is None or find_oom(value) is None:
+            if previous is not None and etype in previous_types:
+                return list(previous(etype, value, tb, tb_offset=tb_offset))
+            return list(shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset))
+        # The traceback text first, while the frames are intact; then free what they hold.
+        stb = list(shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset))
+        del tb
+        result = recover(value, reraised=True, ipython=shell)
+        if not state.quiet:
+            if state.file is not None:
+                _emit(str(result), state.file, sys.stdout)
+            else:
+                stb.extend(["", str(result)])
+        return stb
+
+    handler._torchmem = True  # type: ignore[attr-defined]
+    return handler
+
+
+def install_ipython(state: Any) -> bool:
+    """Register the OOM handler with the running IPython shell (idempotent). False when none runs."""
+    shell = _shell()
+    if shell is None or not hasattr(shell, "set_custom_exc"):
+        return False
+    if state.shell is shell and state.shell_saved is not None:
+        return True  # already installed on this shell (options live in `state`)
+    saved = (tuple(getattr(shell, "custom_exceptions", ())), getattr(shell, "CustomTB", None))
+    prev_types = saved[0]
+    previous = saved[1] if prev_types else None
+    types_ = (*(t for t in prev_types if t is not torch.OutOfMemoryError), torch.OutOfMemoryError)
+    shell.set_custom_exc(types_, _make_handler(state, previous, prev_types))
+    state.shell = shell
+    state.shell_saved = saved
+    return True
+
+
+def uninstall_ipython(state: Any) -> None:
+    """Put back the shell's previous custom exception handler (idempotent)."""
+    shell, saved = state.shell, state.shell_saved
+    state.shell = None
+    state.shell_saved = None
+    if shell is None or saved is None:
+        return
+    shell.custom_exceptions = saved[0]
+    if saved[1] is not None:
+        shell.CustomTB = saved[1]

@@ -1,0 +1,204 @@
+"""oom_guard(), install() and the IPython hook on the CPU: real OOMs from a CPU limit, proved exactly."""
+
+from __future__ import annotations
+
+import gc
+import io
+import sys
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import torchmem
+from torchmem.actions.guard import find_oom, install, oom_guard, uninstall
+from torchmem.actions.limit import limit
+
+MiB = 1 << 20
+
+
+def forward(n_layers: int) -> torch.Tensor:
+    """Holds 4 MiB of activations per layer until the cap makes a layer fail."""
+    w = torch.ones(8, 8)
+    activations = []
+    h = torch.ones(MiB)
+    for _ in range(n_layers):
+        h = h * 2
+        activations.append(h)
+    return torch.stack(activations).sum() + w.sum()
+
+
+@pytest.fixture
+def capped() -> Iterator[torchmem.CpuTracking]:
+    with torchmem.cpu_tracking() as cpu, limit(30 * MiB, "cpu"):
+        yield cpu
+
+
+def test_plain_except_leaves_the_activations_pinned(capped: torchmem.CpuTracking) -> None:
+    base = capped.allocated
+    try:
+        forward(20)
+    except torch.OutOfMemoryError as e:
+        err = e  # keeping the exception (a notebook, a logger, a retry loop) keeps its frames
+    assert capped.allocated - base >= 24 * MiB
+    del err
+    gc.collect()
+
+
+def test_guard_frees_the_frames_and_reraises(capped: torchmem.CpuTracking) -> None:
+    base = capped.allocated
+    out = io.StringIO()
+    guard = oom_guard(file=out)
+    with pytest.raises(torch.OutOfMemoryError) as info, guard:
+        forward(20)
+    # The exception is still alive (pytest holds it) but pins nothing any more.
+    assert info.value is not None
+    assert capped.allocated == base
+    rec = guard.oom
+    assert rec is not None and rec.reraised
+    assert rec.freed_bytes >= 24 * MiB
+    assert rec.devices == ("cpu",)
+    assert rec.allocated_after == base
+    assert rec.frames_cleared >= 1
+    text = out.getvalue()
+    assert "CPU out of memory" in text or "out of memory" in text.lower()
+    assert "torchmem: freed" in text
+    assert rec.to_dict()["freed_bytes"] == rec.freed_bytes
+
+
+def test_guard_swallows_when_asked_and_decorator_returns_none(capped: torchmem.CpuTracking) -> None:
+    base = capped.allocated
+    with oom_guard(reraise=False, quiet=True) as guard:
+        forward(20)
+    assert guard.oom is not None and guard.oom.freed_bytes >= 24 * MiB
+    assert capped.allocated == base
+
+    guarded = oom_guard(reraise=False, quiet=True)(forward)
+    assert guarded(20) is None
+    assert capped.allocated == base
+    assert float(guarded(2)) > 0  # no OOM: the result comes through
+
+
+def test_oom_in_the_cause_chain_is_recognised(capped: torchmem.CpuTracking) -> None:
+    base = capped.allocated
+
+    def step() -> None:
+        try:
+            forward(20)
+        except torch.OutOfMemoryError as e:
+            raise ValueError("training step failed") from e
+
+    with pytest.raises(ValueError), oom_guard(quiet=True) as guard:
+        step()
+    assert guard.oom is not None
+    assert capped.allocated == base
+    assert find_oom(ValueError("x")) is None
+
+
+def test_other_exceptions_pass_through_untouched(capped: torchmem.CpuTracking) -> None:
+    boom = KeyError("not memory")
+
+    def fail() -> None:
+        big = torch.ones(2 * MiB)
+        raise boom if big.numel() else RuntimeError()
+
+    with pytest.raises(KeyError) as info, oom_guard(quiet=True) as guard:
+        fail()
+    assert info.value is boom
+    assert guard.oom is None
+    frame_locals = info.tb.tb_next.tb_frame.f_locals if info.tb.tb_next is not None else {}
+    assert "big" in frame_locals  # not cleared: the guard did not touch a non-OOM error
+
+
+def test_the_running_frame_is_not_cleared(capped: torchmem.CpuTracking) -> None:
+    mine = torch.ones(MiB)  # this function is still running: its variables are the program's
+    with oom_guard(reraise=False, quiet=True):
+        forward(20)
+    assert mine.sum().item() == MiB
+
+
+def test_excepthook_chains_recovers_and_uninstalls(capped: torchmem.CpuTracking) -> None:
+    seen: list[type[BaseException]] = []
+
+    def previous(t: type[BaseException], v: BaseException, tb: object) -> None:
+        seen.append(t)
+
+    original = sys.excepthook
+    sys.excepthook = previous
+    out = io.StringIO()
+    try:
+        install(file=out, ipython=False)
+        install(file=out, ipython=False)  # idempotent
+        hook = sys.excepthook
+        base = capped.allocated
+        try:
+            forward(20)
+        except torch.OutOfMemoryError as e:
+            sys.last_value = e
+            sys.last_traceback = e.__traceback__
+            hook(type(e), e, e.__traceback__)
+        assert capped.allocated == base
+        assert seen == [torch.OutOfMemoryError]
+        assert "torchmem: freed" in out.getvalue()
+        hook(KeyError, KeyError("k"), None)  # not an OOM: only the previous hook
+        assert seen == [torch.OutOfMemoryError, KeyError]
+        uninstall()
+        assert sys.excepthook is previous
+        uninstall()
+        assert sys.excepthook is previous
+    finally:
+        sys.excepthook = original
+        sys.last_value = sys.last_traceback = None
+
+
+def test_ipython_cell_oom_prints_the_diagnosis_and_gives_the_memory_back() -> None:
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.user_ns["forward"] = forward
+        with torchmem.cpu_tracking() as cpu, limit(30 * MiB, "cpu"):
+            install(ipython=True)
+            try:
+                shell.run_cell("kept = forward(2)")  # a result held by the user: must survive
+                shell.run_cell("kept")  # Out[2] holds it too
+                base = cpu.allocated
+                result = shell.run_cell("forward(20)")
+                assert isinstance(result.error_in_exec, torch.OutOfMemoryError)
+                assert cpu.allocated <= base
+                assert shell.user_ns["kept"].item() > 0
+                # A second OOM, and the pinned memory still comes back (no growth across failures).
+                shell.run_cell("forward(20)")
+                assert cpu.allocated <= base
+            finally:
+                uninstall()
+            assert torch.OutOfMemoryError not in shell.custom_exceptions
+    finally:
+        shell.user_ns.clear()
+        InteractiveShell.clear_instance()
+        sys.last_value = sys.last_traceback = sys.last_type = None
+        if hasattr(sys, "last_exc"):
+            sys.last_exc = None
+        gc.collect()
+
+
+def test_ipython_without_install_keeps_the_memory_pinned() -> None:
+    """The anchor: IPython's own handling keeps the failed cell's frames (sys.last_traceback)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.user_ns["forward"] = forward
+        with torchmem.cpu_tracking() as cpu, limit(30 * MiB, "cpu"):
+            base = cpu.allocated
+            shell.run_cell("forward(20)")
+            pinned = cpu.allocated - base
+            sys.last_value = sys.last_traceback = sys.last_type = None
+            if hasattr(sys, "last_exc"):
+                sys.last_exc = None
+            shell.user_ns.clear()
+            gc.collect()
+        assert pinned >= 24 * MiB
+    finally:
+        InteractiveShell.clear_instance()
+        gc.collect()
