@@ -177,6 +177,7 @@ _OOM_MARKERS = re.compile(
     r"|Cuda failure 'out of memory'|Failed to CUDA calloc"
     r"|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|PI_ERROR_OUT_OF_RESOURCES"
     r"|OutOfMemoryError"
+    r"|Tried to allocate \S+ ?\S+ \(GPU \d+;"
 )
 
 _EXC_PREFIX = re.compile(
@@ -299,7 +300,7 @@ def _parse_one(text: str) -> ParsedOOM:
     )
     gpu = _search(r"\bGPU (\d+)\b|on device (\d+)|\bdevice[ :]+(\d+)\b", flat)
     device_index = None if gpu is None else int(next(g for g in gpu.groups() if g is not None))
-    grab("device_total", r"total capacit\w* of SIZE", r"SIZE total capacity", r"Device limit\s*:\s*SIZE")
+    grab("device_total", r"total capac\w* of SIZE", r"SIZE total capacity", r"Device limit\s*:\s*SIZE")
     grab("device_free", r"of which SIZE is free", r"; SIZE free\b", r"Free \(according to CUDA\)\s*:\s*SIZE")
     grab(
         "allowed",
@@ -460,6 +461,8 @@ def _source(flat: str, backend: str | None) -> tuple[str | None, str | None, str
         return "driver", "library", m.group(1)
     if "OutOfMemoryError" in flat:
         return "allocator", "bare", None
+    if _search(r"Tried to allocate \S+ ?\S+ \(GPU \d+;", flat):
+        return "allocator", None, None
     return "not_oom", None, None
 
 
@@ -910,6 +913,9 @@ def diagnose(
         out_notes.extend(parsed.notes)
     if parsed is not None and not parsed.is_oom:
         return OOMDiagnosis(False, parsed, (), (), state, None, {}, tuple(out_notes))
+    if parsed is None and state is None:
+        out_notes.append("No out-of-memory message and no allocator state: nothing to diagnose.")
+        return OOMDiagnosis(False, None, (), (), None, None, {}, tuple(out_notes))
     conf_text = alloc_conf if alloc_conf is not None else (state.alloc_conf if state is not None else None)
     settings = parse_alloc_conf(conf_text)
     f = _merge(parsed, state)
@@ -919,6 +925,18 @@ def diagnose(
     if parsed is not None and parsed.truncated:
         out_notes.append("The message is cut short: causes that need the missing figures are not judged.")
     leak_trend = as_leak_trend(leak)
+    if (
+        f.source == "allocator"
+        and f.requested is not None
+        and f.free is not None
+        and f.free > f.requested + f.tol
+    ):
+        out_notes.append(
+            f"The device reported {fmt_bytes(f.free)} free, more than the {fmt_bytes(f.requested)} "
+            "requested, yet the driver refused it: on Windows (WDDM) and with unified memory the driver "
+            "can refuse earlier, and a per-allocation size limit or another process allocating at the same "
+            "moment has the same effect."
+        )
 
     causes: list[Cause] = []
     if f.source in ("driver", "cublas", "cudnn", "nccl"):
@@ -1030,11 +1048,7 @@ def _too_large(f: _Figures, settings: Mapping[str, str], batch_size: int | None)
             "Split the operation that needs it into chunks (e.g. loop over the batch or sequence; "
             "chunked attention/loss), or shard it across devices.",
         ),
-        Fix(
-            "dtype",
-            "Halve the bytes with bf16/fp16 weights or autocast.",
-            "torch.autocast('cuda', dtype=torch.bfloat16)",
-        ),
+        _amp(f.backend),
     ]
     if limit_set:
         fixes.insert(
@@ -1115,7 +1129,14 @@ def _fragmentation(
         fits_exp = frag.fits_with_expandable
     else:
         free = f.free
-        if cached + f.tol >= r:
+        if cached + f.tol >= r and r <= (2 << 20):
+            conf, score = "medium", 4.0
+            summary = (
+                f"Possibly fragmentation: {fmt_bytes(cached)} is cached free, more than the {fmt_bytes(r)} "
+                "requested, but small requests are served only from the small-block pool and the free "
+                "pieces may all be in the large one."
+            )
+        elif cached + f.tol >= r:
             conf, score = "high", 8.0
             summary = (
                 f"Fragmentation: {fmt_bytes(cached)} is reserved by PyTorch but unallocated — more than the "
@@ -1185,33 +1206,58 @@ def _fragmentation(
     return Cause("fragmentation", summary, tuple(ev), cached, conf, tuple(fixes), score=score)
 
 
+def _used_outside(f: _Figures) -> tuple[int, str] | None:
+    """Device memory in use that is neither PyTorch's cache nor (when known) this process's own overhead:
+    ``(bytes, who)``, or ``None`` when the figures are missing."""
+    if f.total is None or f.free is None or f.reserved is None:
+        return None
+    used = f.total - f.free
+    if f.process_used is not None:
+        out = used - f.process_used
+        return (out, "other processes") if out > 0 else None
+    out = used - f.reserved
+    return (out, "other processes, or this process's CUDA context and libraries") if out > 0 else None
+
+
 def _other_processes(f: _Figures) -> Cause | None:
-    r = f.requested
-    if not f.others:
-        return None
-    others = sum(b for _, b in f.others)
-    if others <= 0:
-        return None
+    r, free = f.requested, f.free
+    listed = sum(b for _, b in f.others)
+    outside = _used_outside(f)
     ev = [f"process {pid}: {fmt_bytes(b)}" for pid, b in sorted(f.others, key=lambda p: -p[1])]
     if f.self_guessed is not None:
         ev.append(f"(process {f.self_guessed}, with {fmt_bytes(f.process_used)}, is taken to be this one)")
-    free = f.free
+    others = listed
+    who = "Other processes"
+    if outside is not None and outside[0] > listed + max(f.tol, 64 << 20):
+        others = outside[0]
+        allowance = 0 if f.process_used is not None else _CONTEXT_ALLOWANCE
+        others = max(0, others - allowance)
+        ev.append(
+            f"used on the device outside this PyTorch: {fmt_bytes(outside[0])} ({outside[1]}"
+            + (f"; {fmt_bytes(allowance)} of it allowed for this process's CUDA context" if allowance else "")
+            + ")"
+        )
+        if listed == 0:
+            who = "Memory outside this PyTorch (" + outside[1] + ")"
+    if others <= 0:
+        return None
     if r is not None and free is not None:
         if free + f.tol >= r:
             return None
         short = r - free
         if others + f.tol >= short:
-            conf, score = ("high", 7.0) if others >= (f.ceiling or others) * 0.1 else ("medium", 4.0)
+            big = others >= (f.ceiling or others) * 0.1
+            conf, score = ("high", 7.0) if big and listed else (("medium", 4.5) if big else ("low", 2.5))
             summary = (
-                f"Other processes use {fmt_bytes(others)} of this device; without them the {fmt_bytes(r)} "
+                f"{who} use {fmt_bytes(others)} of this device; without them the {fmt_bytes(r)} "
                 f"request would have found room (only {fmt_bytes(free)} was free)."
             )
         else:
             conf, score = "low", 2.0
-            summary = f"Other processes use {fmt_bytes(others)} of this device, less than the shortfall."
+            summary = f"{who} use {fmt_bytes(others)} of this device, less than the shortfall."
     else:
         conf, score = "low", 1.5
-        summary = f"Other processes use {fmt_bytes(others)} of this device."
+        summary = f"{who} use {fmt_bytes(others)} of this device."
     fixes = (
         Fix(
             "processes",
@@ -1222,16 +1268,26 @@ def _other_processes(f: _Figures) -> Cause | None:
     return Cause("other_processes", summary, tuple(ev), others, conf, fixes, score=score)
 
 
+#: What a CUDA context and library handles typically take (H100, torch 2.11: ~0.5 GiB; smaller GPUs less).
+_CONTEXT_ALLOWANCE = 1 << 30
+
+
 _CHECKPOINT = Fix(
     "checkpointing",
     "If training: recompute activations in backward instead of keeping them (activation checkpointing).",
     "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
 )
-_AMP = Fix(
-    "dtype",
-    "Run in bf16 (autocast) to halve activation memory, or keep weights in bf16.",
-    "with torch.autocast('cuda', dtype=torch.bfloat16): ...",
-)
+
+
+def _amp(backend: str | None) -> Fix:
+    dev = {"mps": "mps", "xpu": "xpu", "cpu": "cpu"}.get(backend or "", "cuda")
+    return Fix(
+        "dtype",
+        "Run in bf16 (autocast) to halve activation memory, or keep weights in bf16.",
+        f"with torch.autocast({dev!r}, dtype=torch.bfloat16): ...",
+    )
+
+
 _NO_GRAD = Fix(
     "no_grad",
     "If this is evaluation or inference: run it without autograd so no activations are kept.",
@@ -1268,50 +1324,68 @@ def _working_set(
             (f"requested: {fmt_bytes(r)}",),
             r,
             "low",
-            (_batch_fix(batch_size, None, "the usual lever"), _AMP, _NO_GRAD),
+            (_batch_fix(batch_size, None, "the usual lever"), _amp(f.backend), _NO_GRAD),
             score=1.0,
         )
     total_items = sum(i.bytes for i in items)
     alloc = alloc if alloc is not None else total_items
     ev = [f"allocated to tensors by PyTorch: {fmt_bytes(alloc)}"]
     share = None
+    room: int | None = None
+    own_room: int | None = None
     if ceiling:
         share = alloc / ceiling
         ev[0] += f" ({share:.0%} of the {fmt_bytes(ceiling)} {'limit' if f.limit else 'device'})"
+        non_torch = max(0, (f.process_used or 0) - (f.reserved or 0))
+        outside = _used_outside(f)
+        others = max(sum(b for _, b in f.others), 0 if outside is None else outside[0])
+        room = ceiling - non_torch - others
+        own_room = ceiling - non_torch
     if r is not None:
         ev.append(f"requested on top: {fmt_bytes(r)}")
+    if f.process_used is not None and f.reserved is not None and f.process_used > f.reserved:
+        what = (
+            "other allocations outside PyTorch's MPS heaps"
+            if f.source == "mps_allocator"
+            else "this process outside PyTorch's allocator (CUDA context, libraries)"
+        )
+        ev.append(f"{what}: {fmt_bytes(f.process_used - f.reserved)}")
+    need = alloc + (r or 0)
+    if room is not None and r is not None:
+        ev.append(
+            f"tensors + request = {fmt_bytes(need)}; room for PyTorch with the device to itself: "
+            f"{fmt_bytes(own_room)}, with the other users as they were: {fmt_bytes(room)}"
+        )
     by_kind: dict[str, int] = {}
     for it in sorted(items, key=lambda i: -i.bytes)[:10]:
         ev.append(f"  {it.label}: {fmt_bytes(it.bytes)}" + (f" ({it.kind})" if it.kind else ""))
     for it in items:
         if it.kind:
             by_kind[it.kind] = by_kind.get(it.kind, 0) + it.bytes
-    if share is None:
+    if own_room is not None and r is not None and need + f.tol >= own_room * 0.97:
+        conf, score = "high", 9.0
+    elif share is None:
         conf, score = "low", 2.0
-    elif share >= 0.6:
+    elif share >= 0.9:
         conf, score = "high", 6.0 + share
-    elif share >= 0.3:
+    elif share >= 0.6:
         conf, score = "medium", 3.0 + share
     else:
         conf, score = "low", 1.0 + share
     summary = (
-        f"The working set is large: tensors hold {fmt_bytes(alloc)}"
+        f"The working set is too large: tensors hold {fmt_bytes(alloc)}"
         + (f" of {fmt_bytes(ceiling)}" if ceiling else "")
         + (f", and the step asked for {fmt_bytes(r)} more." if r is not None else ".")
     )
+    if conf == "low":
+        summary = f"Tensors hold {fmt_bytes(alloc)}" + (f" of {fmt_bytes(ceiling)}" if ceiling else "") + "."
     fixes: list[Fix] = []
     fraction: float | None = None
-    if ceiling and r is not None:
+    if room is not None and r is not None:
         fixed = sum(by_kind.get(k, 0) for k in ("parameter", "gradient", "optimizer_state"))
         variable = alloc - fixed + r
-        room = (
-            ceiling
-            - (max(0, (f.process_used or 0) - (f.reserved or 0)))
-            - fixed
-            - sum(b for _, b in f.others)
-        )
-        if variable > 0 and room > 0:
-            fraction = room * 0.9 / variable
+        if variable > 0 and room - fixed > 0:
+            fraction = (room - fixed) * 0.9 / variable
     why = (
         "assuming activations scale with the batch; parameters, gradients and optimizer state do not"
         if by_kind
@@ -1320,7 +1394,7 @@ def _working_set(
     fixes.append(_batch_fix(batch_size, fraction, why))
     act = by_kind.get("activation")
     if not by_kind or act:
-        fixes.append(_AMP)
+        fixes.append(_amp(f.backend))
         if grad_enabled is not False:
             fixes.append(_CHECKPOINT)
     if grad_enabled is not False:
