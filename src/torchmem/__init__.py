@@ -31,11 +31,13 @@ from torchmem.actions.release import (
 )
 from torchmem.actions.scope import Scope, ScopeReport, scope
 from torchmem.analysis.holders import HolderPath, HolderSearch, find_holders, holders
+from torchmem.analysis.leaks import Culprit, LeakReport
 from torchmem.analysis.live import LiveTensor, LiveTensorReport
 from torchmem.analysis.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
 from torchmem.capture.cpu import CpuTracking, cpu_tracking
 from torchmem.capture.read import counters, live_tensors, reset_peak, stats
 from torchmem.capture.track import Tracker, TrackResult, track
+from torchmem.capture.watch import LeakWarning, Watcher, WatchError, watch
 from torchmem.devices import HotReading
 
 __version__ = "0.1.0"
@@ -44,6 +46,7 @@ __all__ = [
     "Breakdown",
     "BreakdownRow",
     "CpuTracking",
+    "Culprit",
     "DeviceError",
     "DeviceFigures",
     "DeviceIndexError",
@@ -51,6 +54,8 @@ __all__ = [
     "HolderPath",
     "HolderSearch",
     "HotReading",
+    "LeakReport",
+    "LeakWarning",
     "LiveTensor",
     "LiveTensorReport",
     "MemoryStats",
@@ -67,6 +72,8 @@ __all__ = [
     "TrackingError",
     "UnknownDeviceError",
     "UnsupportedDeviceError",
+    "WatchError",
+    "Watcher",
     "__version__",
     "counters",
     "cpu_tracking",
@@ -78,4 +85,5 @@ __all__ = [
     "scope",
     "stats",
     "track",
+    "watch",
 ]

@@ -251,13 +251,18 @@ class Ledger:
         return out
 
     def cohort_entries(self, cohort: Cohort) -> list[tuple[Any, int, Site | None]]:
-        """``(storage, counted bytes, birth site)`` of each live storage born in ``cohort`` (strong refs)."""
+        """``(storage, counted bytes, birth site)`` of each live storage born in ``cohort``, oldest first.
+
+        Strong references: drop them soon.
+        """
         out = []
         with self._lock:
-            for key in list(cohort._keys):
-                e = self._live.get(key)
-                s = e.ref() if e is not None and e.ref is not None else None
-                if s is not None and e is not None:
+            keys = cohort._keys
+            for key, e in list(self._live.items()):  # insertion order is birth order
+                if key not in keys:
+                    continue
+                s = e.ref() if e.ref is not None else None
+                if s is not None:
                     out.append((s, e.nbytes, e.site))
         return out
 

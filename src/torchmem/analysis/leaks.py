@@ -1,0 +1,536 @@
+"""Leak analysis: is memory growing step over step, and which allocation site and holder make it grow.
+
+Pure functions over numbers and strings captured by :mod:`torchmem.capture.watch`: nothing here reads a
+device or changes an object, so every rule is testable with plain data.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# Culprit kinds, each with the one-line fix printed for it.
+RETAINED_GRAPH = "retained_graph"
+GRAPH_CHAIN = "graph_chain"
+EXCEPTION = "exception"
+CYCLE = "cycle"
+HOOK = "hook"
+GROWING_TENSOR = "growing_tensor"
+GLOBAL = "global_registry"
+CACHE = "cache"
+ACCUMULATION = "device_accumulation"
+UNKNOWN = "unknown"
+
+KINDS = (
+    RETAINED_GRAPH,
+    GRAPH_CHAIN,
+    EXCEPTION,
+    CYCLE,
+    HOOK,
+    GROWING_TENSOR,
+    GLOBAL,
+    CACHE,
+    ACCUMULATION,
+    UNKNOWN,
+)
+
+
+# --------------------------------------------------------------------------------------------------
+# Growth detection
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Growth:
+    """The verdict of :func:`detect_growth` on a series of per-step figures.
+
+    Attributes:
+        leaking: Steady growth per step was found.
+        bytes_per_step: Estimated steady-state growth (0 when not leaking).
+        confidence: 0..1: how consistently the figure rises over the window (Kendall's concordance).
+        method: ``"steady"`` (every recent step grew by a similar amount), ``"robust"`` (a long window whose
+            floors rise in each third, beyond the noise), or ``"none"``.
+        samples: Samples after the warm-up that were considered.
+        reason: Why it is or is not a leak, in words.
+    """
+
+    leaking: bool
+    bytes_per_step: float
+    confidence: float
+    method: str
+    samples: int
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_NO = Growth(False, 0.0, 0.0, "none", 0, "")
+
+
+def _concordance(xs: Sequence[float], ys: Sequence[float]) -> float:
+    conc = disc = 0
+    n = len(ys)
+    for i in range(n):
+        for j in range(i + 1, n):
+            d = (ys[j] - ys[i]) * (xs[j] - xs[i])
+            if d > 0:
+                conc += 1
+            elif d < 0:
+                disc += 1
+    total = n * (n - 1) // 2
+    return max(0.0, (conc - disc) / total) if total else 0.0
+
+
+def _theil_sen(xs: Sequence[float], ys: Sequence[float]) -> float:
+    slopes = sorted(
+        (ys[j] - ys[i]) / (xs[j] - xs[i])
+        for i in range(len(ys))
+        for j in range(i + 1, len(ys))
+        if xs[j] != xs[i]
+    )
+    return slopes[len(slopes) // 2] if slopes else 0.0
+
+
+def _median(v: Sequence[float]) -> float:
+    s = sorted(v)
+    n = len(s)
+    return 0.0 if n == 0 else (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
+
+
+def detect_growth(
+    steps: Sequence[int],
+    values: Sequence[int],
+    *,
+    min_bytes_per_step: float = 256 * 1024,
+    steady_samples: int = 5,
+    window: int = 32,
+) -> Growth:
+    """Decide whether ``values`` (a memory figure read at step boundaries, after warm-up) grows steadily.
+
+    Two tests, either is enough:
+
+    - **steady**: each of the last ``steady_samples`` readings rose by at least ``min_bytes_per_step`` per
+      step, and the rises agree (each within 0.5x..2x of their median) — what a leak looks like on exact
+      counters, found within ``steady_samples`` readings;
+    - **robust**: over the last ``window`` readings (at least 9), the Theil–Sen slope is at least
+      ``min_bytes_per_step``, the floor (minimum) of each third of the window is higher than the previous
+      one by at least half of what that slope predicts, and the total rise is above three times the noise
+      (median absolute deviation around the trend) — a leak under noisy figures (dynamic shapes, periodic
+      work).
+
+    One-time jumps (optimizer state, lazily built buffers, workspaces), a bounded cache that stopped growing,
+    periodic spikes and noise fail both tests.
+
+    Example:
+        >>> detect_growth(range(8), [100 + 2**20 * i for i in range(8)]).leaking
+        True
+        >>> detect_growth(range(8), [100, 5000, 5000, 5000, 5000, 5000, 5000, 5000]).leaking
+        False
+    """
+    xs = [float(s) for s in steps][-window:]
+    ys = [float(v) for v in values][-window:]
+    n = len(ys)
+    if n != len(xs):
+        raise ValueError("steps and values must have the same length")
+    if n < 2:
+        return Growth(False, 0.0, 0.0, "none", n, "not enough steps yet")
+    # Steady: the last k readings each rose by a similar amount.
+    k = min(steady_samples, n)
+    if k >= steady_samples:
+        tx, ty = xs[-k:], ys[-k:]
+        rates = [(ty[i + 1] - ty[i]) / (tx[i + 1] - tx[i]) for i in range(k - 1) if tx[i + 1] > tx[i]]
+        if len(rates) == k - 1:
+            med = _median(rates)
+            if med >= min_bytes_per_step and all(0.5 * med <= r <= 2.0 * med for r in rates):
+                return Growth(
+                    True,
+                    med,
+                    _concordance(tx, ty),
+                    "steady",
+                    n,
+                    f"grew by {med:.0f} B/step on each of the last {k - 1} readings",
+                )
+    if n < 9:
+        return Growth(False, 0.0, 0.0, "none", n, f"{n} readings after warm-up, no steady growth yet")
+    # Cheap pre-check: the last reading must be above the first third's floor by the minimum rate.
+    third = n // 3
+    f1 = min(ys[:third])
+    if ys[-1] - f1 < min_bytes_per_step * (xs[-1] - xs[0]) / 2:
+        return Growth(False, 0.0, _concordance(xs, ys), "none", n, "no growth over the window")
+    slope = _theil_sen(xs, ys)
+    f2 = min(ys[third : 2 * third])
+    f3 = min(ys[2 * third :])
+    span = (xs[-1] - xs[0]) / 3
+    trend = [ys[i] - slope * (xs[i] - xs[0]) for i in range(n)]
+    mid = _median(trend)
+    noise = _median([abs(t - mid) for t in trend])
+    conf = _concordance(xs, ys)
+    if (
+        slope >= min_bytes_per_step
+        and f2 - f1 >= 0.5 * slope * span
+        and f3 - f2 >= 0.5 * slope * span
+        and f3 - f1 > 3 * noise
+    ):
+        return Growth(
+            True,
+            slope,
+            conf,
+            "robust",
+            n,
+            f"the floor rose in each third of the last {n} readings, {slope:.0f} B/step (Theil–Sen)",
+        )
+    return Growth(False, 0.0, conf, "none", n, "no sustained growth")
+
+
+# --------------------------------------------------------------------------------------------------
+# Attribution
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Culprit:
+    """One reason memory grows: an allocation site and the object that keeps what it allocates.
+
+    Attributes:
+        kind: One of ``retained_graph`` (a container keeps tensors with their autograd graphs),
+            ``graph_chain`` (one variable's graph grows from step to step: ``total += loss``, a
+            recurrent state not detached), ``exception`` (stored exceptions keep their frames' tensors),
+            ``cycle`` (a reference cycle that only ``gc`` frees), ``hook`` (a hook's closure keeps
+            outputs), ``growing_tensor`` (one tensor re-allocated larger every step, such as ``torch.cat``
+            onto a cache), ``global_registry`` (a module-level container), ``cache`` (a dict that never
+            evicts), ``device_accumulation`` (a list of device tensors), ``unknown``.
+        site: The allocation site that grows most, ``"file.py:42"`` (the user's line, not torch internals).
+        sites: Every growing site of this culprit with its bytes per step.
+        holder: The readable path of the object that keeps the memory (from :func:`torchmem.holders`).
+        bytes: Bytes this culprit retained over the attribution window.
+        bytes_per_step: Growth per step attributed to it.
+        graph_bytes: Bytes of autograd-saved tensors among them (retained graphs), per step.
+        fix: The one-line fix.
+    """
+
+    kind: str
+    site: str | None
+    sites: tuple[tuple[str, float], ...]
+    holder: str | None
+    bytes: int
+    bytes_per_step: float
+    graph_bytes: float
+    fix: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sites"] = [{"site": s, "bytes_per_step": b} for s, b in self.sites]
+        return d
+
+
+@dataclass(frozen=True)
+class SiteGrowth:
+    """Captured facts about one growing allocation site (input of :func:`attribute`)."""
+
+    site: str | None
+    bytes_per_step: float
+    live_bytes: int
+    storages: int
+    storages_per_step: float
+    paths: tuple[str, ...]
+    saved_bytes: int = 0  # bytes of its live storages that autograd saved for backward
+    in_cycle: bool = False
+    cycle_types: tuple[str, ...] = ()
+
+
+def site_growth(series: Sequence[Mapping[Any, tuple[int, int]]]) -> dict[Any, tuple[float, float]]:
+    """Per-site growth from per-boundary ``{site: (live bytes, live storages)}`` maps of one window.
+
+    Returns ``{site: (bytes per step, storages per step)}`` for sites whose live bytes rose at every boundary
+    but at most one (a least-squares slope over the boundaries), ignoring sites that did not grow.
+
+    Example:
+        >>> site_growth([{"a": (0, 0)}, {"a": (10, 1)}, {"a": (20, 2)}, {"a": (30, 3)}])
+        {'a': (10.0, 1.0)}
+    """
+    if len(series) < 2:
+        return {}
+    sites = {s for m in series for s in m}
+    out: dict[Any, tuple[float, float]] = {}
+    n = len(series)
+    xs = list(range(n))
+    mx = sum(xs) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    for s in sites:
+        b = [float(m.get(s, (0, 0))[0]) for m in series]
+        c = [float(m.get(s, (0, 0))[1]) for m in series]
+        rises = sum(1 for i in range(1, n) if b[i] > b[i - 1])
+        if rises < max(1, n - 2) or b[-1] <= b[0]:
+            continue
+        mb, mc = sum(b) / n, sum(c) / n
+        slope_b = sum((x - mx) * (y - mb) for x, y in zip(xs, b)) / sxx
+        slope_c = sum((x - mx) * (y - mc) for x, y in zip(xs, c)) / sxx
+        if slope_b > 0:
+            out[s] = (slope_b, slope_c)
+    return out
+
+
+_INDEX = re.compile(r"\[(?:\d+|'[^']*'|\"[^\"]*\"|<[^>]*>|\.\.\.)\]")
+_LOCAL = re.compile(r"local '([^']+)'")
+_CLOSURE = re.compile(r"closure '([^']+)'")
+
+
+def holder_pattern(path: str) -> str:
+    """The holder a path goes through, with item indices generalised and autograd hops cut.
+
+    Example:
+        >>> holder_pattern("__main__.losses[17].grad_fn -> saved tensor of AddmmBackward0 (_saved_mat1)")
+        '__main__.losses[*]'
+        >>> holder_pattern("train.py:40 in run(), local 'cache'['k3']")
+        "train.py:40 in run(), local 'cache'[*]"
+    """
+    head = path.split(" -> ")[0]
+    if ".grad_fn" in head:
+        head = head.split(".grad_fn")[0]
+    return _INDEX.sub("[*]", head)
+
+
+def holder_name(path: str) -> str:
+    """The variable a person would recognise in a holder path (``losses``, ``acts``, ``self.cache``)."""
+    m = _CLOSURE.search(path)
+    if m:
+        return m.group(1)
+    head = path.split(" -> ")[0].split(".grad_fn")[0]
+    m = _LOCAL.search(head)
+    if m:
+        rest = head[m.end() :]
+        attrs = re.match(r"((?:\.[A-Za-z_]\w*)*)", rest)
+        return m.group(1) + (attrs.group(1) if attrs else "")
+    head = _INDEX.split(head)[0]
+    glob = _module_global(head)
+    if glob is not None:
+        return glob
+    for mod in sorted((m for m in sys.modules if head.startswith(m + ".")), key=len, reverse=True)[:1]:
+        head = head[len(mod) + 1 :]
+    return head.split(" ")[-1] or path
+
+
+def _module_global(container: str) -> str | None:
+    """``"REGISTRY"`` when ``container`` (``"pkg.mod.REGISTRY"``) names a global of an imported module."""
+    mod, _, name = container.rpartition(".")
+    if mod and name.isidentifier() and mod in sys.modules:
+        return name
+    return None
+
+
+def _kind(g: SiteGrowth) -> str:
+    paths = g.paths
+    if g.in_cycle:
+        return CYCLE
+    if any("__traceback__" in p or p.startswith(("sys.last_", "exception ")) for p in paths):
+        return EXCEPTION
+    graph = g.saved_bytes > 0 or any(".grad_fn" in p or "saved tensor of" in p for p in paths)
+    if any(("_hooks[" in p or "closure '" in p) for p in paths):
+        return HOOK
+    if graph:
+        # One variable whose graph grows (no container index before the autograd hop), or a container.
+        holders = [p.split(".grad_fn")[0] for p in paths if ".grad_fn" in p]
+        if holders and not any(_INDEX.search(h) for h in holders):
+            return GRAPH_CHAIN
+        return RETAINED_GRAPH
+    if g.storages_per_step < 0.5 and g.bytes_per_step > 0:
+        return GROWING_TENSOR
+    indexed = [p.split(" -> ")[0] for p in paths if _INDEX.search(p.split(" -> ")[0])]
+    if not indexed:
+        return UNKNOWN
+    head = indexed[0]
+    keyed = bool(re.search(r"\[(?:'|\")", head))
+    in_frame = "local '" in head or re.match(r"^\S+:\d+ in ", head)
+    if not in_frame and _module_global(_INDEX.split(head)[0]) is not None:  # not `obj.attr[...]`
+        return GLOBAL
+    return CACHE if keyed else ACCUMULATION
+
+
+def _mib(b: float) -> str:
+    if b >= 1 << 20:
+        return f"{b / (1 << 20):.1f} MiB"
+    if b >= 1 << 10:
+        return f"{b / (1 << 10):.1f} KiB"
+    return f"{b:.0f} B"
+
+
+def fix_for(kind: str, name: str, per_step: float, cycle_types: Sequence[str] = ()) -> str:
+    """The one-line fix for a culprit kind, naming the holder."""
+    size = _mib(per_step)
+    if kind == RETAINED_GRAPH:
+        return (
+            f"`{name}` keeps one autograd graph per step ({size} each): store `loss.item()` for logging, "
+            "or `.detach()` (`.cpu()`) what you keep"
+        )
+    if kind == GRAPH_CHAIN:
+        return (
+            f"`{name}` carries its autograd graph from step to step (+{size}/step): accumulate a number "
+            f"(`{name} += loss.item()`) or detach the state you carry over (`{name} = {name}.detach()`)"
+        )
+    if kind == EXCEPTION:
+        return (
+            f"`{name}` keeps exceptions whose tracebacks hold the frames' tensors (+{size}/step): store "
+            "`repr(e)` / `traceback.format_exc()`, or call `traceback.clear_frames(e.__traceback__)`"
+        )
+    if kind == CYCLE:
+        kinds = ", ".join(cycle_types[:3]) or "objects"
+        return (
+            f"a reference cycle ({kinds}) keeps device tensors until the garbage collector runs "
+            f"(+{size}/step): break it (a `weakref`, or drop the back-reference when done)"
+        )
+    if kind == HOOK:
+        return (
+            f"a hook's closure `{name}` keeps tensors (+{size}/step): keep `.detach().cpu()` copies or a "
+            "bounded number, and call `handle.remove()` when done"
+        )
+    if kind == GROWING_TENSOR:
+        return (
+            f"`{name}` is re-allocated larger every step (+{size}/step, e.g. `torch.cat` onto it): bound it "
+            "(a sliding window, a preallocated buffer) or reset it per sequence"
+        )
+    if kind == GLOBAL:
+        return (
+            f"the module-level `{name}` collects device tensors (+{size}/step): evict entries, store "
+            "`.cpu()` copies, or hold them through `weakref`"
+        )
+    if kind == CACHE:
+        return (
+            f"the cache `{name}` never evicts (+{size}/step): bound it (LRU with a maximum size) or clear it"
+        )
+    if kind == ACCUMULATION:
+        return (
+            f"`{name}` accumulates device tensors every step (+{size}/step): keep numbers (`.item()`), "
+            "`.cpu()` copies, or a running sum instead"
+        )
+    return f"device memory born here is never freed (+{size}/step): find who keeps it with torchmem.holders()"
+
+
+def _main_pattern(paths: Sequence[str]) -> str:
+    """The holder most sampled storages share (a container beats the loop variable of the last step)."""
+    counts: dict[str, int] = {}
+    for p in paths:
+        k = holder_pattern(p)
+        counts[k] = counts.get(k, 0) + 1
+    return max(counts, key=lambda k: (counts[k], "[*]" in k))
+
+
+def attribute(
+    growth: Sequence[SiteGrowth], *, min_bytes_per_step: float = 0.0, total_per_step: float | None = None
+) -> tuple[Culprit, ...]:
+    """Group growing sites by the holder that keeps their memory, classify each group, and give its fix.
+
+    Sites kept by the same holder (``losses[*]`` keeps both the loss and the activations its graph saved)
+    become one culprit, largest first.
+    """
+    groups: dict[str, list[SiteGrowth]] = {}
+    for g in growth:
+        if g.bytes_per_step < min_bytes_per_step:
+            continue
+        key = _main_pattern(g.paths) if g.paths else f"<unheld {g.site}>"
+        groups.setdefault(key, []).append(g)
+    culprits: list[Culprit] = []
+    for key, gs in groups.items():
+        gs.sort(key=lambda g: -g.bytes_per_step)
+        merged = SiteGrowth(
+            site=gs[0].site,
+            bytes_per_step=sum(g.bytes_per_step for g in gs),
+            live_bytes=sum(g.live_bytes for g in gs),
+            storages=sum(g.storages for g in gs),
+            storages_per_step=sum(g.storages_per_step for g in gs),
+            paths=tuple(p for g in gs for p in g.paths),
+            saved_bytes=sum(g.saved_bytes for g in gs),
+            in_cycle=any(g.in_cycle for g in gs),
+            cycle_types=tuple(t for g in gs for t in g.cycle_types),
+        )
+        kind = _kind(merged)
+        holder = next((p for p in merged.paths if holder_pattern(p) == key), None)
+        name = holder_name(holder) if holder else (merged.site or "?")
+        per_step = merged.bytes_per_step
+        graph = per_step * merged.saved_bytes / merged.live_bytes if merged.live_bytes else 0.0
+        culprits.append(
+            Culprit(
+                kind=kind,
+                site=merged.site,
+                sites=tuple((g.site or "?", g.bytes_per_step) for g in gs),
+                holder=holder
+                if holder
+                else (
+                    f"unreachable cycle of {', '.join(merged.cycle_types[:3])}" if merged.in_cycle else None
+                ),
+                bytes=merged.live_bytes,
+                bytes_per_step=per_step,
+                graph_bytes=graph,
+                fix=fix_for(kind, name, per_step, merged.cycle_types),
+            )
+        )
+    culprits.sort(key=lambda c: -c.bytes_per_step)
+    return tuple(culprits)
+
+
+# --------------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LeakReport:
+    """What :func:`torchmem.watch` found.
+
+    Attributes:
+        device: The device watched.
+        source: Where the per-step figure comes from: ``"allocator"`` (the caching allocator's allocated
+            bytes) or ``"ledger"`` (torchmem's exact tensor accounting, used where the device has no
+            allocator statistics, such as the CPU).
+        mode: ``"light"`` or ``"deep"``.
+        steps: Steps seen.
+        warmup: Steps ignored at the start.
+        leaking: Memory grows steadily (as of the last reading).
+        bytes_per_step: Growth per step (0 when not leaking).
+        confidence: 0..1 (see :class:`Growth`).
+        detected_at: The step at which growth was first detected, if ever.
+        stopped_at: The step at which growth detected earlier was no longer seen (a cache that filled up).
+        reason: The detector's verdict in words.
+        culprits: Who makes it grow, largest first (filled once growth is found, or in deep mode).
+        series: ``(step, bytes)`` readings.
+        cycles: Reference cycles holding device tensors found by the scan (type names and bytes).
+        notes: Anything the user should know about the figures (sampling stride, errors in hooks).
+    """
+
+    device: str
+    source: str
+    mode: str
+    steps: int
+    warmup: int
+    leaking: bool
+    bytes_per_step: float
+    confidence: float
+    detected_at: int | None
+    stopped_at: int | None
+    reason: str
+    culprits: tuple[Culprit, ...]
+    series: tuple[tuple[int, int], ...]
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["culprits"] = [c.to_dict() for c in self.culprits]
+        d["series"] = [list(p) for p in self.series]
+        return d
+
+    def __str__(self) -> str:
+        from torchmem.report.leaks import render_leak_report
+
+        return render_leak_report(self)
+
+
+__all__ = [
+    "KINDS",
+    "Culprit",
+    "Growth",
+    "LeakReport",
+    "SiteGrowth",
+    "attribute",
+    "detect_growth",
+    "fix_for",
+    "holder_name",
+    "holder_pattern",
+    "site_growth",
+]

@@ -1,0 +1,645 @@
+"""``torchmem.watch()``: per-step memory monitoring that finds leaks and names them.
+
+Light mode reads one allocator figure at step boundaries (every step, or every other step when a step is so
+short that the read would cost more than 1 % of it). When the figure grows steadily, an *attribution window*
+opens: the exact storage ledger records each new storage's allocation site for a few steps, and the sites
+whose live bytes keep rising are joined to the objects that hold them (:func:`torchmem.holders`), to the
+autograd graphs they belong to and to reference cycles. Deep mode opens such windows periodically even
+without growth. On a device without allocator statistics (the CPU) the ledger is the figure itself, on for
+the whole watch.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from torchmem._errors import TorchmemError
+from torchmem.analysis.leaks import (
+    Culprit,
+    Growth,
+    LeakReport,
+    SiteGrowth,
+    attribute,
+    detect_growth,
+    site_growth,
+)
+from torchmem.devices import Backend, DeviceLike, backend, ledger, resolve
+from torchmem.devices._ledger import Cohort, Site
+
+_log = logging.getLogger("torchmem")
+T = TypeVar("T")
+
+_active: dict[str, Watcher[Any]] = {}
+_active_lock = threading.Lock()
+
+
+class WatchError(TorchmemError):
+    """A watcher cannot start or is used the wrong way (a second watcher on a device, no statistics)."""
+
+
+class LeakWarning(UserWarning):
+    """Emitted once per watcher when memory is found to grow step over step."""
+
+
+class _Window:
+    """An attribution window: a ledger cohort with birth sites, and per-boundary live bytes per site."""
+
+    def __init__(self, device: str | None, opened_at: int, keep: int) -> None:
+        self.stack = ExitStack()
+        led = ledger()
+        self.stack.enter_context(led.enabled())
+        self.cohort: Cohort = led.open_cohort(device, sites=True)
+        self.opened_at = opened_at
+        self.maps: collections.deque[dict[Site | None, tuple[int, int]]] = collections.deque(maxlen=keep)
+        self.boundaries = 0
+
+    def record(self) -> None:
+        self.maps.append(ledger().cohort_site_bytes(self.cohort))
+        self.boundaries += 1
+
+    def close(self) -> None:
+        ledger().close_cohort(self.cohort)
+        self.stack.close()
+
+
+class Watcher(Generic[T]):
+    """Watches device memory across steps; returned by :func:`watch`.
+
+    Use it as an iterable wrapper (``for batch in torchmem.watch(loader)``), as a context manager with
+    :meth:`step`, or with ``optimizer_steps=True`` to count optimizer steps. :meth:`report` can be called at
+    any time, also after the watch ended.
+    """
+
+    def __init__(
+        self,
+        iterable: Iterable[T] | None,
+        device: DeviceLike,
+        mode: str,
+        warmup: int,
+        min_bytes_per_step: int,
+        window: int,
+        every: int,
+        stride: int | None,
+        source: str,
+        optimizer_steps: bool,
+        on_leak: Callable[[LeakReport], Any] | None,
+        warn: bool,
+        max_paths: int,
+    ) -> None:
+        if mode not in ("light", "deep"):
+            raise WatchError(f"mode must be 'light' or 'deep', not {mode!r}.", "Use mode='light' (default).")
+        if source not in ("auto", "allocator", "ledger"):
+            raise WatchError(
+                f"source must be 'auto', 'allocator' or 'ledger', not {source!r}.", "Leave it at 'auto'."
+            )
+        for name, v, lo in (("warmup", warmup, 0), ("window", window, 2), ("every", every, 1)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise WatchError(f"{name} must be an integer >= {lo}, not {v!r}.")
+        if stride is not None and (not isinstance(stride, int) or stride < 1):
+            raise WatchError(f"stride must be a positive integer or None, not {stride!r}.")
+        if min_bytes_per_step <= 0:
+            raise WatchError(f"min_bytes_per_step must be positive, not {min_bytes_per_step!r}.")
+        self._iterable = iterable
+        self._device_spec = device
+        self.mode = mode
+        self.warmup = warmup
+        self.min_bytes_per_step = int(min_bytes_per_step)
+        self._window_len = window
+        self._every = every
+        self._stride_fixed = stride
+        self._source_wanted = source
+        self._optimizer_steps = optimizer_steps
+        self._on_leak = on_leak
+        self._warn = warn
+        self._max_paths = max_paths
+
+        self.device: torch.device | None = None
+        self.source = "n/a"
+        self.steps = 0
+        self._backend: Backend | None = None
+        self._stack: ExitStack | None = None
+        self._started = False
+        self._stopped = False
+        self._thread: int | None = None
+        self._series: list[tuple[int, int]] = []
+        self._stride = 1
+        self._read_cost = 0.0
+        self._last_t: float | None = None
+        self._durations: collections.deque[float] = collections.deque(maxlen=16)
+        self._window: _Window | None = None
+        self._growth: Growth = Growth(False, 0.0, 0.0, "none", 0, "no steps yet")
+        self._detected_at: int | None = None
+        self._stopped_at: int | None = None
+        self._culprits: tuple[Culprit, ...] = ()
+        self._notes: list[str] = []
+        self._errors: set[str] = set()
+        self._warned = False
+        self._hook: Any = None
+        self._attributing = False
+        self._attempted = False
+        self._quiet_until = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def __enter__(self) -> Watcher[T]:
+        self._start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __iter__(self) -> Iterator[T]:
+        if self._iterable is None:
+            raise WatchError(
+                "This watcher wraps no iterable.", "Pass one: `for batch in torchmem.watch(loader): ...`."
+            )
+        self._start()
+        try:
+            first = True
+            for item in self._iterable:
+                if not first:
+                    self.step()
+                first = False
+                yield item
+            if not first:
+                self.step()
+        finally:
+            self.stop()
+
+    def _start(self) -> None:
+        if self._started:
+            raise WatchError(
+                "This watcher was already started.", "Create a new torchmem.watch() for each run."
+            )
+        dev = resolve(self._device_spec)
+        label = str(dev)
+        with _active_lock:
+            other = _active.get(label)
+            if other is not None and not other._stopped:
+                raise WatchError(
+                    f"Another torchmem.watch() is already active on {label}.",
+                    "Use one watcher per device: stop the first (leave its block or loop) before starting "
+                    "another, or call .step() on the one you have.",
+                )
+            _active[label] = self
+        try:
+            self._setup(dev)
+        except BaseException:
+            with _active_lock:
+                if _active.get(label) is self:
+                    del _active[label]
+            raise
+        self._started = True
+
+    def _setup(self, dev: torch.device) -> None:
+        self.device = dev
+        be = backend(dev)
+        self._backend = be
+        self._stack = ExitStack()
+        has_stats = be.hot().allocated is not None
+        if self._source_wanted == "allocator" and not has_stats:
+            raise WatchError(
+                f"{dev} has no allocator statistics to watch.",
+                "Use source='auto' or 'ledger': torchmem then counts tensor storages exactly (costs per op).",
+            )
+        if self._source_wanted == "ledger" or not has_stats:
+            try:
+                self._stack.enter_context(ledger().enabled())
+            except TorchmemError as exc:
+                raise WatchError(
+                    f"{dev} has no memory statistics and no exact tensor accounting: {exc.message}",
+                    "Watch a CUDA/XPU/MPS device, or upgrade torch.",
+                ) from exc
+            self.source = "ledger"
+        else:
+            self.source = "allocator"
+        self._thread = threading.get_ident()
+        # What one reading costs, to choose a sampling stride that keeps light mode under 1 % of a step.
+        t0 = time.perf_counter()
+        for _ in range(5):
+            self._read()
+        self._read_cost = (time.perf_counter() - t0) / 5
+        if self._optimizer_steps:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+
+            self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._last_t = time.perf_counter()
+
+    def stop(self) -> None:
+        """End the watch (idempotent): remove hooks, close attribution windows, turn the ledger off."""
+        if self._stopped or not self._started:
+            self._stopped = True
+            return
+        self._stopped = True
+        try:
+            if self._hook is not None:
+                self._hook.remove()
+                self._hook = None
+            if self._window is not None:
+                self._close_window()
+            if self._stack is not None:
+                self._stack.close()
+        finally:
+            with _active_lock:
+                label = str(self.device)
+                if _active.get(label) is self:
+                    del _active[label]
+
+    def _on_optimizer_step(self, *_args: Any, **_kwargs: Any) -> None:
+        if threading.get_ident() == self._thread:
+            self.step()
+
+    # -- the per-step work -----------------------------------------------------------------------
+    def _read(self) -> int:
+        if self.source == "ledger":
+            return ledger().current(str(self.device))
+        assert self._backend is not None
+        v = self._backend.hot().allocated
+        return int(v) if v is not None else 0
+
+    def step(self) -> None:
+        """Mark the end of one step. Never raises: an internal error is reported once and the step goes on."""
+        if not self._started:
+            raise WatchError("step() before the watch started.", "Use `with torchmem.watch() as w:`.")
+        if self._stopped:
+            return
+        self.steps += 1
+        try:
+            self._step()
+        except Exception as exc:  # never break the user's loop
+            self._report_error("step", exc)
+
+    def _step(self) -> None:
+        n = self.steps
+        now = time.perf_counter()
+        if self._last_t is not None:
+            self._durations.append(now - self._last_t)
+        self._last_t = now
+        if n == self.warmup + 1 and self._stride_fixed is None and self._durations:
+            step_time = sorted(self._durations)[len(self._durations) // 2]
+            if self.source == "allocator" and self._read_cost > 0.01 * step_time:
+                self._stride = 2
+                self._notes.append(
+                    f"a step takes {step_time * 1e6:.0f} µs and a reading {self._read_cost * 1e6:.1f} µs: "
+                    "reading every 2nd step"
+                )
+        elif self._stride_fixed is not None:
+            self._stride = self._stride_fixed
+        win = self._window
+        if win is not None:
+            win.record()
+        if n % self._stride and win is None:
+            return
+        value = self._read()
+        self._series.append((n, value))
+        if n <= self.warmup:
+            if n == self.warmup and self._wants_window_from_start():
+                self._open_window(n)
+            return
+        post = [(s, v) for s, v in self._series[-64:] if s > self.warmup]
+        if len(post) < 2:
+            return
+        steps = [s for s, _ in post]
+        values = [v for _, v in post]
+        self._growth = detect_growth(steps, values, min_bytes_per_step=self.min_bytes_per_step)
+        if self._growth.leaking:
+            if self._detected_at is None:
+                self._detected_at = n
+            self._stopped_at = None
+        elif self._detected_at is not None and self._stopped_at is None and self._flat(values):
+            self._stopped_at = n
+        # Attribution windows.
+        deep_due = self.mode == "deep" and n % self._every == 0
+        if win is None:
+            suspect = n >= self._quiet_until and self._suspicious(steps, values)
+            if (self._growth.leaking and not self._attempted) or deep_due or suspect:
+                self._open_window(n)
+        else:
+            ready = win.boundaries >= self._window_len + 1
+            if ready and ((self._growth.leaking and not self._attempted) or deep_due):
+                self._attribute(win)
+            # A window costs a dispatch per op where the ledger is not on anyway: close it once it has served
+            # (attributed, or the suspicion was not confirmed). With the ledger as the figure it slides on.
+            if ready and self.source != "ledger" and (self._attempted or not self._growth.leaking):
+                if not self._attempted:
+                    self._quiet_until = n + self._every  # an unconfirmed suspicion: no new window for a while
+                self._close_window()
+        if self._growth.leaking and self._attempted and not self._warned:
+            self._announce()
+
+    def _wants_window_from_start(self) -> bool:
+        # With the ledger on anyway (CPU), sites cost little more: record them from the end of the warm-up.
+        return self.source == "ledger"
+
+    def _suspicious(self, steps: list[int], values: list[int]) -> bool:
+        if len(values) < 3:
+            return False
+        gap = steps[-1] - steps[-3]
+        return (
+            values[-1] - values[-2] > 0
+            and values[-2] - values[-3] > 0
+            and (values[-1] - values[-3] >= self.min_bytes_per_step * gap)
+        )
+
+    def _flat(self, values: list[int]) -> bool:
+        k = 5
+        if len(values) < k:
+            return False
+        tail = values[-k:]
+        return max(tail) - min(tail) < self.min_bytes_per_step * (k - 1) / 2
+
+    def _open_window(self, n: int) -> None:
+        dev = str(self.device)
+        self._window = _Window(dev, n, self._window_len + 1)
+        self._window.record()
+
+    def _close_window(self) -> None:
+        win, self._window = self._window, None
+        if win is not None:
+            win.close()
+
+    # -- attribution -----------------------------------------------------------------------------
+    def _attribute(self, win: _Window) -> None:
+        if self._attributing:
+            return
+        self._attributing = True
+        try:
+            self._attempted = True
+            self._culprits = self._find_culprits(win)
+        except Exception as exc:
+            self._report_error("attribution", exc)
+        finally:
+            self._attributing = False
+
+    def _find_culprits(self, win: _Window) -> tuple[Culprit, ...]:
+        from torchmem.actions._survivors import holders_of_storages
+
+        growth = site_growth(list(win.maps))
+        if not growth:
+            return ()
+        top = sorted(growth.items(), key=lambda kv: -kv[1][0])[:8]
+        wanted = {site for site, _ in top}
+        entries = ledger().cohort_entries(win.cohort)
+        by_site: dict[Site | None, list[tuple[Any, int]]] = {}
+        for storage, nbytes, site in entries:
+            if site in wanted:
+                by_site.setdefault(site, []).append((storage, nbytes))
+        entries.clear()
+        # Reference cycles first: what only the garbage collector frees has no holder path.
+        keys = {s._cdata for lst in by_site.values() for s, _ in lst}
+        cyclic = _cycle_scan(keys)
+        facts: list[SiteGrowth] = []
+        samples: list[Any] = []
+        sample_meta: list[tuple[Site | None, int]] = []
+        for site, (per_step, count_per_step) in top:
+            lst = by_site.get(site, [])  # oldest first: the newest may be held by a loop variable
+            live = sum(nb for _, nb in lst)
+            cyc = [s for s, _ in lst if s._cdata in cyclic]
+            if cyc:
+                facts.append(
+                    SiteGrowth(
+                        str(site) if site else None,
+                        per_step,
+                        live,
+                        len(lst),
+                        count_per_step,
+                        (),
+                        in_cycle=True,
+                        cycle_types=cyclic[cyc[0]._cdata],
+                    )
+                )
+                continue
+            for s, nb in lst[:3]:
+                if s._cdata not in cyclic:
+                    samples.append(s)
+                    sample_meta.append((site, nb))
+        by_site.clear()
+        paths = holders_of_storages(samples, max_paths=self._max_paths) if samples else []
+        samples.clear()
+        grouped: dict[Site | None, list[tuple[int, tuple[str, ...]]]] = {}
+        for (site, nb), p in zip(sample_meta, paths):
+            grouped.setdefault(site, []).append((nb, p))
+        for site, (per_step, count_per_step) in top:
+            if site not in grouped:
+                continue
+            rows = grouped[site]
+            all_paths = tuple(dict.fromkeys(p for _, ps in rows for p in ps))
+            sampled = sum(nb for nb, _ in rows)
+            saved = sum(nb for nb, ps in rows if any("saved tensor of" in p for p in ps))
+            live_site = win.maps[-1].get(site, (0, 0))[0] if win.maps else sampled
+            facts.append(
+                SiteGrowth(
+                    str(site) if site else None,
+                    per_step,
+                    live_site,
+                    len(rows),
+                    count_per_step,
+                    all_paths,
+                    saved_bytes=int(live_site * saved / sampled) if sampled else 0,
+                )
+            )
+        return attribute(facts, min_bytes_per_step=self.min_bytes_per_step / 4)
+
+    # -- reporting -------------------------------------------------------------------------------
+    def _announce(self) -> None:
+        self._warned = True
+        rep = self.report()
+        top = rep.culprits[0] if rep.culprits else None
+        msg = f"torchmem: device memory grows by {rep.bytes_per_step / 2**20:.2f} MiB/step on {rep.device}"
+        if top is not None:
+            msg += f"; {top.site or '?'} held by {top.holder or '?'}: {top.fix}"
+        _log.warning(msg)
+        if self._warn:
+            try:
+                warnings.warn(msg, LeakWarning, stacklevel=4)
+            except Exception as exc:  # warnings configured as errors: never break the step
+                self._report_error("warning", exc)
+        if self._on_leak is not None:
+            try:
+                self._on_leak(rep)
+            except Exception as exc:
+                self._report_error("on_leak callback", exc)
+
+    def _report_error(self, where: str, exc: BaseException) -> None:
+        if where in self._errors:
+            return
+        self._errors.add(where)
+        note = f"internal error in {where} ({type(exc).__name__}: {exc}); the step went on"
+        self._notes.append(note)
+        _log.warning("torchmem.watch: %s", note)
+
+    @property
+    def leaking(self) -> bool:
+        """Whether memory grows steadily as of the last reading."""
+        return self._growth.leaking
+
+    def report(self) -> LeakReport:
+        """The current verdict, culprits and readings (a frozen :class:`LeakReport`)."""
+        if self.steps == 0:
+            reason = "no steps were recorded (the loop ran 0 times, or step() was never called)"
+        elif self.steps <= self.warmup:
+            reason = f"{self.steps} step(s), all within the {self.warmup}-step warm-up: not enough to judge"
+        else:
+            reason = self._growth.reason
+        notes = list(self._notes)
+        if self.source == "ledger":
+            notes.append(
+                "figures: torchmem's exact tensor accounting (this device has no allocator statistics)"
+            )
+        return LeakReport(
+            device=str(self.device) if self.device is not None else "n/a",
+            source=self.source,
+            mode=self.mode,
+            steps=self.steps,
+            warmup=self.warmup,
+            leaking=self._growth.leaking,
+            bytes_per_step=self._growth.bytes_per_step,
+            confidence=self._growth.confidence,
+            detected_at=self._detected_at,
+            stopped_at=self._stopped_at,
+            reason=reason,
+            culprits=self._culprits,
+            series=tuple(self._series),
+            notes=tuple(notes),
+        )
+
+
+def _cycle_scan(keys: set[int]) -> dict[int, tuple[str, ...]]:
+    """Storages among ``keys`` that only unreachable reference cycles hold, with the types that hold them.
+
+    One ``gc.collect()`` with ``DEBUG_SAVEALL`` set for its duration only (the user's gc flags are restored
+    right after), so the unreachable objects can be inspected; they are then released and collected as the
+    garbage collector would have done.
+    """
+    if not keys:
+        return {}
+    old = gc.get_debug()
+    n0 = len(gc.garbage)
+    gc.set_debug(old | gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+    finally:
+        gc.set_debug(old)
+    garbage = gc.garbage[n0:]
+    del gc.garbage[n0:]
+    found: dict[int, tuple[str, ...]] = {}
+    if garbage:
+        targets: dict[int, int] = {}  # id(tensor) -> storage key
+        for o in garbage:
+            if isinstance(o, torch.Tensor):
+                try:
+                    k = o.untyped_storage()._cdata
+                except (RuntimeError, NotImplementedError):
+                    continue
+                if k in keys:
+                    targets[id(o)] = k
+        if targets:
+            # Who in the cycle refers to each tensor: an object directly, or through its (inline) __dict__.
+            owners: dict[int, list[Any]] = {}
+            for o in garbage:
+                if isinstance(o, torch.Tensor):
+                    continue
+                for r in gc.get_referents(o):
+                    k = targets.get(id(r))
+                    if k is not None:
+                        owners.setdefault(k, []).append(o)
+                    elif type(r) is dict and not isinstance(o, dict):
+                        for v in r.values():
+                            k2 = targets.get(id(v))
+                            if k2 is not None:
+                                owners.setdefault(k2, []).append(o)
+            holders: dict[int, list[str]] = {}
+            for k, objs in owners.items():
+                for o in objs:
+                    if isinstance(o, dict):  # a materialised __dict__: name the object that owns it
+                        o = next((g for g in garbage if getattr(g, "__dict__", None) is o), o)
+                    holders.setdefault(k, []).append(type(o).__name__)
+                objs.clear()
+            for k in targets.values():
+                found[k] = tuple(dict.fromkeys(holders.get(k, ["objects"])))
+        garbage.clear()
+        gc.collect()
+    return found
+
+
+def watch(
+    iterable: Iterable[T] | None = None,
+    *,
+    device: DeviceLike = None,
+    mode: str = "light",
+    warmup: int = 3,
+    min_bytes_per_step: int = 256 * 1024,
+    window: int = 4,
+    every: int = 64,
+    stride: int | None = None,
+    source: str = "auto",
+    optimizer_steps: bool = False,
+    on_leak: Callable[[LeakReport], Any] | None = None,
+    warn: bool = True,
+    max_paths: int = 3,
+) -> Watcher[T]:
+    """Watch device memory step by step; find steady growth and name the allocation site and holder.
+
+    Args:
+        iterable: Wrap it: each item is one step (``for batch in torchmem.watch(loader): ...``). Without it,
+            use the watcher as a context manager and call ``.step()``, or pass ``optimizer_steps=True``.
+        device: The device to watch (default: the current accelerator, else the CPU).
+        mode: ``"light"``: one cheap reading per step boundary, attribution only once memory grows;
+            ``"deep"``: also an attribution window every ``every`` steps.
+        warmup: Steps ignored by the detector (optimizer state, lazily built buffers, workspaces).
+        min_bytes_per_step: Smallest growth per step reported as a leak.
+        window: Steps an attribution window records allocation sites for.
+        every: In deep mode, steps between attribution windows.
+        stride: Read every ``stride``-th step; ``None`` chooses 1, or 2 when a step is shorter than 100
+            readings (detection still within 10 steps after the warm-up).
+        source: ``"auto"``; ``"allocator"`` (fail where the device has no allocator statistics) or
+            ``"ledger"`` (torchmem's exact accounting, slower per op).
+        optimizer_steps: Count a step at every ``optimizer.step()`` of any optimizer (on this thread).
+        on_leak: Called once with the :class:`LeakReport` when a leak is found and attributed.
+        warn: Emit one :class:`LeakWarning` when a leak is found (it is also logged to ``"torchmem"``).
+        max_paths: Holder paths kept per culprit storage.
+
+    Returns:
+        A :class:`Watcher`; ``.report()`` gives the :class:`LeakReport`.
+
+    Raises:
+        WatchError: bad arguments, another watcher active on the device, or a device with no statistics
+            and no exact accounting.
+
+    Example:
+        >>> import torch, torchmem
+        >>> model = torch.nn.Linear(256, 256)
+        >>> losses = []
+        >>> for x in torchmem.watch([torch.randn(64, 256) for _ in range(12)], device="cpu", warn=False):
+        ...     loss = model(x).square().mean()
+        ...     loss.backward()
+        ...     losses.append(loss)        # keeps each step's graph: a leak
+        >>> # the report names `losses` and the line of `model(x)`; see docs/leaks.md
+    """
+    return Watcher(
+        iterable,
+        device,
+        mode,
+        warmup,
+        min_bytes_per_step,
+        window,
+        every,
+        stride,
+        source,
+        optimizer_steps,
+        on_leak,
+        warn,
+        max_paths,
+    )
+
+
+__all__ = ["LeakWarning", "WatchError", "Watcher", "watch"]
