@@ -1472,7 +1472,7 @@ def _pinned(pinned: Sequence[PinnedTensor], f: _Figures) -> Cause | None:
         held,
         "high" if big else "medium",
         fixes,
-        score=9.0 if big else 4.5,
+        score=9.5 if big else 4.5,
     )
 
 
