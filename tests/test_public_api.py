@@ -16,6 +16,24 @@ import pytest
 import torchmem
 
 EXPECTED_ALL = {
+    "OOMGuard",
+    "OOMRecovery",
+    "install",
+    "oom_guard",
+    "uninstall",
+    "Budget",
+    "BudgetExceededError",
+    "Limit",
+    "LimitError",
+    "WorkingSetEntry",
+    "budget",
+    "limit",
+    "Culprit",
+    "LeakReport",
+    "LeakWarning",
+    "WatchError",
+    "Watcher",
+    "watch",
     "Breakdown",
     "BreakdownRow",
     "CpuTracking",
@@ -56,6 +74,12 @@ EXPECTED_ALL = {
 }
 
 PUBLIC_FUNCTIONS = [
+    "budget",
+    "install",
+    "limit",
+    "oom_guard",
+    "uninstall",
+    "watch",
     "counters",
     "cpu_tracking",
     "find_holders",
@@ -69,6 +93,8 @@ PUBLIC_FUNCTIONS = [
 ]
 
 ERRORS = [
+    "LimitError",
+    "WatchError",
     "DeviceError",
     "ReleaseError",
     "ReleasedError",
@@ -128,6 +154,12 @@ def test_public_classes_have_docstrings(name: str) -> None:
     obj = getattr(torchmem, name)
     assert inspect.isclass(obj)
     assert (obj.__doc__ or "").strip(), f"{name} has no docstring"
+
+
+def test_budget_error_is_a_torchmem_error_with_its_figures() -> None:
+    err = torchmem.BudgetExceededError("cpu", 1024, 4096, 8192, False, ())
+    assert isinstance(err, torchmem.TorchmemError)
+    assert err.used == 4096 and err.budget == 1024 and err.message and err.hint
 
 
 @pytest.mark.parametrize("name", ERRORS)

@@ -457,7 +457,7 @@ class Watcher(Generic[T]):
         msg = f"torchmem: device memory grows by {rep.bytes_per_step / 2**20:.2f} MiB/step on {rep.device}"
         if top is not None:
             msg += f"; {top.site or '?'} held by {top.holder or '?'}: {top.fix}"
-        _log.warning(msg)
+        _log.info(msg)
         if self._warn:
             try:
                 warnings.warn(msg, LeakWarning, stacklevel=4)
@@ -605,7 +605,8 @@ def watch(
             ``"ledger"`` (torchmem's exact accounting, slower per op).
         optimizer_steps: Count a step at every ``optimizer.step()`` of any optimizer (on this thread).
         on_leak: Called once with the :class:`LeakReport` when a leak is found and attributed.
-        warn: Emit one :class:`LeakWarning` when a leak is found (it is also logged to ``"torchmem"``).
+        warn: Emit one :class:`LeakWarning` when a leak is found (it is always logged to the
+            ``"torchmem"`` logger at INFO level).
         max_paths: Holder paths kept per culprit storage.
 
     Returns:
@@ -617,13 +618,16 @@ def watch(
 
     Example:
         >>> import torch, torchmem
-        >>> model = torch.nn.Linear(256, 256)
+        >>> model = torch.nn.Linear(512, 512)
         >>> losses = []
-        >>> for x in torchmem.watch([torch.randn(64, 256) for _ in range(12)], device="cpu", warn=False):
-        ...     loss = model(x).square().mean()
-        ...     loss.backward()
-        ...     losses.append(loss)        # keeps each step's graph: a leak
-        >>> # the report names `losses` and the line of `model(x)`; see docs/leaks.md
+        >>> w = torchmem.watch(range(12), device="cpu", warn=False)
+        >>> for step in w:     # validation without no_grad(), keeping the loss tensors and their graphs
+        ...     losses.append(model(torch.randn(256, 512)).square().mean())
+        >>> r = w.report()
+        >>> r.leaking, r.culprits[0].kind, r.culprits[0].holder
+        (True, 'retained_graph', '...losses[...')
+        >>> print(r.culprits[0].fix)
+        `losses` keeps one autograd graph per step (...): store `loss.item()` for logging, or ...
     """
     return Watcher(
         iterable,
