@@ -1362,7 +1362,7 @@ def _working_set(
     for it in items:
         if it.kind:
             by_kind[it.kind] = by_kind.get(it.kind, 0) + it.bytes
-    if own_room is not None and r is not None and need + f.tol >= own_room * 0.97:
+    if own_room is not None and r is not None and need + f.tol >= own_room:
         conf, score = "high", 9.0
     elif share is None:
         conf, score = "low", 2.0
