@@ -1178,7 +1178,8 @@ def _fragmentation(
             "max_split_size_mb",
             str(n),
             f"Stop the allocator from splitting blocks of {n} MiB or more, so blocks that large stay whole "
-            f"for requests like this {fmt_bytes(r)} one.",
+            f"for requests like this {fmt_bytes(r)} one (an alternative to expandable_segments, which "
+            "ignores it: use one or the other).",
         )
         if ms is not None:
             fixes.append(ms)

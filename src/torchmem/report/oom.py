@@ -49,7 +49,13 @@ def field_lines(p: ParsedOOM) -> list[tuple[str, str, str]]:
         rows.append(("message format", p.format, _FORMATS.get(p.format, "")))
     if p.device_index is not None:
         rows.append(("GPU", str(p.device_index), "the device index as this process numbers it"))
-    add("requested", p.requested, "the single allocation that failed (before rounding)")
+    add(
+        "requested",
+        p.requested,
+        "the block the allocator tried to get: the tensor's size rounded up (to 2 MiB; 20 MiB under 10 MiB)"
+        if p.source == "allocator"
+        else "the single allocation that failed",
+    )
     add("device total", p.device_total, "the device's memory in all")
     add("device free", p.device_free, "free on the device, all processes, when the request failed")
     add(
@@ -105,7 +111,7 @@ def render_fields(p: ParsedOOM) -> str:
     if not rows:
         return ""
     w1 = max(len(r[0]) for r in rows)
-    w2 = max(len(r[1]) for r in rows)
+    w2 = max((len(r[1]) for r in rows if len(r[1]) <= 16), default=8)
     return "\n".join(f"  {a:<{w1}}  {b:>{w2}}  {c}" for a, b, c in rows)
 
 
