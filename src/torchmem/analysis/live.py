@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,6 +33,8 @@ class LiveTensor:
     name: str | None  # parameter/buffer path, or what autograd saved it for
     holder: str | None  # shortest readable holder path
     views: int  # Python tensors sharing the storage
+    layout: str = "strided"  # "sparse_coo", "sparse_csr", ...: the storage is one part of a sparse tensor
+    part: str | None = None  # which part of a sparse tensor: "values", "indices", "crow_indices", ...
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,6 +56,12 @@ class LiveTensorReport:
             rounding, tensors only C++ code holds). Never hidden; ``None`` where ``allocated`` is unknown.
         rounding: Part of ``unexplained`` that is the allocator's 512-byte block rounding (CUDA).
         truncated: The holder search hit a limit (some ``holder`` fields are ``None``).
+        unreadable: Live tensors on the device whose memory torchmem cannot read (a layout without a
+            storage it knows, e.g. MKL-DNN), one line per layout with a count. They are not in ``total``:
+            their bytes stay in ``unexplained``.
+
+    Sparse tensors (COO, CSR, CSC, BSR, BSC) are counted by their parts: one entry per storage of their
+    indices and values, with ``layout`` and ``part`` set, the sparse tensor's shape, and its holder.
     """
 
     device: str
@@ -65,6 +73,7 @@ class LiveTensorReport:
     unexplained: int | None = None
     rounding: int | None = None
     truncated: bool = False
+    unreadable: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,7 +84,11 @@ class LiveTensorReport:
         return render_live(self)
 
 
-def _saved_tensors(fn: Any) -> Iterator[tuple[str, torch.Tensor]]:
+def saved_tensors(fn: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors one autograd node saved for backward, as ``(attribute, tensor)``.
+
+    Reading a saved tensor runs the unpack hook of any ``saved_tensors_hooks`` it was saved under.
+    """
     for attr in dir(fn):
         if attr.startswith("_saved_") and not attr.startswith("_saved_raw"):
             try:
@@ -90,10 +103,91 @@ def _saved_tensors(fn: Any) -> Iterator[tuple[str, torch.Tensor]]:
                         yield f"{attr}[{i}]", x
 
 
+def graph_tensors(roots: Iterable[torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor the autograd graphs of ``roots`` keep alive, as ``(what holds it, tensor)``.
+
+    Walks each root's ``grad_fn`` through ``next_functions``: the tensors every node saved for backward
+    (``MmBackward0._saved_self``) and the leaves ``AccumulateGrad`` nodes hold (``AccumulateGrad.variable``).
+    Each node is visited once across all roots.
+
+    Example:
+        >>> import torch
+        >>> w = torch.randn(4, 4, requires_grad=True)
+        >>> out = (torch.randn(2, 4) @ w).relu().sum()
+        >>> sorted({name.split(".")[0] for name, _ in graph_tensors([out])})
+        ['AccumulateGrad', 'MmBackward0', 'ReluBackward0']
+    """
+    seen: set[int] = set()
+    for root in roots:
+        fn = root.grad_fn
+        stack = [fn] if fn is not None else []
+        while stack:
+            f = stack.pop()
+            if f is None or id(f) in seen:
+                continue
+            seen.add(id(f))
+            node = type(f).__name__
+            for attr, v in saved_tensors(f):
+                yield f"{node}.{attr}", v
+            leaf = getattr(f, "variable", None)
+            if isinstance(leaf, torch.Tensor):
+                yield f"{node}.variable", leaf
+            for nxt, _ in getattr(f, "next_functions", ()):
+                if nxt is not None:
+                    stack.append(nxt)
+
+
+# The dense tensors a sparse tensor is made of, by layout: (part name, accessor).
+_SPARSE_PARTS: dict[Any, tuple[tuple[str, str], ...]] = {
+    torch.sparse_coo: (("indices", "_indices"), ("values", "_values")),
+    torch.sparse_csr: (
+        ("crow_indices", "crow_indices"),
+        ("col_indices", "col_indices"),
+        ("values", "values"),
+    ),
+    torch.sparse_bsr: (
+        ("crow_indices", "crow_indices"),
+        ("col_indices", "col_indices"),
+        ("values", "values"),
+    ),
+    torch.sparse_csc: (
+        ("ccol_indices", "ccol_indices"),
+        ("row_indices", "row_indices"),
+        ("values", "values"),
+    ),
+    torch.sparse_bsc: (
+        ("ccol_indices", "ccol_indices"),
+        ("row_indices", "row_indices"),
+        ("values", "values"),
+    ),
+}
+
+
+def tensor_parts(t: torch.Tensor) -> list[tuple[str | None, torch.Tensor, int]] | None:
+    """The storages behind ``t`` as ``(part, dense tensor, storage key)``; ``None`` where none is readable.
+
+    A strided tensor is one part (``part`` is ``None``); a sparse tensor is its indices and values.
+    """
+    parts = _SPARSE_PARTS.get(t.layout)
+    if parts is None:
+        k = _storage_key(t)
+        return None if k is None else [(None, t, k)]
+    out: list[tuple[str | None, torch.Tensor, int]] = []
+    for part, accessor in parts:
+        try:
+            dense = getattr(t, accessor)()
+        except (RuntimeError, NotImplementedError, AttributeError):
+            continue
+        k = _storage_key(dense)
+        if k is not None:
+            out.append((part, dense, k))
+    return out or None
+
+
 def _storage_key(t: torch.Tensor) -> int | None:
     try:
         return int(t.untyped_storage()._cdata)
-    except (RuntimeError, NotImplementedError):
+    except (RuntimeError, NotImplementedError, TypeError):
         return None
 
 
@@ -112,20 +206,24 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         elif issubclass(kind, opt_type):
             optimizers.append(o)
 
-    # storage key -> [representative tensor, category, name, views]
+    # storage key -> [tensor the program holds, category, name, views, dense part, part name]
     store: dict[int, list[Any]] = {}
+    unreadable: dict[str, set[int]] = {}  # layout -> ids of live tensors whose memory cannot be read
 
-    def note(t: torch.Tensor, category: str, name: Any) -> None:
+    def note(t: torch.Tensor, category: str, name: Any) -> list[int]:
         if t.device != device:
-            return
-        k = _storage_key(t)
-        if k is None:
-            return
-        e = store.get(k)
-        if e is None:
-            store[k] = [t, category, name, 0]
-        elif _PRECEDENCE.index(category) < _PRECEDENCE.index(e[1]):
-            e[1], e[2] = category, name
+            return []
+        parts = tensor_parts(t)
+        if parts is None:
+            unreadable.setdefault(str(t.layout).replace("torch.", ""), set()).add(id(t))
+            return []
+        for part, dense, k in parts:
+            e = store.get(k)
+            if e is None:
+                store[k] = [t, category, name, 0, dense, part]
+            elif _PRECEDENCE.index(category) < _PRECEDENCE.index(e[1]):
+                e[1], e[2] = category, name
+        return [k for _, _, k in parts]
 
     # Names and roles from modules and optimizers first, then every tensor object.
     child_ids = {id(c) for m in modules for c in m.children()}
@@ -133,20 +231,14 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     module_of: dict[int, int] = {}  # storage key -> index of root module
     for ri, m in enumerate(roots):
         for name, p in m.named_parameters(remove_duplicate=True):
-            note(p, PARAMETER, (ri, name))
-            k = _storage_key(p)
-            if k is not None:
+            for k in note(p, PARAMETER, (ri, name)):
                 module_of.setdefault(k, ri)
             if p.grad is not None:
-                note(p.grad, GRADIENT, (ri, f"{name}.grad"))
-                kg = _storage_key(p.grad)
-                if kg is not None:
-                    module_of.setdefault(kg, ri)
+                for k in note(p.grad, GRADIENT, (ri, f"{name}.grad")):
+                    module_of.setdefault(k, ri)
         for name, b in m.named_buffers(remove_duplicate=True):
-            note(b, BUFFER, (ri, name))
-            kb = _storage_key(b)
-            if kb is not None:
-                module_of.setdefault(kb, ri)
+            for k in note(b, BUFFER, (ri, name)):
+                module_of.setdefault(k, ri)
     for opt in optimizers:
         for state in list(opt.state.values()):
             if isinstance(state, dict):
@@ -159,24 +251,17 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         else:
             note(t, OTHER, None)
     # Tensors only autograd holds: walk every graph reachable from a live tensor.
-    seen_fn: set[int] = set()
-    for t in tensors:
-        fn = t.grad_fn
-        stack = [fn] if fn is not None else []
-        while stack:
-            f = stack.pop()
-            if f is None or id(f) in seen_fn:
-                continue
-            seen_fn.add(id(f))
-            for attr, v in _saved_tensors(f):
-                note(v, SAVED, f"{type(f).__name__}.{attr}")
-            for nxt, _ in getattr(f, "next_functions", ()):
-                if nxt is not None:
-                    stack.append(nxt)
+    for what, v in graph_tensors(tensors):
+        if what.endswith(".variable"):  # a leaf: the program's own tensor, noted above if it is alive
+            note(v, PARAMETER if isinstance(v, torch.nn.Parameter) else OTHER, None)
+        else:
+            note(v, SAVED, what)
     for tv in tensors:  # count views per storage
-        k = _storage_key(tv) if tv.device == device else None
-        if k is not None and k in store:
-            store[k][3] += 1
+        if tv.device != device:
+            continue
+        for _, _, k in tensor_parts(tv) or ():
+            if k in store:
+                store[k][3] += 1
 
     holders: list[str | None] = [None] * len(store)
     truncated = False
@@ -184,17 +269,29 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     if with_holders and entries:
         from torchmem.analysis.holders import find_holders
 
-        targets = [e[0] for e in entries] + roots
+        # One target per Python tensor: the parts of a sparse tensor share their holder.
+        index: dict[int, int] = {}
+        targets: list[Any] = []
+        for e in entries:
+            if id(e[0]) not in index:
+                index[id(e[0])] = len(targets)
+                targets.append(e[0])
+        n_targets = len(targets)
+        targets += roots
         search = find_holders(
-            targets, max_paths=1, time_limit=5.0, exclude=[tensors, modules, optimizers, store]
+            targets,
+            max_paths=1,
+            time_limit=5.0,
+            exclude=[tensors, modules, optimizers, store, targets, entries],
         )
         # One path per tensor is all we ask for: hitting max_paths is success, not truncation.
         limits = {r.strip() for r in (search.reason or "").split(",") if r.strip()} - {"max_paths"}
         truncated = search.truncated and bool(limits)
-        holders = [str(p[0]) if p else None for p in search.paths[: len(entries)]]
-        root_names = [
-            str(p[0]) if p else type(m).__name__ for p, m in zip(search.paths[len(entries) :], roots)
-        ]
+        found = [str(p[0]) if p else None for p in search.paths[:n_targets]]
+        holders = [found[index[id(e[0])]] for e in entries]
+        root_names = [str(p[0]) if p else type(m).__name__ for p, m in zip(search.paths[n_targets:], roots)]
+        targets.clear()
+        index.clear()
     else:
         root_names = [type(m).__name__ for m in roots]
 
@@ -203,13 +300,24 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     by_module: dict[str, int] = {}
     rounding = 0
     for (k, e), holder in zip(store.items(), holders):
-        t, category, name, views = e
+        t, category, name, views, dense, part = e
         if isinstance(name, tuple):
             name = f"{root_names[name[0]]}.{name[1]}"
-        nbytes = int(t.untyped_storage().nbytes())
+        layout = str(t.layout).replace("torch.", "")
+        if part is not None:  # a part of a sparse tensor: say so in the name people read
+            name = f"{name} ({layout} {part})" if name else f"{layout} {part}"
+        nbytes = int(dense.untyped_storage().nbytes())
         out.append(
             LiveTensor(
-                nbytes, tuple(t.shape), str(t.dtype).replace("torch.", ""), category, name, holder, views
+                nbytes,
+                tuple(t.shape),
+                str(dense.dtype).replace("torch.", ""),
+                category,
+                name,
+                holder,
+                views,
+                layout,
+                part,
             )
         )
         by_category[category] += nbytes
@@ -222,6 +330,7 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     total = sum(x.bytes for x in out)
     tensors.clear()
     store.clear()
+    entries.clear()
     return LiveTensorReport(
         device=str(device),
         tensors=tuple(out),
@@ -232,4 +341,8 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         unexplained=None if allocated is None else allocated - total,
         rounding=rounding if device.type == "cuda" else None,
         truncated=truncated,
+        unreadable=tuple(
+            f"{len(ids)} {layout} tensor(s): memory not readable, not counted in total"
+            for layout, ids in sorted(unreadable.items())
+        ),
     )

@@ -1,0 +1,91 @@
+"""live_tensors() on the CPU: sparse tensors are counted by their parts, unreadable ones are listed."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import torchmem
+from torchmem.analysis.live import graph_tensors
+
+
+def _parts_bytes(*ts: torch.Tensor) -> int:
+    return sum(t.untyped_storage().nbytes() for t in ts)
+
+
+def test_a_sparse_tensor_is_counted_and_reconciles_with_the_ledger() -> None:
+    with torchmem.cpu_tracking() as cpu:
+        indices = torch.tensor([[0, 1, 2, 3], [3, 2, 1, 0]])
+        values = torch.randn(4)
+        sp = torch.sparse_coo_tensor(indices, values, (4, 4), check_invariants=True)
+        expected = _parts_bytes(indices, values)
+        del indices, values  # only the sparse tensor holds them now
+        report = torchmem.live_tensors("cpu")
+        assert report.allocated == cpu.allocated == expected
+        assert report.total >= cpu.allocated and report.unexplained is not None and report.unexplained <= 0
+    parts = {t.part: t for t in report.tensors if t.layout == "sparse_coo"}
+    assert set(parts) == {"indices", "values"}
+    assert parts["indices"].bytes == 4 * 2 * 8 and parts["values"].bytes == 4 * 4
+    assert parts["values"].shape == (4, 4) and parts["values"].dtype == "float32"
+    assert parts["indices"].dtype == "int64"
+    assert parts["values"].holder is not None and "sp" in parts["values"].holder
+    assert parts["values"].name == "sparse_coo values"
+    assert report.by_category["other"] >= expected
+    assert "sparse_coo values" in str(report)
+    del sp
+
+
+def test_a_sparse_gradient_is_a_gradient_of_its_module() -> None:
+    emb = torch.nn.Embedding(1000, 64, sparse=True)
+    emb(torch.tensor([1, 2, 2, 7])).sum().backward()
+    grad = emb.weight.grad
+    assert grad is not None and grad.layout == torch.sparse_coo
+    report = torchmem.live_tensors("cpu", holders=False)
+    grads = [t for t in report.tensors if t.category == "gradient" and t.layout == "sparse_coo"]
+    assert {t.part for t in grads} == {"indices", "values"}
+    assert sum(t.bytes for t in grads) == _parts_bytes(grad._indices(), grad._values())
+    assert all(t.name is not None and "weight.grad" in t.name for t in grads)
+    module_bytes = sum(n for m, n in report.by_module.items() if "Embedding" in m or "emb" in m)
+    assert module_bytes >= 1000 * 64 * 4 + sum(t.bytes for t in grads)
+
+
+def test_compressed_sparse_layouts_are_counted_by_their_parts() -> None:
+    dense = torch.eye(16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "sparse CSR support is in beta"
+        csr = dense.to_sparse_csr()
+        csc = dense.to_sparse_csc()
+    report = torchmem.live_tensors("cpu", holders=False)
+    csr_parts = {t.part: t.bytes for t in report.tensors if t.layout == "sparse_csr"}
+    csc_parts = {t.part: t.bytes for t in report.tensors if t.layout == "sparse_csc"}
+    assert csr_parts == {
+        "crow_indices": csr.crow_indices().untyped_storage().nbytes(),
+        "col_indices": csr.col_indices().untyped_storage().nbytes(),
+        "values": csr.values().untyped_storage().nbytes(),
+    }
+    assert set(csc_parts) == {"ccol_indices", "row_indices", "values"}
+    assert sum(csc_parts.values()) == _parts_bytes(csc.ccol_indices(), csc.row_indices(), csc.values())
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs MKL-DNN")
+def test_tensors_whose_memory_cannot_be_read_are_listed_not_dropped() -> None:
+    opaque = torch.randn(8, 8).to_mkldnn()
+    report = torchmem.live_tensors("cpu", holders=False)
+    assert any("_mkldnn" in line and "not counted" in line for line in report.unreadable)
+    assert tuple(report.to_dict()["unreadable"]) == report.unreadable
+    del opaque
+
+
+def test_graph_tensors_finds_saved_tensors_and_leaves() -> None:
+    w = torch.randn(4, 4, requires_grad=True)
+    x = torch.randn(2, 4)
+    out = (x @ w).relu().sum()
+    found = list(graph_tensors([out, out]))  # each node once, even from two roots
+    names = [n for n, _ in found]
+    assert len(names) == len(set(names))
+    assert any(n.startswith("MmBackward0._saved_self") and t is not None for n, t in found)
+    assert any(n == "AccumulateGrad.variable" and t is w for n, t in found)
+    saved_x = [t for n, t in found if n == "MmBackward0._saved_self"]
+    assert saved_x and saved_x[0].untyped_storage()._cdata == x.untyped_storage()._cdata
