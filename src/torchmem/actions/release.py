@@ -434,7 +434,7 @@ def _apply(
             if by_role.get(role):
                 verb = f"moved to {off_dev}" if off_dev is not None else "emptied"
                 actions.append(f"{verb}: {by_role[role]} {role} tensor(s)")
-    _mark_released(plan, off_dev, actions)
+    _mark_released(plan, off_dev, actions, work)
 
 
 def _empty(
@@ -467,22 +467,42 @@ def _empty(
             by_role[pt.role] = by_role.get(pt.role, 0) + 1
 
 
-def _mark_released(plan: ReleasePlan, off_dev: torch.device | None, actions: list[str]) -> None:
-    if off_dev is None:
-        for name, m in plan.modules:
-            if getattr(m, "_torchmem_shared", False):
-                object.__delattr__(m, "_torchmem_shared")
-                continue
-            if not getattr(m, _RELEASED_ATTR, False):
-                m.register_forward_pre_hook(_raise_released(f"Module {name!r} ({type(m).__name__})"))
-                object.__setattr__(m, _RELEASED_ATTR, True)
-        for name, opt in plan.optimizers:
-            opt.state.clear()
-            if not getattr(opt, _RELEASED_ATTR, False) and hasattr(opt, "register_step_pre_hook"):
-                opt.register_step_pre_hook(_raise_released(f"Optimizer {name!r} ({type(opt).__name__})"))
-                setattr(opt, _RELEASED_ATTR, True)
-        if plan.optimizers:
-            actions.append(f"cleared the state of {len(plan.optimizers)} optimizer(s)")
+def _mark_released(
+    plan: ReleasePlan, off_dev: torch.device | None, actions: list[str], emptied: list[PlannedTensor]
+) -> None:
+    """Make the emptied modules and optimizers raise ``ReleasedError`` on their next use.
+
+    Only those that had a tensor emptied: a module or optimizer whose tensors were all skipped (on another
+    device than ``device=``, meta tensors, shared with an unreleased model) holds everything it had and
+    keeps working.
+    """
+    if off_dev is not None:
+        return
+    gone = {id(pt.tensor) for pt in emptied}
+    owners = {id(pt.owner) for pt in emptied if pt.owner is not None}
+    # "model.fc.weight" was emptied: "model" and "model.fc" had a tensor emptied.
+    prefixes = {pt.name[:i] for pt in emptied for i, ch in enumerate(pt.name) if ch in ".["}
+    for name, m in plan.modules:
+        if getattr(m, "_torchmem_shared", False):
+            object.__delattr__(m, "_torchmem_shared")
+            continue
+        if name not in prefixes and not any(id(t) in gone for t in [*m.parameters(), *m.buffers()]):
+            continue
+        if not getattr(m, _RELEASED_ATTR, False):
+            m.register_forward_pre_hook(_raise_released(f"Module {name!r} ({type(m).__name__})"))
+            object.__setattr__(m, _RELEASED_ATTR, True)
+    cleared = 0
+    for name, opt in plan.optimizers:
+        params = (p for g in opt.param_groups for p in g["params"])
+        if id(opt) not in owners and not any(id(p) in gone for p in params):
+            continue
+        opt.state.clear()
+        cleared += 1
+        if not getattr(opt, _RELEASED_ATTR, False) and hasattr(opt, "register_step_pre_hook"):
+            opt.register_step_pre_hook(_raise_released(f"Optimizer {name!r} ({type(opt).__name__})"))
+            setattr(opt, _RELEASED_ATTR, True)
+    if cleared:
+        actions.append(f"cleared the state of {cleared} optimizer(s)")
 
 
 def _holds_tensor_on(obj: Any, devices: set[str], depth: int = 3) -> bool:
