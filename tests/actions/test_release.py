@@ -243,8 +243,9 @@ def test_scope_reports_what_outlives_the_block() -> None:
         del tmp
     r = sc.report
     assert r is not None
-    assert r.survived_bytes == 64 * 64 * 4 * 1 + 64 * 64 * 4  # w (not kept) and history[0]
-    assert r.kept_bytes == out.untyped_storage().nbytes()
+    # history[0] only: w is saved by the kept output's graph, so it counts as kept
+    assert r.survived_bytes == 64 * 64 * 4
+    assert r.kept_bytes == out.untyped_storage().nbytes() + w.untyped_storage().nbytes()
     assert any("history" in p for s in r.survivors for p in s.paths)
     assert "still alive" in str(r)
 
@@ -340,3 +341,42 @@ def test_a_submodule_shared_with_an_unreleased_model_is_kept() -> None:
     assert b[0].weight.shape == (4, 4) and a[2].weight.numel() == 0
     assert {r.name for r in report.remaining} == {"a.0.weight", "a.0.bias"}
     b(torch.ones(2, 4))  # still works, no ReleasedError
+
+
+def test_modules_and_optimizers_with_nothing_released_are_not_marked() -> None:
+    # Two devices on a CPU-only machine: `cpu` is released, the meta model holds nothing on it.
+    torch.manual_seed(0)
+    real = torch.nn.Linear(8, 8)
+    real_opt = torch.optim.SGD(real.parameters(), lr=0.1, momentum=0.9)
+    real(torch.ones(2, 8)).sum().backward()
+    real_opt.step()
+    other = torch.nn.Sequential(torch.nn.Linear(8, 8, device="meta"), torch.nn.ReLU())
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.1, momentum=0.9)
+    other(torch.ones(2, 8, device="meta")).sum().backward()
+    other_opt.step()
+    assert len(other_opt.state) == 2
+
+    report = torchmem.release(real, real_opt, other, other_opt, device="cpu")
+    assert report.errors == ()
+    assert real.weight.numel() == 0
+    # What held nothing on the released device keeps working, state included.
+    other(torch.ones(2, 8, device="meta")).sum().backward()
+    assert len(other_opt.state) == 2
+    other_opt.step()
+    assert "cleared the state of 1 optimizer(s)" in report.actions
+    # What was emptied raises the clear error.
+    with pytest.raises(ReleasedError):
+        real(torch.ones(2, 8))
+    with pytest.raises(ReleasedError):
+        real_opt.step()
+
+
+def test_a_parent_whose_tensors_live_in_children_is_marked() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    relu: torch.nn.Module = model[1]
+    torchmem.release(model)
+    with pytest.raises(ReleasedError):
+        model(torch.ones(1, 4))
+    with pytest.raises(ReleasedError):
+        model[0](torch.ones(1, 4))
+    assert relu(torch.ones(1, 4)).shape == (1, 4)  # it held nothing and still works

@@ -3,19 +3,25 @@
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import TracebackType
 from typing import Any
+
+import torch
 
 from torchmem._errors import TrackingError
 from torchmem.actions._survivors import holders_of_storages
 from torchmem.actions.release import Remaining
+from torchmem.analysis.live import graph_tensors, tensor_parts
 from torchmem.analysis.release_plan import plan_release
 from torchmem.devices import _ops as ops
 from torchmem.devices import ledger
 from torchmem.devices._ledger import Cohort
+
+_log = logging.getLogger("torchmem")
 
 
 @dataclass(frozen=True)
@@ -24,11 +30,16 @@ class ScopeReport:
 
     Attributes:
         born_bytes: Bytes of tensor storages created inside the block.
-        kept_bytes: Bytes still alive that belong to objects passed to :meth:`Scope.keep`.
+        kept_bytes: Bytes still alive that belong to objects passed to :meth:`Scope.keep` — their tensors,
+            and the tensors their autograd graphs saved for backward.
         survived_bytes: Bytes still alive that were *not* kept — each listed in ``survivors`` with holders.
         collected: Objects ``gc.collect()`` found unreachable at the end of the block.
         survivors: The storages that outlived the block without being kept.
         seconds: Time spent in the end-of-block work.
+        devices: Every device the block allocated on (whether or not anything survived there); each was
+            synchronised and its cache emptied.
+        errors: End-of-block steps that failed (the block's own exception, if any, is never caught); the
+            figures of the other steps are still given.
     """
 
     born_bytes: int
@@ -37,6 +48,8 @@ class ScopeReport:
     collected: int
     survivors: tuple[Remaining, ...]
     seconds: float
+    devices: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,6 +64,7 @@ class ScopeReport:
         for r in self.survivors:
             lines.append(f"  {r.name} ({fmt_bytes(r.bytes)} on {r.device})")
             lines += [f"    held by {p}" for p in r.paths] or ["    held by no path torchmem can name"]
+        lines += [f"  error: {e}" for e in self.errors]
         return "\n".join(lines)
 
 
@@ -67,6 +81,9 @@ class Scope:
     def keep(self, *objs: Any) -> Any:
         """Mark objects as the block's results: their tensors are expected to outlive it.
 
+        What a kept tensor's autograd graph saved for backward (and the leaves it accumulates into) counts
+        as kept too: ``sc.keep(loss)`` keeps the activations ``loss.backward()`` will need.
+
         Returns the single object passed (or the tuple), so ``out = sc.keep(model(x))`` reads naturally.
         """
         self._kept.extend(objs)
@@ -75,53 +92,117 @@ class Scope:
     def __enter__(self) -> Scope:
         if self._stack is not None:
             raise TrackingError("This scope() is already open.", "Use a new torchmem.scope() for each block.")
-        self._stack = ExitStack()
-        led = self._stack.enter_context(ledger().enabled())
+        stack = ExitStack()
+        led = stack.enter_context(ledger().enabled())
         self._cohort = led.open_cohort(None)
+        self._stack = stack
+        self.report = None
         return self
 
     def __exit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
         t0 = time.perf_counter()
+        stack, self._stack = self._stack, None
+        cohort, self._cohort = self._cohort, None
+        if stack is None or cohort is None:
+            raise TrackingError(
+                "scope() exited without being entered.", "Use it as `with torchmem.scope():`."
+            )
+        errors: list[str] = []
+        try:
+            self.report = self._finish(cohort, errors, t0)
+        except Exception as exc:  # a step without its own guard: the ledger still goes off below
+            errors.append(_failed("the end-of-block work", exc))
+            self.report = ScopeReport(
+                cohort.born_bytes, 0, 0, 0, (), time.perf_counter() - t0, _names(cohort), tuple(errors)
+            )
+        finally:
+            self._kept.clear()
+            ledger().close_cohort(cohort)
+            try:
+                stack.close()
+            except Exception as exc:
+                errors.append(_failed("turning the ledger off", exc))
+        if self.report is not None and len(errors) > len(self.report.errors):
+            self.report = replace(self.report, errors=tuple(errors))
+        # Returns None: the block's own exception, if any, propagates unchanged.
+
+    def _finish(self, cohort: Cohort, errors: list[str], t0: float) -> ScopeReport:
         led = ledger()
-        cohort = self._cohort
-        assert cohort is not None and self._stack is not None
-        collected = gc.collect()
+        collected = 0
+        try:
+            collected = gc.collect()
+        except Exception as exc:
+            errors.append(_failed("gc.collect()", exc))
         led.close_cohort(cohort)
-        devices = {s.device for s in led.cohort_storages(cohort)}
         kept_keys: set[int] = set()
         if self._kept:
-            plan = plan_release(self._kept)
-            for pt in plan.tensors.values():
-                try:
-                    kept_keys.add(pt.tensor.untyped_storage()._cdata)
-                except (RuntimeError, NotImplementedError):
-                    continue
+            try:
+                _kept_storages(self._kept, kept_keys)
+            except Exception as exc:
+                errors.append(_failed("finding the tensors of the kept objects", exc))
         alive = led.cohort_storages(cohort)
         kept = [s for s in alive if s._cdata in kept_keys]
         loose = [s for s in alive if s._cdata not in kept_keys]
-        survivors: list[Remaining] = []
-        paths = holders_of_storages(loose, max_paths=self._max_paths)
-        for s, p in zip(loose, paths):
-            survivors.append(Remaining(_describe(s), str(s.device), int(s.nbytes()), "not kept", p))
-        for d in devices:
-            ops.synchronize(d)
-            ops.empty_cache(d)
-        self.report = ScopeReport(
+        alive.clear()
+        paths: list[tuple[str, ...]] = []
+        try:
+            paths = holders_of_storages(loose, max_paths=self._max_paths)
+        except Exception as exc:
+            errors.append(_failed("the holder search", exc))
+        paths += [()] * (len(loose) - len(paths))
+        survivors = [
+            Remaining(_describe(s), str(s.device), int(s.nbytes()), "not kept", p)
+            for s, p in zip(loose, paths)
+        ]
+        kept_bytes = sum(int(s.nbytes()) for s in kept)
+        kept.clear()
+        loose.clear()
+        # Every device the block allocated on, including those where nothing survived.
+        for label in _names(cohort):
+            try:
+                d = torch.device(label)
+                ops.synchronize(d)
+                ops.empty_cache(d)
+            except Exception as exc:
+                errors.append(_failed(f"emptying the cache of {label}", exc))
+        return ScopeReport(
             born_bytes=cohort.born_bytes,
-            kept_bytes=sum(int(s.nbytes()) for s in kept),
+            kept_bytes=kept_bytes,
             survived_bytes=sum(r.bytes for r in survivors),
             collected=collected,
             survivors=tuple(survivors),
             seconds=time.perf_counter() - t0,
+            devices=_names(cohort),
+            errors=tuple(errors),
         )
-        alive.clear()
-        kept.clear()
-        loose.clear()
-        self._kept.clear()
-        stack, self._stack = self._stack, None
-        stack.close()
+
+
+def _names(cohort: Cohort) -> tuple[str, ...]:
+    return tuple(sorted(cohort.devices))
+
+
+def _failed(step: str, exc: BaseException) -> str:
+    msg = f"{step} failed: {type(exc).__name__}: {exc}"
+    _log.warning("torchmem.scope(): %s", msg)
+    return msg
+
+
+def _kept_storages(kept: list[Any], keys: set[int]) -> None:
+    """Storage keys of every tensor the kept objects hold, and of what their autograd graphs hold."""
+    plan = plan_release(kept)
+    roots: list[torch.Tensor] = []
+    for pt in plan.tensors.values():
+        for _, _, key in tensor_parts(pt.tensor) or ():
+            keys.add(key)
+        if pt.tensor.grad_fn is not None:
+            roots.append(pt.tensor)
+    plan.tensors.clear()
+    for _, t in graph_tensors(roots):
+        for _, _, key in tensor_parts(t) or ():
+            keys.add(key)
+    roots.clear()
 
 
 def _describe(storage: Any) -> str:
@@ -133,9 +214,11 @@ def scope(*, max_paths: int = 4) -> Scope:
 
     At the end of the block torchmem collects garbage once (cycles included) and empties the cache of every
     device the block allocated on; every tensor storage created inside that is still alive and does not
-    belong to an object passed to :meth:`Scope.keep` is listed in ``report.survivors`` with the paths of
-    whoever holds it — the list you append losses to, a cache, a global. Counting uses the exact storage
-    ledger (~15 µs per op inside the block, see docs/release.md).
+    belong to an object passed to :meth:`Scope.keep` (or to the autograd graph of a kept tensor) is listed in
+    ``report.survivors`` with the paths of whoever holds it — the list you append losses to, a cache, a
+    global. Counting uses the exact storage ledger (~15 µs per op inside the block, see docs/release.md).
+    The end-of-block work never raises into the program: a step that fails is listed in ``report.errors``,
+    the ledger is turned off regardless, and an exception raised by the block itself propagates unchanged.
 
     Example:
         >>> import torch, torchmem
