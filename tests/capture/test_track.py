@@ -323,3 +323,56 @@ def test_reset_peak_cpu() -> None:
         torchmem.reset_peak(torch.device("cpu"))
         assert torchmem.counters("cpu").peak_allocated == MiB
         del a
+
+
+def test_a_decorator_shared_by_two_threads_gives_each_call_its_own_result() -> None:
+    import threading
+
+    tracker = torchmem.track("cpu")
+    kept: dict[str, torch.Tensor] = {}
+    results: dict[str, object] = {}
+    errors: list[BaseException] = []
+    a_allocated, b_allocated, a_done = threading.Event(), threading.Event(), threading.Event()
+
+    @tracker
+    def work(name: str, nbytes: int, signal: threading.Event, wait_for: threading.Event) -> None:
+        kept[name] = _floats(nbytes)  # outlives the call
+        signal.set()
+        assert wait_for.wait(10), "the other thread never got there"
+
+    def thread_a() -> None:
+        try:
+            work("a", 4096, a_allocated, b_allocated)  # still open while b enters and allocates
+            results["a"] = tracker.result
+            results["a stack"] = torch._C._len_torch_dispatch_stack()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            a_done.set()
+
+    def thread_b() -> None:
+        try:
+            assert a_allocated.wait(10)
+            work("b", 12288, b_allocated, a_done)  # exits after a exited
+            results["b"] = tracker.result
+            results["b stack"] = torch._C._len_torch_dispatch_stack()
+        except BaseException as exc:
+            errors.append(exc)
+            b_allocated.set()
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    a, b = results["a"], results["b"]
+    assert isinstance(a, torchmem.TrackResult) and isinstance(b, torchmem.TrackResult)
+    # Each call's result is built from its own entry: b entered after a's 4096 bytes existed.
+    assert a.allocated_before == 0 and b.allocated_before == 4096
+    # Storages are counted per device: a's block saw both allocations, b's only its own.
+    assert (a.born, a.survived) == (4096 + 12288, 4096 + 12288)
+    assert (b.born, b.survived) == (12288, 12288)
+    assert tracker.results == [a, b] and tracker.result is b
+    assert results["a stack"] == 0 and results["b stack"] == 0  # each thread's dispatch mode was removed
+    assert not ledger().active

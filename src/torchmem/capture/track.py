@@ -79,6 +79,11 @@ class Tracker:
     After a block ends, :attr:`result` holds its :class:`TrackResult`, and the attributes ``delta``,
     ``peak``, ``survived`` ... read through to it. Used as a decorator, each call is one block and
     :attr:`results` keeps every call's result.
+
+    One tracker may be used by several threads at once (a decorated function called from a thread pool):
+    each thread has its own stack of open blocks, so each call's result is built from its own entry
+    figures. Device figures (allocated, peak, survivors) are the device's, not the thread's: blocks that
+    run at the same time see each other's allocations.
     """
 
     def __init__(
@@ -94,9 +99,23 @@ class Tracker:
         self._survivors = survivors
         self._peak = peak
         self._on_exit = on_exit
-        self._frames: list[_Frame] = []
-        self.result: TrackResult | None = None
+        self._local = threading.local()  # per thread: the open blocks, the last result
+        self._lock = threading.Lock()
+        self._last: TrackResult | None = None
         self.results: list[TrackResult] = []
+
+    @property
+    def _frames(self) -> list[_Frame]:
+        frames: list[_Frame] | None = getattr(self._local, "frames", None)
+        if frames is None:
+            frames = self._local.frames = []
+        return frames
+
+    @property
+    def result(self) -> TrackResult | None:
+        """The result of the block that ended last on this thread (else on any thread); ``None`` before."""
+        mine: TrackResult | None = getattr(self._local, "result", None)
+        return mine if mine is not None else self._last
 
     # -- result read-through -------------------------------------------------------------------
     def _res(self) -> TrackResult:
@@ -196,8 +215,10 @@ class Tracker:
             survived_tensors=count,
             seconds=seconds,
         )
-        self.result = result
-        self.results.append(result)
+        self._local.result = result
+        with self._lock:
+            self._last = result
+            self.results.append(result)
         if self._on_exit is not None:
             self._on_exit(result)
 
