@@ -6,6 +6,7 @@ device or changes an object, so every rule is testable with plain data.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -112,13 +113,15 @@ def detect_growth(
     Two tests, either is enough:
 
     - **steady**: each of the last ``steady_samples`` readings rose by at least ``min_bytes_per_step`` per
-      step, and the rises agree (each within 0.5x..2x of their median) — what a leak looks like on exact
-      counters, found within ``steady_samples`` readings;
-    - **robust**: over the last ``window`` readings (at least 9), the Theil–Sen slope is at least
-      ``min_bytes_per_step``, the floor (minimum) of each third of the window is higher than the previous
+      step, the rises agree (each within 0.8x..1.25x of their median) and the last reading is a new high
+      above every earlier one — what a leak looks like on exact counters, found within ``steady_samples``
+      readings;
+    - **robust**: over the last ``window`` readings (at least 16), the Theil–Sen slope is at least
+      ``min_bytes_per_step``, the floor (minimum) of each quarter of the window is higher than the previous
       one by at least half of what that slope predicts, and the total rise is above three times the noise
-      (median absolute deviation around the trend) — a leak under noisy figures (dynamic shapes, periodic
-      work).
+      (median absolute deviation around the trend), and the Mann–Kendall trend test is significant
+      (z > 4.5) — a leak under noisy figures (dynamic shapes, periodic work); growth that stopped for a
+      quarter of the window is not a leak any more.
 
     One-time jumps (optimizer state, lazily built buffers, workspaces), a bounded cache that stopped growing,
     periodic spikes and noise fail both tests.
@@ -143,7 +146,10 @@ def detect_growth(
         rates = [(ty[i + 1] - ty[i]) / (tx[i + 1] - tx[i]) for i in range(k - 1) if tx[i + 1] > tx[i]]
         if len(rates) == k - 1:
             med = _median(rates)
-            if med >= min_bytes_per_step and all(0.5 * med <= r <= 2.0 * med for r in rates):
+            agree = all(0.8 * med <= r <= 1.25 * med for r in rates)
+            # ... and reach a new high: noise that happens to rise five times stays below its earlier peaks.
+            new_high = n == k or ty[-1] >= max(ys[:-k]) + med * (tx[-1] - tx[-2])
+            if med >= min_bytes_per_step and agree and new_high:
                 return Growth(
                     True,
                     med,
@@ -152,34 +158,33 @@ def detect_growth(
                     n,
                     f"grew by {med:.0f} B/step on each of the last {k - 1} readings",
                 )
-    if n < 9:
+    if n < 16:
         return Growth(False, 0.0, 0.0, "none", n, f"{n} readings after warm-up, no steady growth yet")
-    # Cheap pre-check: the last reading must be above the first third's floor by the minimum rate.
-    third = n // 3
-    f1 = min(ys[:third])
-    if ys[-1] - f1 < min_bytes_per_step * (xs[-1] - xs[0]) / 2:
+    # Cheap pre-check: the last reading must be above the first quarter's floor by the minimum rate.
+    q = n // 4
+    bounds = [0, q, 2 * q, 3 * q, n]
+    floors = [min(ys[bounds[i] : bounds[i + 1]]) for i in range(4)]
+    if ys[-1] - floors[0] < min_bytes_per_step * (xs[-1] - xs[0]) / 2:
         return Growth(False, 0.0, _concordance(xs, ys), "none", n, "no growth over the window")
     slope = _theil_sen(xs, ys)
-    f2 = min(ys[third : 2 * third])
-    f3 = min(ys[2 * third :])
-    span = (xs[-1] - xs[0]) / 3
+    span = (xs[-1] - xs[0]) / 4
     trend = [ys[i] - slope * (xs[i] - xs[0]) for i in range(n)]
     mid = _median(trend)
     noise = _median([abs(t - mid) for t in trend])
     conf = _concordance(xs, ys)
-    if (
-        slope >= min_bytes_per_step
-        and f2 - f1 >= 0.5 * slope * span
-        and f3 - f2 >= 0.5 * slope * span
-        and f3 - f1 > 3 * noise
-    ):
+    rising = all(floors[i + 1] - floors[i] >= 0.5 * slope * span for i in range(3))
+    # Mann–Kendall: the upward trend must be significant (z > 4.5, p < 4e-6 one-sided), so that noise read
+    # at every step of a long run does not fire by chance.
+    s_stat = conf * n * (n - 1) / 2
+    z = (s_stat - 1) / math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    if slope >= min_bytes_per_step and rising and floors[3] - floors[0] > 3 * noise and z > 4.5:
         return Growth(
             True,
             slope,
             conf,
             "robust",
             n,
-            f"the floor rose in each third of the last {n} readings, {slope:.0f} B/step (Theil–Sen)",
+            f"the floor rose in each quarter of the last {n} readings, {slope:.0f} B/step (Theil–Sen)",
         )
     return Growth(False, 0.0, conf, "none", n, "no sustained growth")
 
@@ -275,6 +280,11 @@ _LOCAL = re.compile(r"local '([^']+)'")
 _CLOSURE = re.compile(r"closure '([^']+)'")
 
 
+def _cut(path: str) -> str:
+    """The path up to the holder: autograd hops (``.grad_fn ->``, ``saved tensor of``) removed."""
+    return path.split(".grad_fn")[0].split(" -> saved tensor")[0]
+
+
 def holder_pattern(path: str) -> str:
     """The holder a path goes through, with item indices generalised and autograd hops cut.
 
@@ -284,24 +294,28 @@ def holder_pattern(path: str) -> str:
         >>> holder_pattern("train.py:40 in run(), local 'cache'['k3']")
         "train.py:40 in run(), local 'cache'[*]"
     """
-    head = path.split(" -> ")[0]
-    if ".grad_fn" in head:
-        head = head.split(".grad_fn")[0]
-    return _INDEX.sub("[*]", head)
+    return _INDEX.sub("[*]", _cut(path))
 
 
 def holder_name(path: str) -> str:
-    """The variable a person would recognise in a holder path (``losses``, ``acts``, ``self.cache``)."""
-    m = _CLOSURE.search(path)
-    if m:
-        return m.group(1)
-    head = path.split(" -> ")[0].split(".grad_fn")[0]
-    m = _LOCAL.search(head)
-    if m:
-        rest = head[m.end() :]
-        attrs = re.match(r"((?:\.[A-Za-z_]\w*)*)", rest)
+    """The variable a person would recognise in a holder path (``losses``, ``acts``, ``trainer.cache``).
+
+    Example:
+        >>> holder_name("train.py:40 in run(), local 'trainer'.cache['k3']")
+        'trainer.cache'
+        >>> holder_name("__main__.model._forward_hooks[0] -> closure 'acts'[3]")
+        'acts'
+    """
+    head = _cut(path)
+    closures = _CLOSURE.findall(head)
+    if closures:
+        return str(closures[-1])
+    locals_ = list(_LOCAL.finditer(head))
+    if locals_:
+        m = locals_[-1]
+        attrs = re.match(r"((?:\.[A-Za-z_]\w*)*)", head[m.end() :])
         return m.group(1) + (attrs.group(1) if attrs else "")
-    head = _INDEX.split(head)[0]
+    head = _INDEX.split(head.split(" -> ")[0])[0]
     glob = _module_global(head)
     if glob is not None:
         return glob
@@ -335,7 +349,7 @@ def _kind(g: SiteGrowth) -> str:
         return RETAINED_GRAPH
     if g.storages_per_step < 0.5 and g.bytes_per_step > 0:
         return GROWING_TENSOR
-    indexed = [p.split(" -> ")[0] for p in paths if _INDEX.search(p.split(" -> ")[0])]
+    indexed = [_cut(p) for p in paths if _INDEX.search(_cut(p))]
     if not indexed:
         return UNKNOWN
     head = indexed[0]

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from typing import Any, Generic, TypeVar
@@ -39,7 +40,8 @@ from torchmem.devices._ledger import Cohort, Site
 _log = logging.getLogger("torchmem")
 T = TypeVar("T")
 
-_active: dict[str, Watcher[Any]] = {}
+# Active watchers per device; weak, so the registry never keeps a watcher (or what it wraps) alive.
+_active: weakref.WeakValueDictionary[str, Watcher[Any]] = weakref.WeakValueDictionary()
 _active_lock = threading.Lock()
 
 
@@ -162,16 +164,19 @@ class Watcher(Generic[T]):
             raise WatchError(
                 "This watcher wraps no iterable.", "Pass one: `for batch in torchmem.watch(loader): ...`."
             )
+        it = iter(self._iterable)
         self._start()
         try:
             first = True
-            for item in self._iterable:
+            while True:
                 if not first:
-                    self.step()
+                    self.step()  # the body of the previous item is done: a step boundary
                 first = False
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
                 yield item
-            if not first:
-                self.step()
         finally:
             self.stop()
 
@@ -447,7 +452,9 @@ class Watcher(Generic[T]):
                     saved_bytes=int(live_site * saved / sampled) if sampled else 0,
                 )
             )
-        return attribute(facts, min_bytes_per_step=self.min_bytes_per_step / 4)
+        # A leak's culprits are a fair share of it; deep mode lists every site that keeps growing.
+        floor = self.min_bytes_per_step / 4 if self._growth.leaking else 4096
+        return attribute(facts, min_bytes_per_step=min(floor, self.min_bytes_per_step / 4))
 
     # -- reporting -------------------------------------------------------------------------------
     def _announce(self) -> None:
