@@ -16,6 +16,14 @@ import pytest
 import torchmem
 
 EXPECTED_ALL = {
+    "Cause",
+    "Fix",
+    "OOMDiagnosis",
+    "is_oom",
+    "OOMInputError",
+    "OOMObserver",
+    "attach_oom_observer",
+    "explain_oom",
     "OOMGuard",
     "OOMRecovery",
     "install",
@@ -74,6 +82,9 @@ EXPECTED_ALL = {
 }
 
 PUBLIC_FUNCTIONS = [
+    "attach_oom_observer",
+    "explain_oom",
+    "is_oom",
     "budget",
     "install",
     "limit",
@@ -93,6 +104,7 @@ PUBLIC_FUNCTIONS = [
 ]
 
 ERRORS = [
+    "OOMInputError",
     "LimitError",
     "WatchError",
     "DeviceError",

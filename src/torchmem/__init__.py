@@ -43,8 +43,10 @@ from torchmem.actions.scope import Scope, ScopeReport, scope
 from torchmem.analysis.holders import HolderPath, HolderSearch, find_holders, holders
 from torchmem.analysis.leaks import Culprit, LeakReport
 from torchmem.analysis.live import LiveTensor, LiveTensorReport
+from torchmem.analysis.oom import Cause, Fix, OOMDiagnosis, is_oom
 from torchmem.analysis.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
 from torchmem.capture.cpu import CpuTracking, cpu_tracking
+from torchmem.capture.oom import OOMInputError, OOMObserver, attach_oom_observer, explain_oom
 from torchmem.capture.read import counters, live_tensors, reset_peak, stats
 from torchmem.capture.track import Tracker, TrackResult, track
 from torchmem.capture.watch import LeakWarning, Watcher, WatchError, watch
@@ -57,12 +59,14 @@ __all__ = [
     "BreakdownRow",
     "Budget",
     "BudgetExceededError",
+    "Cause",
     "CpuTracking",
     "Culprit",
     "DeviceError",
     "DeviceFigures",
     "DeviceIndexError",
     "DeviceUnavailableError",
+    "Fix",
     "HolderPath",
     "HolderSearch",
     "HotReading",
@@ -73,7 +77,10 @@ __all__ = [
     "LiveTensor",
     "LiveTensorReport",
     "MemoryStats",
+    "OOMDiagnosis",
     "OOMGuard",
+    "OOMInputError",
+    "OOMObserver",
     "OOMRecovery",
     "ProcessMemory",
     "ReleaseError",
@@ -92,12 +99,15 @@ __all__ = [
     "Watcher",
     "WorkingSetEntry",
     "__version__",
+    "attach_oom_observer",
     "budget",
     "counters",
     "cpu_tracking",
+    "explain_oom",
     "find_holders",
     "holders",
     "install",
+    "is_oom",
     "limit",
     "live_tensors",
     "oom_guard",

@@ -537,10 +537,13 @@ def is_oom(exc_or_message: BaseException | str) -> bool:
     """True when an exception (or its cause/context chain), or a text, reports running out of memory.
 
     Example:
-        >>> is_oom("HIP out of memory. Tried to allocate 20.00 MiB")
+        >>> import torch, torchmem
+        >>> torchmem.is_oom("HIP out of memory. Tried to allocate 20.00 MiB")
         True
-        >>> is_oom(ValueError("CUDA out of memory"))
+        >>> torchmem.is_oom(ValueError("CUDA out of memory"))   # a foreign type: not an OOM by type
         False
+        >>> torchmem.is_oom(RuntimeError("wrapper").with_traceback(None)) is False
+        True
     """
     if isinstance(exc_or_message, str):
         p = parse_oom_message(exc_or_message)

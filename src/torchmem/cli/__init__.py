@@ -11,9 +11,10 @@ import sys
 from collections.abc import Sequence
 
 from torchmem._errors import TorchmemError
+from torchmem.cli import explain as explain_cmd
 from torchmem.cli import stats as stats_cmd
 
-_COMMANDS = {"stats": stats_cmd}
+_COMMANDS = {"stats": stats_cmd, "explain": explain_cmd}
 
 
 def _parser() -> argparse.ArgumentParser:
