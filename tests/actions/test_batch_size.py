@@ -1,0 +1,299 @@
+"""find_batch_size() on real models on the CPU, with real out-of-memory errors from torchmem.limit()."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import torchmem
+from torchmem.actions.batch_size import (
+    BatchSizeError,
+    BatchSizeResult,
+    FitArgumentError,
+    find_batch_size,
+    is_oom,
+)
+from torchmem.actions.limit import limit
+from torchmem.devices import ledger
+
+CAP = 24 << 20
+
+
+def _mlp(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(64, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    )
+
+
+def _train_step(model: torch.nn.Module) -> Callable[[int], None]:
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step(bs: int) -> None:
+        x = torch.randn(bs, 64)
+        loss = torch.nn.functional.cross_entropy(model(x), torch.randint(0, 10, (bs,)))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _true_max(step: Callable[[int], None], hi: int = 1 << 15) -> int:
+    """The largest size that runs, by bisection with real OOMs (the reference, many trials)."""
+
+    def ok(b: int) -> bool:
+        try:
+            step(b)
+            return True
+        except torch.OutOfMemoryError:
+            return False
+
+    lo = 0
+    top = 1
+    while top <= hi and ok(top):
+        lo, top = top, top * 2
+    while top - lo > 1:
+        mid = (lo + top) // 2
+        if ok(mid):
+            lo = mid
+        else:
+            top = mid
+    return lo
+
+
+def _fits(step: Callable[[int], None], b: int) -> bool:
+    try:
+        step(b)
+        return True
+    except torch.OutOfMemoryError:
+        return False
+
+
+def test_finds_the_true_maximum_within_5_percent_in_few_trials() -> None:
+    step = _train_step(_mlp())
+    with limit(CAP, "cpu"):
+        step(4)  # optimizer state exists, as in a real loop
+        r = find_batch_size(step, device="cpu", margin=0.0)
+        truth = _true_max(step)
+    assert isinstance(r, BatchSizeResult)
+    assert truth > 100
+    assert 0.95 * truth <= r.batch_size <= truth
+    assert len(r.trials) <= 6
+    assert r.trials[-1].batch_size in {t.batch_size for t in r.trials}
+    assert all(t.peak is not None for t in r.trials if t.ok)
+    assert r.capacity == CAP
+    assert r.metric == "ledger"
+    d = r.to_dict()
+    assert d["batch_size"] == r.batch_size and d["num_trials"] == len(r.trials)
+    text = str(r)
+    assert f"batch size {r.batch_size}" in text and "trial" in text
+
+
+def test_margin_keeps_the_peak_under_the_budget() -> None:
+    step = _train_step(_mlp())
+    with limit(CAP, "cpu"):
+        step(4)
+        r0 = find_batch_size(step, device="cpu", margin=0.0)
+        r = find_batch_size(step, device="cpu", margin=0.2)
+    chosen = [t for t in r.trials if t.batch_size == r.batch_size and t.ok]
+    assert chosen and r.budget is not None and r.capacity is not None
+    assert chosen[-1].peak is not None and chosen[-1].peak <= r.budget < r.capacity
+    assert r.batch_size < r0.batch_size
+    # within the search's tolerance of the largest size whose peak fits the budget
+    assert r.batch_size >= 0.9 * r0.batch_size * (r.budget - r.baseline) / (r.capacity - r.baseline)  # type: ignore[operator]
+
+
+def test_eval_step_is_searched_separately_and_fits_more() -> None:
+    model = _mlp()
+    train = _train_step(model)
+
+    def evaluate(bs: int) -> None:
+        with torch.no_grad():
+            model(torch.randn(bs, 64)).argmax(1)
+
+    with limit(CAP, "cpu"):
+        train(4)
+        rt = find_batch_size(train, device="cpu", margin=0.0)
+        re = find_batch_size(evaluate, device="cpu", margin=0.0, max_size=1 << 18)
+    assert re.batch_size > 1.5 * rt.batch_size
+
+
+def test_capacity_without_a_limit_counts_over_budget_trials_as_failures() -> None:
+    step = _train_step(_mlp())
+    step(4)
+    r = find_batch_size(step, device="cpu", capacity=16 << 20, margin=0.0)
+    assert r.true_max_upper_bound is None  # nothing ran out of memory: the budget decided
+    fitting = [t for t in r.trials if t.ok]
+    assert all(t.peak is not None and t.peak <= 16 << 20 for t in fitting)
+    assert any(not t.ok and not t.oom for t in r.trials) or "model" in r.note
+
+
+def test_oom_frames_are_cleared_between_trials() -> None:
+    held: list[int] = []
+
+    def step(bs: int) -> None:
+        big = torch.ones(bs, 1024)  # alive in this frame when the next line runs out of memory
+        more = torch.ones(bs, 2048)
+        held.append(int(big.shape[0] + more.shape[0]))
+
+    with limit(8 << 20, "cpu"):
+        before = ledger().current("cpu")
+        r = find_batch_size(step, device="cpu", margin=0.0, start=4096)
+        assert ledger().current("cpu") == before
+    assert r.true_max_upper_bound is not None
+    assert any(t.oom for t in r.trials)
+    assert 0.95 * (8 << 20) / (3 * 1024 * 4) <= r.batch_size <= (8 << 20) / (3 * 1024 * 4)
+
+
+def test_other_errors_are_reraised_untouched_at_once() -> None:
+    calls: list[int] = []
+    err = KeyError("boom")
+
+    def step(bs: int) -> None:
+        calls.append(bs)
+        raise err
+
+    with pytest.raises(KeyError) as info:
+        find_batch_size(step, device="cpu")
+    assert info.value is err
+    assert calls == [8]
+
+
+def test_never_running_out_returns_max_size_with_a_note() -> None:
+    step = _train_step(_mlp())
+    with limit(1 << 30, "cpu"):
+        r = find_batch_size(step, device="cpu", start=4, max_size=64, margin=0.0)
+    assert r.batch_size == 64
+    assert "max_size=64" in r.note
+    assert r.true_max_upper_bound is None
+
+
+def test_batch_size_one_running_out_is_a_clear_error() -> None:
+    model = torch.nn.Linear(1024, 1024)
+
+    def step(bs: int) -> None:
+        model(torch.randn(bs, 1024)).sum().backward()
+
+    with limit(1 << 20, "cpu"), pytest.raises(BatchSizeError) as info:
+        find_batch_size(step, device="cpu", start=8)
+    e = info.value
+    assert "batch size 1" in str(e)
+    assert e.batch_size == 1
+    assert [t.batch_size for t in e.trials] == [8, 4, 2, 1]
+    assert all(t.oom for t in e.trials)
+    assert isinstance(e, torchmem.TorchmemError)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"start": 0},
+        {"max_size": -1},
+        {"start": 64, "max_size": 8},
+        {"margin": 1.0},
+        {"margin": -0.1},
+        {"start": 2.5},
+        {"max_trials": 0},
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, object]) -> None:
+    with pytest.raises(FitArgumentError):
+        find_batch_size(lambda bs: None, **kwargs)  # type: ignore[arg-type]
+
+
+def test_no_function_is_a_clear_error() -> None:
+    with pytest.raises(FitArgumentError):
+        find_batch_size()
+
+
+def test_is_oom_follows_the_cause_chain() -> None:
+    try:
+        try:
+            with limit(1 << 10, "cpu"):
+                torch.ones(1 << 12)
+        except torch.OutOfMemoryError as e:
+            raise RuntimeError("wrapped") from e
+    except RuntimeError as outer:
+        assert is_oom(outer)
+    assert not is_oom(ValueError("not memory"))
+    assert not is_oom(None)
+
+
+def test_decorator_form_like_accelerate() -> None:
+    sizes: list[int] = []
+
+    @find_batch_size(starting_batch_size=8192)
+    def train(batch_size: int, steps: int) -> int:
+        sizes.append(batch_size)
+        model = _mlp()
+        opt = torch.optim.AdamW(model.parameters())
+        for _ in range(steps):
+            x = torch.randn(batch_size, 64)
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return batch_size
+
+    with limit(CAP, "cpu"):
+        got = train(3)
+    assert sizes[0] == 8192
+    assert got == sizes[-1] < 8192
+    assert train.result is not None and train.result.batch_size == got  # type: ignore[attr-defined]
+    with pytest.raises(FitArgumentError):
+        train(64, 3)  # the batch size is the decorator's to pass
+
+
+def test_decorator_form_returns_at_once_when_the_start_fits() -> None:
+    @find_batch_size(starting_batch_size=16)
+    def run(batch_size: int) -> str:
+        return f"ran {batch_size}"
+
+    assert run() == "ran 16"
+
+
+# -- torch.distributed: two CPU ranks with different limits agree ------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank(rank: int, world: int, port: int, caps: list[int], out: dict[int, tuple[int, int, int]]) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        step = _train_step(_mlp())
+        with limit(caps[rank], "cpu"):
+            step(4)
+            r = find_batch_size(step, device="cpu", margin=0.0)
+            # within 5 % of this rank's own maximum: it runs here, and 5 % more does not
+            within = _fits(step, r.batch_size) and not _fits(step, int(r.batch_size / 0.95) + 1)
+        out[rank] = (r.batch_size, int(within), r.world_size)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_with_different_limits_agree_on_the_smaller_size() -> None:
+    caps = [32 << 20, 16 << 20]
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_rank, args=(2, _free_port(), caps, out), nprocs=2, join=True)
+        res = dict(out)
+    (b0, within0, w0), (b1, within1, w1) = res[0], res[1]
+    assert w0 == w1 == 2
+    assert b0 == b1  # every rank returns the same size
+    assert within1 == 1  # ... within 5 % of the maximum of rank 1, which has the smaller limit
+    assert within0 == 0  # ... which is well below what rank 0 alone could run
