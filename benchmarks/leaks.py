@@ -60,6 +60,12 @@ def _host_step(dev: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimize
     return model, torch.optim.SGD(model.parameters(), lr=1e-3), torch.randn(16, 64, device=dev)
 
 
+def _tiny_step(dev: torch.device) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64).to(dev)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3), torch.randn(16, 64, device=dev)
+
+
 def _loop(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, steps: object) -> None:
     for _ in steps:  # type: ignore[attr-defined]
         model(x).square().mean().backward()
@@ -95,6 +101,7 @@ def overhead_table(dev: torch.device) -> None:
     for label, build, n in (
         ("GPU-bound: 8xLinear(2048) AdamW", _gpu_step, 400),
         ("host-bound: 3xLinear(64) SGD", _host_step, 2000),
+        ("host-bound: 1xLinear(64) SGD", _tiny_step, 4000),
     ):
         times: dict[str, list[float]] = {c: [] for c in configs}
         for _ in range(7):

@@ -16,6 +16,15 @@ import pytest
 import torchmem
 
 EXPECTED_ALL = {
+    "BatchSizeError",
+    "BatchSizeResult",
+    "DistributedTrialError",
+    "Trial",
+    "find_batch_size",
+    "EstimateRow",
+    "FitArgumentError",
+    "MemoryEstimate",
+    "estimate",
     "Cause",
     "Fix",
     "OOMDiagnosis",
@@ -82,6 +91,8 @@ EXPECTED_ALL = {
 }
 
 PUBLIC_FUNCTIONS = [
+    "estimate",
+    "find_batch_size",
     "attach_oom_observer",
     "explain_oom",
     "is_oom",

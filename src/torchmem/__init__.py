@@ -21,6 +21,13 @@ from torchmem._errors import (
     UnknownDeviceError,
     UnsupportedDeviceError,
 )
+from torchmem.actions.batch_size import (
+    BatchSizeError,
+    BatchSizeResult,
+    DistributedTrialError,
+    Trial,
+    find_batch_size,
+)
 from torchmem.actions.guard import OOMGuard, OOMRecovery, install, oom_guard, uninstall
 from torchmem.actions.limit import (
     Budget,
@@ -40,12 +47,14 @@ from torchmem.actions.release import (
     release,
 )
 from torchmem.actions.scope import Scope, ScopeReport, scope
+from torchmem.analysis.estimate import EstimateRow, FitArgumentError, MemoryEstimate
 from torchmem.analysis.holders import HolderPath, HolderSearch, find_holders, holders
 from torchmem.analysis.leaks import Culprit, LeakReport
 from torchmem.analysis.live import LiveTensor, LiveTensorReport
 from torchmem.analysis.oom import Cause, Fix, OOMDiagnosis, is_oom
 from torchmem.analysis.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
 from torchmem.capture.cpu import CpuTracking, cpu_tracking
+from torchmem.capture.measure import estimate
 from torchmem.capture.oom import OOMInputError, OOMObserver, attach_oom_observer, explain_oom
 from torchmem.capture.read import counters, live_tensors, reset_peak, stats
 from torchmem.capture.track import Tracker, TrackResult, track
@@ -55,6 +64,8 @@ from torchmem.devices import HotReading
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchSizeError",
+    "BatchSizeResult",
     "Breakdown",
     "BreakdownRow",
     "Budget",
@@ -66,6 +77,9 @@ __all__ = [
     "DeviceFigures",
     "DeviceIndexError",
     "DeviceUnavailableError",
+    "DistributedTrialError",
+    "EstimateRow",
+    "FitArgumentError",
     "Fix",
     "HolderPath",
     "HolderSearch",
@@ -76,6 +90,7 @@ __all__ = [
     "LimitError",
     "LiveTensor",
     "LiveTensorReport",
+    "MemoryEstimate",
     "MemoryStats",
     "OOMDiagnosis",
     "OOMGuard",
@@ -93,6 +108,7 @@ __all__ = [
     "TrackResult",
     "Tracker",
     "TrackingError",
+    "Trial",
     "UnknownDeviceError",
     "UnsupportedDeviceError",
     "WatchError",
@@ -103,7 +119,9 @@ __all__ = [
     "budget",
     "counters",
     "cpu_tracking",
+    "estimate",
     "explain_oom",
+    "find_batch_size",
     "find_holders",
     "holders",
     "install",

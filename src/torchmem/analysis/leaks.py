@@ -132,16 +132,18 @@ def detect_growth(
         >>> detect_growth(range(8), [100, 5000, 5000, 5000, 5000, 5000, 5000, 5000]).leaking
         False
     """
-    xs = [float(s) for s in steps][-window:]
-    ys = [float(v) for v in values][-window:]
-    n = len(ys)
-    if n != len(xs):
+    xs = list(steps)
+    ys = list(values)
+    if len(xs) != len(ys):
         raise ValueError("steps and values must have the same length")
+    if len(ys) > window:
+        xs, ys = xs[-window:], ys[-window:]
+    n = len(ys)
     if n < 2:
         return Growth(False, 0.0, 0.0, "none", n, "not enough steps yet")
-    # Steady: the last k readings each rose by a similar amount.
+    # Steady: the last k readings each rose by a similar amount (checked only when they all rose).
     k = min(steady_samples, n)
-    if k >= steady_samples:
+    if k >= steady_samples and all(ys[i] > ys[i - 1] for i in range(n - k + 1, n)):
         tx, ty = xs[-k:], ys[-k:]
         rates = [(ty[i + 1] - ty[i]) / (tx[i + 1] - tx[i]) for i in range(k - 1) if tx[i + 1] > tx[i]]
         if len(rates) == k - 1:
@@ -165,7 +167,7 @@ def detect_growth(
     bounds = [0, q, 2 * q, 3 * q, n]
     floors = [min(ys[bounds[i] : bounds[i + 1]]) for i in range(4)]
     if ys[-1] - floors[0] < min_bytes_per_step * (xs[-1] - xs[0]) / 2:
-        return Growth(False, 0.0, _concordance(xs, ys), "none", n, "no growth over the window")
+        return Growth(False, 0.0, 0.0, "none", n, "no growth over the window")
     slope = _theil_sen(xs, ys)
     span = (xs[-1] - xs[0]) / 4
     trend = [ys[i] - slope * (xs[i] - xs[0]) for i in range(n)]

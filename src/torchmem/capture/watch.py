@@ -134,6 +134,10 @@ class Watcher(Generic[T]):
         self._stopped = False
         self._thread: int | None = None
         self._series: list[tuple[int, int]] = []
+        self._keep_every = 1
+        # The detector's window: the last 32 readings after the warm-up.
+        self._post_steps: collections.deque[int] = collections.deque(maxlen=32)
+        self._post_values: collections.deque[int] = collections.deque(maxlen=32)
         self._stride = 1
         self._read_cost = 0.0
         self._last_t: float | None = None
@@ -291,7 +295,7 @@ class Watcher(Generic[T]):
         self._last_t = now
         if n == self.warmup + 1 and self._stride_fixed is None and self._durations:
             step_time = sorted(self._durations)[len(self._durations) // 2]
-            if self.source == "allocator" and self._read_cost > 0.01 * step_time:
+            if self.source == "allocator" and self._read_cost > 0.005 * step_time:
                 self._stride = 2
                 self._notes.append(
                     f"a step takes {step_time * 1e6:.0f} µs and a reading {self._read_cost * 1e6:.1f} µs: "
@@ -305,16 +309,17 @@ class Watcher(Generic[T]):
         if n % self._stride and win is None:
             return
         value = self._read()
-        self._series.append((n, value))
+        self._record(n, value)
         if n <= self.warmup:
             if n == self.warmup and self._wants_window_from_start():
                 self._open_window(n)
             return
-        post = [(s, v) for s, v in self._series[-64:] if s > self.warmup]
-        if len(post) < 2:
+        self._post_steps.append(n)
+        self._post_values.append(value)
+        if len(self._post_values) < 2:
             return
-        steps = [s for s, _ in post]
-        values = [v for _, v in post]
+        steps = list(self._post_steps)
+        values = list(self._post_values)
         self._growth = detect_growth(steps, values, min_bytes_per_step=self.min_bytes_per_step)
         if self._growth.leaking:
             if self._detected_at is None:
@@ -340,6 +345,15 @@ class Watcher(Generic[T]):
                 self._close_window()
         if self._growth.leaking and self._attempted and not self._warned:
             self._announce()
+
+    def _record(self, n: int, value: int) -> None:
+        """Keep the series for the report: every reading up to 4096, then every 2nd, 4th, ... (bounded)."""
+        if n % self._keep_every:
+            return
+        self._series.append((n, value))
+        if len(self._series) >= 4096:
+            self._series = self._series[::2]
+            self._keep_every *= 2
 
     def _wants_window_from_start(self) -> bool:
         # With the ledger on anyway (CPU), sites cost little more: record them from the end of the warm-up.
@@ -586,7 +600,7 @@ def watch(
     warmup: int = 3,
     min_bytes_per_step: int = 256 * 1024,
     window: int = 4,
-    every: int = 64,
+    every: int = 128,
     stride: int | None = None,
     source: str = "auto",
     optimizer_steps: bool = False,
@@ -606,7 +620,7 @@ def watch(
         min_bytes_per_step: Smallest growth per step reported as a leak.
         window: Steps an attribution window records allocation sites for.
         every: In deep mode, steps between attribution windows.
-        stride: Read every ``stride``-th step; ``None`` chooses 1, or 2 when a step is shorter than 100
+        stride: Read every ``stride``-th step; ``None`` chooses 1, or 2 when a step is shorter than 200
             readings (detection still within 10 steps after the warm-up).
         source: ``"auto"``; ``"allocator"`` (fail where the device has no allocator statistics) or
             ``"ledger"`` (torchmem's exact accounting, slower per op).
