@@ -7,9 +7,11 @@ Run: PYTHONPATH=src python benchmarks/leaks.py   (CUDA when present; the scenari
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -73,15 +75,29 @@ def _loop(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, s
         opt.zero_grad(set_to_none=True)
 
 
-def _time(config: str, build: object, dev: torch.device, n: int) -> float:
-    model, opt, x = build(dev)  # type: ignore[operator]
-    _loop(model, opt, x, range(20))
+def _reading(steps: range, dev: torch.device) -> Iterator[int]:
+    for i in steps:
+        yield i
+        torchmem.counters(dev)  # the anchor: a plain per-step stats read
+
+
+def _time(
+    config: str, work: tuple[torch.nn.Module, torch.optim.Optimizer, torch.Tensor], dev: torch.device, n: int
+) -> float:
+    model, opt, x = work
     torch.cuda.synchronize()
     if config == "history":
         torch.cuda.memory._record_memory_history(max_entries=100_000)
     t0 = time.perf_counter()
-    if config == "plain" or config == "history":
+    if config in ("plain", "history"):
         _loop(model, opt, x, range(n))
+    elif config == "counters()":
+        _loop(model, opt, x, _reading(range(n), dev))
+    elif config == "light/uncapped":
+        _loop(model, opt, x, torchmem.watch(range(n), device=dev, max_stride=None, warn=False))
+    elif config.startswith("light/"):
+        stride = int(config.split("/")[1])
+        _loop(model, opt, x, torchmem.watch(range(n), device=dev, stride=stride, warn=False))
     else:
         _loop(model, opt, x, torchmem.watch(range(n), device=dev, mode=config, warn=False))
     torch.cuda.synchronize()
@@ -91,35 +107,64 @@ def _time(config: str, build: object, dev: torch.device, n: int) -> float:
     return dt
 
 
+def call_costs(dev: torch.device) -> None:
+    """What one reading and one ``step()`` cost on this host, without any training around them."""
+    torch.empty(1, device=dev)
+    n = 20000
+
+    def per_call(fn: object) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()  # type: ignore[operator]
+        return (time.perf_counter() - t0) / n * 1e6
+
+    rows = [
+        ("torch.cuda.memory_allocated()", per_call(lambda: torch.cuda.memory_allocated(dev))),
+        ("torchmem.counters()", per_call(lambda: torchmem.counters(dev))),
+    ]
+    for stride in (1, 2):
+        with torchmem.watch(device=dev, warn=False, stride=stride) as w:
+            rows.append((f"Watcher.step(), stride {stride}", per_call(w.step)))
+    print("\ncost per call on this host (µs)")
+    for label, us in rows:
+        print(f"  {label:<34} {us:8.2f}")
+
+
 def overhead_table(dev: torch.device) -> None:
-    configs = ["plain", "light", "deep", "history"]
+    configs = ["plain", "counters()", "light", "light/uncapped", "deep", "history"]
+    if "--configs" in sys.argv:
+        configs = sys.argv[sys.argv.index("--configs") + 1].split(",")
     print(
         f"\noverhead per step on {torch.cuda.get_device_name(dev)}, torch {torch.__version__} "
-        "(median of 7 interleaved rounds)"
+        "(median of 15 rounds of short interleaved blocks)"
     )
-    print(f"{'step':<34} " + " ".join(f"{c:>16}" for c in configs))
+    print(f"{'step':<34} " + " ".join(f"{c:>17}" for c in configs))
     for label, build, n in (
-        ("GPU-bound: 8xLinear(2048) AdamW", _gpu_step, 400),
-        ("host-bound: 3xLinear(64) SGD", _host_step, 2000),
-        ("host-bound: 1xLinear(64) SGD", _tiny_step, 4000),
+        ("GPU-bound: 8xLinear(2048) AdamW", _gpu_step, 150),
+        ("host-bound: 3xLinear(64) SGD", _host_step, 300),
+        ("host-bound: 1xLinear(64) SGD", _tiny_step, 300),
     ):
+        work = build(dev)
+        _loop(*work, range(50))
         times: dict[str, list[float]] = {c: [] for c in configs}
-        for _ in range(7):
-            for c in configs:
-                times[c].append(_time(c, build, dev, n))
+        for _ in range(15):  # short blocks, a new order each round, one model: drift hits every config alike
+            for c in random.sample(configs, len(configs)):
+                times[c].append(_time(c, work, dev, n))
         med = {c: statistics.median(v) for c, v in times.items()}
         base = med["plain"]
         cells = [
             f"{med[c] * 1e3:7.3f} ms" + (f" {100 * (med[c] / base - 1):+5.1f}%" if c != "plain" else "")
             for c in configs
         ]
-        print(f"{label:<34} " + " ".join(f"{x:>16}" for x in cells))
+        print(f"{label:<34} " + " ".join(f"{x:>17}" for x in cells))
 
 
 def main() -> int:
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
-    scenario_table(device)
+    if "--overhead-only" not in sys.argv:
+        scenario_table(device)
     if torch.cuda.is_available():
+        call_costs(torch.device(device))
         overhead_table(torch.device(device))
     return 0
 

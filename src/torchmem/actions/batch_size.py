@@ -74,8 +74,12 @@ class Trial:
         peak: Its peak, in bytes, of the figure the search models (``metric`` of the result), absolute;
             ``None`` when it ran out of memory.
         seconds: Wall time of the call.
-        note: ``"warm-up"`` (it left memory behind, e.g. optimizer state), ``"over budget"``, ``"out of
-            memory"``, ``"stopped after N optimizer steps"`` (decorator probes) or empty.
+        note: ``"warm-up"`` (it left live tensors behind, e.g. optimizer state created by the first
+            step), ``"over budget"``, ``"out of memory"``, ``"stopped after its optimizer steps"``
+            (decorator probes) or empty.
+        allocated_peak: CUDA: its peak of allocated (live tensor) bytes, absolute, which the search
+            models beside the reserved peak; ``None`` on the CPU (the ledger is exact) or when it did not
+            run.
     """
 
     batch_size: int
@@ -84,6 +88,7 @@ class Trial:
     peak: int | None
     seconds: float
     note: str = ""
+    allocated_peak: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,7 +102,8 @@ class BatchSizeResult:
         batch_size: The largest size that ran within the budget (the answer).
         trials: Every call of the step, in order.
         predicted: The model's last prediction of the largest size within the budget (before clamping to
-            ``max_size`` or to the sizes known to fail); ``None`` if no model could be fitted.
+            ``max_size`` or to the sizes known to fail; on CUDA with ``margin=0``, the top of the band:
+            where the allocated-peak line reaches the capacity); ``None`` if no model could be fitted.
         true_max_upper_bound: The smallest size that ran out of memory (the true maximum is below it);
             ``None`` if nothing ran out of memory.
         seconds: Wall time of the whole search.
@@ -112,6 +118,9 @@ class BatchSizeResult:
         fixed_bytes / bytes_per_sample: The fitted line ``peak = fixed + per_sample * batch_size``.
         world_size: Ranks that agreed on the result (1 outside torch.distributed).
         note: Why the search stopped where it did, in words.
+        extra: Model details for people and tests: ``"band"`` (the ``(lo, hi)`` sizes where the reserved
+            and the allocated lines reach the budget) and ``"allocated_line"`` (``(fixed, per_sample)``
+            of allocated bytes), where fitted.
     """
 
     batch_size: int
@@ -248,15 +257,35 @@ class _Probe(BaseException):
     """Raised from an optimizer step hook to stop a decorator probe once its step peak has been seen."""
 
 
+_NOISE = 1 << 16  # bytes left behind below this are allocator rounding, not state
+
+
 @dataclass
 class _Outcome:
     status: str  # "ok" | "oom" | "error"
-    peak: int | None
-    before: int | None
+    peak: int | None  # peak of the modelled figure (reserved on CUDA, the ledger on the CPU)
+    before: int | None  # the modelled figure before and after the call
     after: int | None
     seconds: float
     exc: BaseException | None = None
     finished: bool = True  # the call returned (not stopped by a probe)
+    allocated_peak: int | None = None  # CUDA: peak of allocated (live tensor) bytes; None on the CPU
+    allocated_before: int | None = None  # live tensor bytes before and after the call
+    allocated_after: int | None = None
+
+
+def _left_behind(out: _Outcome) -> int:
+    """Bytes of live tensors a call that ran left behind (state it created, e.g. optimizer state), or 0.
+
+    Measured on *allocated* bytes, never on reserved ones: the caching allocator keeps the segments of a
+    step's freed temporaries until the cache is emptied, so reserved after a step sits near its peak
+    whether or not anything survived (that retained cache was once mistaken for state, which doubled the
+    fitted slope on CUDA).
+    """
+    if out.status != "ok" or out.allocated_before is None or out.allocated_after is None:
+        return 0
+    left = out.allocated_after - out.allocated_before
+    return left if left >= _NOISE else 0
 
 
 class _Meter:
@@ -273,6 +302,10 @@ class _Meter:
         if self.cpu:
             return hot.allocated
         return hot.reserved if hot.reserved is not None else hot.allocated
+
+    def allocated(self) -> int | None:
+        """Live tensor bytes where they differ from the modelled figure (CUDA); ``None`` on the CPU."""
+        return None if self.cpu else self.be.hot().allocated
 
     def capacity(self, given: int | None) -> int | None:
         if given is not None:
@@ -306,42 +339,105 @@ class _Meter:
         seconds = time.perf_counter() - t0
         res = tracker.result
         assert res is not None
+        a0, a1 = res.allocated_before, res.allocated_after
+        low: int | None = None
         if self.cpu:
-            before, after, peak = res.allocated_before, res.allocated_after, res.peak
+            before, after, peak = a0, a1, res.peak
         else:
             before, after = res.reserved_before, res.reserved_after
             peak = peak_reserved if peak_reserved is not None else res.peak
             if peak is not None and before is not None:
                 peak = max(peak, before)
-        if exc is None:
-            return _Outcome("ok", peak, before, after, seconds, finished=finished)
-        if is_oom(exc):
-            return _Outcome("oom", None, before, after, seconds, exc=exc)
-        return _Outcome("error", None, before, after, seconds, exc=exc)
+            low = res.peak
+        status = "ok" if exc is None else ("oom" if is_oom(exc) else "error")
+        return _Outcome(
+            status,
+            peak if status == "ok" else None,
+            before,
+            after,
+            seconds,
+            exc=exc,
+            finished=finished,
+            allocated_peak=low if status == "ok" else None,
+            allocated_before=a0,
+            allocated_after=a1,
+        )
+
+
+@dataclass
+class _Point:
+    """A size that fit: its measured peaks (absolute bytes) and the state its call left behind."""
+
+    peak: int | None  # the modelled figure (reserved / ledger)
+    low: int | None  # allocated bytes (CUDA only)
+    left: int  # bytes left behind (> 0: a warm-up; its steady peak is at most peak + left)
+
+    def value(self, which: str, corrected: bool) -> float | None:
+        v = self.peak if which == "peak" else self.low
+        if v is None:
+            return None
+        return float(v + (self.left if corrected else 0))
+
+
+Line = tuple[float, float]  # (fixed bytes, bytes per sample)
+
+
+def _through(p: tuple[int, float], q: tuple[int, float]) -> Line | None:
+    (s1, p1), (s2, p2) = p, q
+    if s1 == s2:
+        return None
+    b = (p2 - p1) / (s2 - s1)
+    return p1 - b * s1, b
+
+
+def _cross(line: Line | None, level: float) -> float | None:
+    """Where ``line`` reaches ``level`` (``None`` when it never rises)."""
+    if line is None or line[1] <= 0:
+        return None
+    return (level - line[0]) / line[1]
 
 
 class _Search:
-    """The model-based search state (pure: sizes, peaks and outcomes in, next size out)."""
+    """The model-based search state (pure: sizes, peaks and outcomes in, next size out).
+
+    Two figures can be modelled: ``peak``, the figure the budget applies to (CUDA: the caching
+    allocator's reserved bytes; CPU: the exact ledger), and, on CUDA, ``low``, the allocated bytes. With
+    ``enforce`` (a margin, or ``capacity=``) a size fits when its measured ``peak`` stays within the
+    budget, so only ``peak`` matters. Without it a size fits when it runs, and on CUDA what it needs lies
+    between the two: a step needs at least its allocated peak, and at most its reserved peak measured
+    from an empty cache (under the cap the allocator frees cached segments and retries before it runs
+    out of memory; reserved also rises in segment-sized steps and, near the cap, saturates). The models
+    then give a band ``[lo, hi]``: ``lo`` where the reserved line reaches the cap, ``hi`` where the
+    allocated line does — no size above ``hi`` can fit. The search aims just under ``hi``, stops when
+    the largest size that ran is within ``tolerance`` of it (or of the smallest that failed), and
+    otherwise verifies every prediction with a real trial.
+    """
 
     def __init__(self, start: int, max_size: int, min_size: int, tolerance: float) -> None:
         self.start = start
         self.max_size = max_size
         self.min_size = min_size
         self.tol = tolerance
-        self.good: dict[int, tuple[int | None, int | None, bool]] = {}  # size -> (raw, corrected, warm)
+        self.good: dict[int, _Point] = {}
         self.bad: int | None = None
-        self.bad_peak: int | None = None
+        self.bad_peak: int | None = None  # the smallest failing size's peaks, when it ran (over budget)
+        self.bad_low: int | None = None
         self.oom_min: int | None = None
+        self.state = 0  # bytes left behind by warm-up trials: fixed memory in every later step
         self.predicted: int | None = None
-        self.line: tuple[float, float] | None = None
+        self.line: Line | None = None
+        self.low_line: Line | None = None
+        self.band: tuple[float | None, float | None] = (None, None)
         self.fails_in_row = 0
         self.note = ""
 
-    def record(self, bs: int, ok: bool, oom: bool, peak: int | None, survived: int) -> None:
+    def record(
+        self, bs: int, ok: bool, oom: bool, peak: int | None, left: int, low: int | None = None
+    ) -> None:
+        """Record one trial: ``peak``/``low`` its raw peaks, ``left`` the bytes it left behind."""
         if ok:
-            warm = survived > 0
-            corrected = None if peak is None else peak + max(survived, 0)
-            self.good[bs] = (peak, corrected, warm)
+            self.good[bs] = _Point(peak, low, max(left, 0))
+            self.state += max(left, 0)
             self.fails_in_row = 0
             return
         self.fails_in_row += 1
@@ -349,60 +445,72 @@ class _Search:
             self.oom_min = bs if self.oom_min is None else min(self.oom_min, bs)
         if self.bad is None or bs <= self.bad:
             self.bad_peak = None if oom else peak
+            self.bad_low = None if oom else low
             self.bad = bs
+        for s in [s for s in self.good if s >= bs]:  # a later failure wins over an earlier success
+            del self.good[s]
 
-    def _line(self, p: tuple[int, float], q: tuple[int, float]) -> tuple[float, float] | None:
-        (s1, p1), (s2, p2) = p, q
-        if s1 == s2:
+    # -- models -----------------------------------------------------------------------------------
+    def _fit(self, which: str, corrected: bool = True) -> Line | None:
+        """The line through the two measured points nearest the boundary (it passes through them)."""
+        pts = [(s, p.value(which, corrected)) for s, p in sorted(self.good.items())]
+        known = [(s, v) for s, v in pts if v is not None]
+        if not known:
             return None
-        b = (p2 - p1) / (s2 - s1)
-        return p1 - b * s1, b
+        g, vg = known[-1]
+        bad_v = self.bad_peak if which == "peak" else self.bad_low
+        if self.bad is not None and bad_v is not None and self.bad > g:
+            return _through((g, vg), (self.bad, float(bad_v)))  # regula falsi
+        others = known[:-1]
+        steady = [q for q in others if not self.good[q[0]].left] or others
+        if not steady:
+            return None
+        # Reserved bytes move in segment-sized steps: points too close give a noisy slope.
+        gap = 0.9 if which == "peak" else 1.0
+        far = [q for q in steady if q[0] <= gap * g]
+        return _through(far[-1] if far else steady[0], (g, vg))
 
-    def _models(self, budget: int, baseline: int | None) -> tuple[float | None, float | None]:
-        """``(secant, proportional)``: where each model's peak reaches ``budget`` (unclamped), or ``None``.
+    def _proportional(self, which: str, base: int | None, level: float) -> float | None:
+        """Where a line through ``(0, base + state)`` and the largest size that fit reaches ``level``."""
+        if base is None or not self.good:
+            return None
+        g = max(self.good)
+        v = self.good[g].value(which, True)
+        b0 = float(base + self.state)
+        if v is None or v <= b0:
+            return None
+        return g * (level - b0) / (v - b0)
 
-        The secant runs through the two points nearest the boundary (the largest size that fit and the
-        smallest over budget, or the two largest that fit); the proportional model through the baseline
-        and the largest size that fit, which errs small whenever the step's fixed memory is above the
-        baseline (and a small size's peak set by a batch-independent phase, e.g. the optimizer step,
-        cannot mislead it into a huge jump).
+    def _band(
+        self, budget: int, enforce: bool, corrected: bool
+    ) -> tuple[float | None, float | None, Line | None, Line | None]:
+        line = self._fit("peak", corrected)
+        lo = hi = _cross(line, budget)
+        low_line = None
+        if not enforce:
+            low_line = self._fit("low", corrected)
+            p_low = _cross(low_line, budget)
+            if p_low is not None:
+                lo, hi = (p_low, p_low) if lo is None else (min(lo, p_low), max(lo, p_low))
+        return lo, hi, line, low_line
+
+    # -- the decision -----------------------------------------------------------------------------
+    def next_size(
+        self,
+        budget: int | None,
+        baseline: int | None,
+        low_baseline: int | None = None,
+        enforce: bool = True,
+    ) -> int | None:
+        """The next size to try, or ``None`` when the search is done.
+
+        Args:
+            budget: Bytes the modelled figure may reach (``None``: unknown, no model).
+            baseline: The modelled figure before the search.
+            low_baseline: Allocated bytes before the search (CUDA), for the allocated model.
+            enforce: A size fits only when its measured peak is within ``budget`` (a margin, or
+                ``capacity=``); else when it runs, which the allocated model bounds from above.
         """
-        sizes = sorted(self.good)
-        g = sizes[-1]
-        raw, corr, warm = self.good[g]
-        secant: float | None = None
-        proportional: float | None = None
-        line = None
-        if raw is not None:
-            if self.bad is not None and self.bad_peak is not None:
-                line = self._line((g, float(raw)), (self.bad, float(self.bad_peak)))
-            else:
-                # The second point: a size well below the largest (close points give a noisy slope),
-                # steady (not a warm-up) where possible.
-                cands = [s for s in sizes[:-1] if self.good[s][0] is not None]
-                steady = [s for s in cands if not self.good[s][2]] or cands
-                far = [s for s in steady if s <= 0.75 * g]
-                if steady:
-                    # A warm-up point's own peak may lack the state it created; its raw peak steepens
-                    # the line, which errs towards a smaller size.
-                    s2 = far[-1] if far else steady[0]
-                    p_g = float(corr if warm and corr is not None else raw)
-                    line = self._line((s2, float(cast(int, self.good[s2][0]))), (g, p_g))
-        if line is not None:
-            self.line = line
-            a, b = line
-            if b > 0:
-                secant = (budget - a) / b
-        top = corr if corr is not None else raw
-        if top is not None and baseline is not None and top > baseline:
-            b = (top - baseline) / g
-            proportional = (budget - baseline) / b
-            if self.line is None:
-                self.line = (float(baseline), b)
-        return secant, proportional
-
-    def next_size(self, budget: int | None, baseline: int | None) -> int | None:
-        """The next size to try, or ``None`` when the search is done."""
         if not self.good:
             if self.bad is None:
                 return self.start
@@ -416,51 +524,99 @@ class _Search:
             )
             return None
         bad = self.bad
-        if bad is not None and bad - g <= max(1, math.ceil(self.tol * bad)):
+        tol = self.tol
+
+        def step(n: int) -> int:
+            return max(1, math.ceil(tol * n))
+
+        if bad is not None and bad - g <= step(bad):
             self.note = f"converged: {g} fits, {bad} does not"
             return None
-        secant = proportional = None
-        if budget is not None:
-            secant, proportional = self._models(budget, baseline)
-        if secant is not None:
-            self.predicted = math.floor(secant)
-        elif proportional is not None and self.predicted is None:
-            self.predicted = math.floor(proportional)
+        upper = bad - 1 if bad is not None else min(self.max_size, g * _GROWTH)
 
-        def inside(x: float | None) -> int | None:
-            if x is None:
-                return None
-            n = math.floor(x)
-            return n if g < n and (bad is None or n < bad) else None
+        lo = hi = None
+        one_point = False
+        if budget is not None:
+            lo, hi, line, low_line = self._band(budget, enforce, True)
+            if hi is not None and hi < g:
+                # A warm-up's correction (its peak plus what it left behind) over-counts when the
+                # call's peak already held that state: refit through the raw measurements.
+                lo, hi, line, low_line = self._band(budget, enforce, False)
+            if line is not None:
+                self.line = line
+            if low_line is not None:
+                self.low_line = low_line
+            if hi is None:
+                # One point (or flat lines): proportional models through the baseline.
+                one_point = True
+                props = [self._proportional("peak", baseline, budget)]
+                if not enforce:
+                    props.append(self._proportional("low", low_baseline, budget))
+                known = [p for p in props if p is not None]
+                if known:
+                    lo, hi = min(known), max(known)
+                    if self.line is None and baseline is not None:
+                        v = cast(float, self.good[g].value("peak", True))
+                        b0 = float(baseline + self.state)
+                        self.line = (b0, (v - b0) / g)
+            if hi is not None:
+                self.band = (lo, hi)
+                self.predicted = math.floor(hi)
+
+        def clip(n: int) -> int:
+            return min(max(n, g + 1), upper)
+
+        if hi is None or lo is None:
+            # No model (capacity unknown, or nothing grows): grow 4x, then bisect.
+            if bad is None:
+                return clip(4 * g)
+            return (g + bad) // 2
 
         if self.fails_in_row == 0:
-            # The last trial fit: step up from it by the model.
-            if secant is not None and secant - g < max(1.0, self.tol * secant):
-                self.note = f"the model puts the largest size within the budget at {math.floor(secant)}"
+            if one_point:
+                # The proportional model errs large when the step's fixed memory is below the
+                # baseline: aim at 90 % of the careful model, and never stop on one point.
+                aim = 0.9 * lo if 0.9 * lo > g * (1 + tol) else lo * (1 - tol / 2)
+                if len(self.good) > 1:
+                    # Two sizes with the same peak: a batch-independent phase (e.g. the optimizer
+                    # step) sets it at small sizes, and the proportional model errs small: 4x.
+                    aim = max(aim, 4.0 * g)
+                return clip(math.floor(aim)) if aim > g else clip(g + step(g))
+            if hi < g:
+                # The model is contradicted by a size that ran: verify upwards with a small step.
+                return clip(g + 2 * step(g))
+            if g >= math.floor(hi * (1 - tol)):
+                if enforce or self.low_line is None:
+                    self.note = f"the model puts the largest size within the budget at {math.floor(hi)}"
+                else:
+                    self.note = (
+                        f"the allocated-peak model bounds the largest size that can run at "
+                        f"{math.floor(hi)}; {g} ran"
+                    )
                 return None
-            if bad is None:
-                # The secant may come from a point in a flat region (small sizes, where a batch-independent
-                # phase such as the optimizer step sets the peak) and overshoot; the proportional model
-                # errs small there, so take the smaller, but jump at least 4x.
-                low = 4.0 * g if proportional is None else max(proportional, 4.0 * g)
-                cand_f = low if secant is None else min(secant, low)
-                cand = min(math.floor(cand_f), self.max_size, g * _GROWTH)
-            else:
-                cand = inside(secant) or inside(proportional) or (g + bad) // 2
-        elif self.bad_peak is not None:
-            # The failure was over budget with a known peak: regula falsi, else bisection.
-            cand = inside(secant) or (g + bad) // 2  # type: ignore[operator]
-        elif self.fails_in_row == 1:
-            # An out-of-memory error after a prediction: the more careful model, then a small step down.
-            b = cast(int, bad)
-            options = [n for n in (inside(secant), inside(proportional)) if n is not None]
-            cand = min(options) if options else max(g + 1, b - max(1, math.ceil(self.tol * b)))
-        else:
-            cand = (g + cast(int, bad)) // 2
-        if cand <= g:
-            self.note = f"{g} fits and the model leaves no room for {g + 1}"
-            return None
-        return cand
+            # Aim just under the top of the band (a quarter of the band's width under it).
+            aim = hi - max(0.5 * tol * hi, 0.25 * (hi - lo))
+            prop = self._proportional("peak", baseline, cast(int, budget))
+            # The proportional model errs small whenever the step's fixed memory is above the baseline:
+            # a secant far beyond it (e.g. through a point whose peak a batch-independent phase set)
+            # is capped by it, but it may not hold the search below 2x.
+            growth = max(prop if prop is not None else 0.0, 2.0 * g)
+            n = math.floor(min(aim, growth))
+            if bad is not None and not g < n < bad:
+                return (g + bad) // 2
+            return clip(n)
+        b = cast(int, bad)
+        if self.bad_peak is not None:
+            # Over budget with a known peak: regula falsi (the line runs through it), else bisection.
+            n = math.floor(hi)
+            return n if g < n < b else (g + b) // 2
+        # Out of memory: one step down when close (after the first failure), else the larger of the
+        # midpoint and the careful end of the band (the reserved model, which errs small).
+        if self.fails_in_row == 1 and b - g <= 3 * step(b):
+            return clip(b - step(b))
+        mid = (g + b) // 2
+        n = math.floor(lo)
+        return clip(max(mid, n if n < b else mid))
 
 
 # -- public entry points --------------------------------------------------------------------------------
@@ -491,6 +647,7 @@ def _search(
     trials: list[Trial] = []
     _release(dev)
     baseline = meter.figure()
+    low_baseline = meter.allocated()
     cap = meter.capacity(capacity)
     enforce = margin > 0 or capacity is not None
     diagnosis: Any = None
@@ -533,22 +690,18 @@ def _search(
                 diagnosis = _diagnose(out.exc)
             _clear_frames(out.exc)
             out.exc = None
-        survived = 0
-        if out.before is not None and out.after is not None and out.status == "ok":
-            survived = max(out.after - out.before, 0)
-            if survived < (1 << 16):  # allocator rounding noise, not state
-                survived = 0
+        left = _left_behind(out)
         note = "out of memory" if oom else ("over budget" if not ok else "")
-        if ok and survived:
+        if ok and left:
             note = "warm-up"
         if out.status == "ok" and not out.finished:
             note = (note + "; " if note else "") + "stopped after its optimizer steps"
-        trials.append(Trial(size, ok, oom, out.peak, out.seconds, note))
-        search.record(size, ok, oom, out.peak, survived)
+        trials.append(Trial(size, ok, oom, out.peak, out.seconds, note, out.allocated_peak))
+        search.record(size, ok, oom, out.peak, left, out.allocated_peak)
         out = _Outcome("ok", None, None, None, 0.0)
         _release(dev)
         _, bud = budget_now()
-        nxt = search.next_size(bud, baseline)
+        nxt = search.next_size(bud, baseline, low_baseline, enforce)
         # Every rank proposes (a size at or below the largest that fit means "done"), so every rank
         # makes the same number of collective calls and takes the smallest proposal.
         g = max(search.good) if search.good else 0
@@ -593,6 +746,11 @@ def _search(
         bytes_per_sample=None if line is None else line[1],
         world_size=group.world,
         note=note,
+        extra={
+            k: v
+            for k, v in (("band", search.band), ("allocated_line", search.low_line))
+            if v is not None and v != (None, None)
+        },
     )
     return result, None
 

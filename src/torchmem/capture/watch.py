@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import gc
 import logging
+import math
 import threading
 import time
 import warnings
@@ -92,6 +93,7 @@ class Watcher(Generic[T]):
         window: int,
         every: int,
         stride: int | None,
+        max_stride: int | None,
         source: str,
         optimizer_steps: bool,
         on_leak: Callable[[LeakReport], Any] | None,
@@ -107,8 +109,9 @@ class Watcher(Generic[T]):
         for name, v, lo in (("warmup", warmup, 0), ("window", window, 2), ("every", every, 1)):
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 raise WatchError(f"{name} must be an integer >= {lo}, not {v!r}.")
-        if stride is not None and (not isinstance(stride, int) or stride < 1):
-            raise WatchError(f"stride must be a positive integer or None, not {stride!r}.")
+        for name, val in (("stride", stride), ("max_stride", max_stride)):
+            if val is not None and (not isinstance(val, int) or isinstance(val, bool) or val < 1):
+                raise WatchError(f"{name} must be a positive integer or None, not {val!r}.")
         if min_bytes_per_step <= 0:
             raise WatchError(f"min_bytes_per_step must be positive, not {min_bytes_per_step!r}.")
         self._iterable = iterable
@@ -119,6 +122,7 @@ class Watcher(Generic[T]):
         self._window_len = window
         self._every = every
         self._stride_fixed = stride
+        self._max_stride = max_stride
         self._source_wanted = source
         self._optimizer_steps = optimizer_steps
         self._on_leak = on_leak
@@ -140,6 +144,7 @@ class Watcher(Generic[T]):
         self._post_values: collections.deque[int] = collections.deque(maxlen=32)
         self._stride = 1
         self._read_cost = 0.0
+        self._read_times: list[float] = []
         self._last_t: float | None = None
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
         self._window: _Window | None = None
@@ -294,13 +299,7 @@ class Watcher(Generic[T]):
             self._durations.append(now - self._last_t)
         self._last_t = now
         if n == self.warmup + 1 and self._stride_fixed is None and self._durations:
-            step_time = sorted(self._durations)[len(self._durations) // 2]
-            if self.source == "allocator" and self._read_cost > 0.005 * step_time:
-                self._stride = 2
-                self._notes.append(
-                    f"a step takes {step_time * 1e6:.0f} µs and a reading {self._read_cost * 1e6:.1f} µs: "
-                    "reading every 2nd step"
-                )
+            self._choose_stride()
         elif self._stride_fixed is not None:
             self._stride = self._stride_fixed
         win = self._window
@@ -308,7 +307,12 @@ class Watcher(Generic[T]):
             win.record()
         if n % self._stride and win is None:
             return
-        value = self._read()
+        if n <= self.warmup:
+            t0 = time.perf_counter()
+            value = self._read()
+            self._read_times.append(time.perf_counter() - t0)
+        else:
+            value = self._read()
         self._record(n, value)
         if n <= self.warmup:
             if n == self.warmup and self._wants_window_from_start():
@@ -345,6 +349,28 @@ class Watcher(Generic[T]):
                 self._close_window()
         if self._growth.leaking and self._attempted and not self._warned:
             self._announce()
+
+    def _choose_stride(self) -> None:
+        """Read every step, or every k-th step when a reading would cost more than 0.5 % of a step."""
+        step_time = sorted(self._durations)[len(self._durations) // 2]
+        in_loop = sorted(self._read_times)[len(self._read_times) // 2] if self._read_times else 0.0
+        cost = max(self._read_cost, in_loop)
+        if self.source != "allocator" or step_time <= 0 or cost <= 0.005 * step_time:
+            return
+        k = math.ceil(cost / (0.005 * step_time))
+        if self._max_stride is not None:
+            k = min(k, self._max_stride)
+        if k > 1:
+            self._stride = k
+            self._notes.append(
+                f"a step takes {step_time * 1e6:.0f} µs and a reading {cost * 1e6:.1f} µs: reading every "
+                f"{k} steps"
+                + (
+                    " (max_stride caps it, to keep detection within 10 steps)"
+                    if k == self._max_stride
+                    else ""
+                )
+            )
 
     def _record(self, n: int, value: int) -> None:
         """Keep the series for the report: every reading up to 4096, then every 2nd, 4th, ... (bounded)."""
@@ -602,6 +628,7 @@ def watch(
     window: int = 4,
     every: int = 128,
     stride: int | None = None,
+    max_stride: int | None = 2,
     source: str = "auto",
     optimizer_steps: bool = False,
     on_leak: Callable[[LeakReport], Any] | None = None,
@@ -620,8 +647,11 @@ def watch(
         min_bytes_per_step: Smallest growth per step reported as a leak.
         window: Steps an attribution window records allocation sites for.
         every: In deep mode, steps between attribution windows.
-        stride: Read every ``stride``-th step; ``None`` chooses 1, or 2 when a step is shorter than 200
-            readings (detection still within 10 steps after the warm-up).
+        stride: Read every ``stride``-th step; ``None`` chooses from the warm-up: every step, or every
+            k-th step when one reading costs more than 0.5 % of a step (capped by ``max_stride``).
+        max_stride: The most steps between readings when the stride is chosen automatically. The default,
+            2, keeps detection of a steady leak within 10 steps after the warm-up; ``None`` lets very short
+            steps be read rarely enough to stay under 0.5 % (detection then takes 5 readings).
         source: ``"auto"``; ``"allocator"`` (fail where the device has no allocator statistics) or
             ``"ledger"`` (torchmem's exact accounting, slower per op).
         optimizer_steps: Count a step at every ``optimizer.step()`` of any optimizer (on this thread).
@@ -659,6 +689,7 @@ def watch(
         window,
         every,
         stride,
+        max_stride,
         source,
         optimizer_steps,
         on_leak,
