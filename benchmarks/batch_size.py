@@ -212,8 +212,16 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: | ---: |")
     for name, trials, secs, size in rows:
         print(f"| {name} | {trials} | {secs:.2f} | {size} | {size / truth:.3f} |")
-    print()
-    print(r)
+    for name, res in (("margin=0", r), ("margin=0.1", r10)):
+        print()
+        print(f"torchmem.find_batch_size ({name}):")
+        print(res)
+        print(f"  band (reserved line, allocated line reach the budget): {res.extra.get('band')}")
+        for t in res.trials:
+            print(
+                f"    {t.batch_size:>6}  ok={t.ok!s:<5} oom={t.oom!s:<5} peak={t.peak} "
+                f"allocated_peak={t.allocated_peak}  {t.note}"
+            )
 
 
 if __name__ == "__main__":

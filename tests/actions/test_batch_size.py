@@ -16,6 +16,10 @@ from torchmem.actions.batch_size import (
     BatchSizeError,
     BatchSizeResult,
     FitArgumentError,
+    _left_behind,
+    _Meter,
+    _Outcome,
+    _Search,
     find_batch_size,
     is_oom,
 )
@@ -260,6 +264,143 @@ def test_decorator_form_returns_at_once_when_the_start_fits() -> None:
         return f"ran {batch_size}"
 
     assert run() == "ran 16"
+
+
+def test_only_the_call_that_creates_optimizer_state_is_a_warm_up() -> None:
+    step = _train_step(_mlp())  # no step beforehand: the first trial creates AdamW's state
+    with limit(CAP, "cpu"):
+        r = find_batch_size(step, device="cpu", margin=0.0)
+        truth = _true_max(step)
+    assert [t.note for t in r.trials].count("warm-up") == 1
+    assert r.trials[0].note == "warm-up"
+    assert 0.95 * truth <= r.batch_size <= truth
+    assert len(r.trials) <= 6
+
+
+def test_the_meter_measures_state_on_live_tensors() -> None:
+    model = _mlp()
+    step = _train_step(model)
+    meter = _Meter(torch.device("cpu"))
+    first, second = meter.call(step, 16), meter.call(step, 16)
+    assert first.status == second.status == "ok"
+    n_params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert _left_behind(first) >= 2 * n_params  # exp_avg and exp_avg_sq
+    assert _left_behind(second) == 0
+
+
+# -- the pure decision, fed with a real H100 run (torch 2.11, 4 GiB torchmem.limit, the transformer
+# train step of tests/gpu/test_cuda_fit.py with AdamW, warmed up before the search) -----------------
+MiB = 1 << 20
+GPU_CAP = 4 << 30
+GPU_BASELINE = 346 * MiB  # reserved after empty_cache, before the first trial
+GPU_PEAK_8 = 744488960  # reserved peak of the trial at 8 ("706.00 MiB")
+GPU_PEAK_41 = round(2.31 * (1 << 30))  # reserved peak of the trial at 41 ("2.31 GiB")
+GPU_TRUE_MAX = 82  # bisection with real out-of-memory errors
+
+
+def _gpu_search(left8: int = 0, left41: int = 0) -> _Search:
+    s = _Search(start=8, max_size=1 << 16, min_size=1, tolerance=0.02)
+    s.record(8, True, False, GPU_PEAK_8, left8)
+    s.record(41, True, False, GPU_PEAK_41, left41)
+    return s
+
+
+def test_reserved_bytes_the_cache_kept_are_not_state() -> None:
+    # The root cause of the GPU failure: after the trial at 41 the caching allocator still held the
+    # step's freed segments (reserved ~346 MiB -> ~2.3 GiB) though no tensor survived; that retained
+    # cache was counted as state, added to the peak, and doubled the fitted slope.
+    alloc = 300 * MiB
+    out = _Outcome(
+        "ok",
+        GPU_PEAK_41,
+        GPU_BASELINE,
+        GPU_BASELINE + 2025 * MiB,
+        0.05,
+        allocated_peak=2200 * MiB,
+        allocated_before=alloc,
+        allocated_after=alloc,
+    )
+    assert _left_behind(out) == 0
+    warm = _Outcome(
+        "ok",
+        GPU_PEAK_8,
+        GPU_BASELINE,
+        GPU_BASELINE,
+        0.02,
+        allocated_before=alloc,
+        allocated_after=alloc + 152 * MiB,
+    )
+    assert _left_behind(warm) == 152 * MiB
+    assert _left_behind(_Outcome("oom", None, GPU_BASELINE, GPU_BASELINE, 0.1)) == 0
+
+
+def test_real_gpu_trials_lead_up_towards_the_true_maximum() -> None:
+    s = _gpu_search()
+    nxt = s.next_size(GPU_CAP, GPU_BASELINE, None, enforce=False)
+    assert nxt is not None and 0.85 * GPU_TRUE_MAX <= nxt <= GPU_TRUE_MAX  # was: stop at 41
+    assert s.line is not None
+    a, b = s.line  # the model runs through the measured points (was: 111.64 MiB/bs, -187 MiB)
+    assert abs(a + 8 * b - GPU_PEAK_8) < MiB and abs(a + 41 * b - GPU_PEAK_41) < MiB
+    assert 49 * MiB < b < 52 * MiB
+
+
+def test_a_model_that_contradicts_a_size_that_ran_never_stops_the_search() -> None:
+    # The numbers the old code fitted (the cache taken for state): the corrected line puts the largest
+    # size at 38, below 41, which ran. The search must go on upwards, not stop.
+    s = _gpu_search(left8=364 * MiB, left41=2025 * MiB)
+    nxt = s.next_size(GPU_CAP, GPU_BASELINE, None, enforce=False)
+    assert nxt is not None and nxt > 41
+
+
+def test_with_a_margin_the_real_gpu_trials_aim_at_the_budget() -> None:
+    budget = int(GPU_CAP - 0.1 * (GPU_CAP - GPU_BASELINE))
+    s = _gpu_search()
+    nxt = s.next_size(budget, GPU_BASELINE, None, enforce=True)
+    a, b = s.line  # type: ignore[misc]
+    best = (budget - a) / b  # where the measured line reaches the budget
+    assert nxt is not None and 0.95 * best <= nxt <= best
+
+
+def _decide(
+    reserved: Callable[[int], float],
+    allocated: Callable[[int], float],
+    runs: Callable[[int], bool],
+    trials: int,
+) -> list[tuple[int, bool]]:
+    """The search's own decisions over given curves of peaks (the pure decision logic only)."""
+    s = _Search(start=8, max_size=1 << 16, min_size=1, tolerance=0.02)
+    size: int | None = 8
+    seen: list[tuple[int, bool]] = []
+    while size is not None and len(seen) < trials:
+        ok = runs(size)
+        peak = min(int(reserved(size)), GPU_CAP) if ok else None  # reserved never passes the cap
+        s.record(size, ok, not ok, peak, 0, int(allocated(size)) if ok else None)
+        seen.append((size, ok))
+        size = s.next_size(GPU_CAP, GPU_BASELINE, 230 * MiB, enforce=False)
+    return seen
+
+
+@pytest.mark.parametrize("share", [0.0, 0.3, 0.7])
+def test_decisions_reach_5_percent_of_the_maximum_in_5_trials(share: float) -> None:
+    # Reserved from an empty cache: the line through the two real points. Allocated: a little less per
+    # sample. What a size needs under the cap lies between the two (``share`` of the way up).
+    slope = (GPU_PEAK_41 - GPU_PEAK_8) / 33
+
+    def reserved(n: int) -> float:
+        return GPU_PEAK_8 + (n - 8) * slope
+
+    def allocated(n: int) -> float:
+        return 230 * MiB + 0.88 * slope * n
+
+    def runs(n: int) -> bool:
+        return allocated(n) + share * (reserved(n) - allocated(n)) <= GPU_CAP
+
+    truth = max(n for n in range(1, 200) if runs(n))
+    seen = _decide(reserved, allocated, runs, 12)
+    best_in_5 = max(n for n, ok in seen[:5] if ok)
+    assert 0.95 * truth <= best_in_5 <= truth
+    assert max(n for n, ok in seen if ok) >= 0.97 * truth
+    assert len(seen) <= 8
 
 
 # -- torch.distributed: two CPU ranks with different limits agree ------------------------------------

@@ -171,3 +171,16 @@ def test_counters_default_device_is_cpu_here() -> None:
         a = torch.ones(7)
         assert torchmem.counters().allocated == 28
         del a
+
+
+def test_stats_reports_the_limit_in_effect() -> None:
+    assert torchmem.stats("cpu").limit is None
+    handle = torchmem.limit(64 << 20, "cpu")
+    try:
+        s = torchmem.stats("cpu")
+        assert s.limit == 64 << 20
+        assert s.to_dict()["limit"] == 64 << 20
+        assert "64.00 MiB" in str(s)
+    finally:
+        handle.restore()
+    assert torchmem.stats("cpu").limit is None

@@ -2,12 +2,19 @@
 
 A step's peak memory is close to linear in the batch size: ``peak(bs) = a + b * bs`` (weights, gradients
 and optimizer state are the constant, activations and temporaries the slope). The search measures the
-peak of a few real trials, fits the line, predicts the largest size whose peak stays within the device's
-capacity (its free memory, or the :func:`torchmem.limit` in force) minus a safety margin, and verifies the
-prediction with a real trial. A prediction that fails is refined from the new point (regula falsi when the
-failed trial's peak is known, a small step down from it, then bisection between the largest size known
-to fit and the smallest known not to). Memory is released between trials, and an out-of-memory error's
-frames are cleared so that its tensors do not stay pinned.
+peak of a few real trials, fits lines through the measured points nearest the boundary, predicts the
+largest size whose peak stays within the device's capacity (its free memory, or the :func:`torchmem.limit`
+in force) minus a safety margin, and verifies the prediction with a real trial. On CUDA two figures are
+measured: the caching allocator's reserved peak (what the cap applies to) and the allocated peak (what
+the step's tensors need, a hard lower bound: no size whose allocated peak passes the cap can run). With
+``margin=0`` they give a band for the largest size that runs; the search aims just under its top and
+stops when the largest size that ran is within the tolerance of it. A prediction that fails is refined
+from the new point (regula falsi when the failed trial's peak is known, a small step down or the careful
+end of the band after an out-of-memory error, then bisection between the largest size known to fit and
+the smallest known not to). A trial is a warm-up when it leaves live tensors behind (optimizer state),
+measured on allocated bytes — never on reserved ones, which keep the step's freed segments cached.
+Memory is released between trials, and an out-of-memory error's frames are cleared so that its tensors
+do not stay pinned.
 
 Under ``torch.distributed`` every rank takes the same path: each trial's outcome and each next size are
 agreed with ``all_reduce(MIN)``, so all ranks return the same batch size.
@@ -594,8 +601,10 @@ class _Search:
                         f"{math.floor(hi)}; {g} ran"
                     )
                 return None
-            # Aim just under the top of the band (a quarter of the band's width under it).
-            aim = hi - max(0.5 * tol * hi, 0.25 * (hi - lo))
+            # Where the measured figure itself decides, aim at the prediction. Nothing above the top
+            # of a band runs: aim just under it (a quarter of its width, at least half the tolerance).
+            backoff = 0.0 if enforce or self.low_line is None else max(0.5 * tol * hi, 0.25 * (hi - lo))
+            aim = hi - backoff
             prop = self._proportional("peak", baseline, cast(int, budget))
             # The proportional model errs small whenever the step's fixed memory is above the baseline:
             # a secant far beyond it (e.g. through a point whose peak a batch-independent phase set)
@@ -820,15 +829,20 @@ def find_batch_size(
     an evaluation step separately, it fits far more) a few times and returns a :class:`BatchSizeResult`:
 
     1. the first trial runs at ``start`` (halved on out-of-memory until one fits);
-    2. the peak of each trial (CUDA: the caching allocator's reserved peak, measured like
-       :func:`torchmem.track` — which resets torch's peak counters at each trial; CPU: the exact ledger's
-       watermark) fits a line ``peak = a + b * batch_size``;
+    2. the peak of each trial (CUDA: the caching allocator's reserved peak and its allocated peak,
+       measured like :func:`torchmem.track` — which resets torch's peak counters at each trial; CPU: the
+       exact ledger's watermark) fits a line ``peak = a + b * batch_size`` through the measured points
+       nearest the boundary (a trial that created state, e.g. optimizer state, counts it as fixed memory);
     3. the model predicts the largest size whose peak stays within the budget — ``capacity`` (the device's
        free memory plus what the process holds, or the :func:`torchmem.limit` in force) less ``margin`` of
-       the headroom above what was in use before the search — and a real trial verifies it;
-    4. a failed prediction is refined (regula falsi from a known peak, a small step down after an
-       out-of-memory error, then bisection between the largest size that fit and the smallest that did
-       not) until the two are within ``tolerance``.
+       the headroom above what was in use before the search — and a real trial verifies it. On CUDA with
+       ``margin=0`` the reserved and allocated lines bound the answer from below and above (under the cap
+       the allocator frees cached segments before it gives up); the search aims just under the allocated
+       bound and stops within ``tolerance`` of it. It never stops on a model that a size which ran
+       contradicts;
+    4. a failed prediction is refined (regula falsi from a known peak, a small step down or the careful end
+       of the band after an out-of-memory error, then bisection between the largest size that fit and the
+       smallest that did not) until the two are within ``tolerance``.
 
     Between trials, garbage is collected and the device cache emptied; a caught out-of-memory error has
     its traceback frames cleared so its tensors do not stay allocated. With ``margin=0`` the answer is the

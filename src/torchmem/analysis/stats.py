@@ -116,6 +116,8 @@ class MemoryStats:
         unexplained: ``process_used - context - reserved - other_allocators``: what no reading explains.
         other_processes: Other processes on this device, with their usage.
         pinned_host: Page-locked host memory held by torch's host allocator.
+        limit: The per-process cap in effect (:func:`torchmem.limit`, or a memory fraction set another way),
+            in bytes; ``None`` when no cap is in effect.
         notes: Why some figures are ``n/a``, and what to do about it.
     """
 
@@ -145,6 +147,7 @@ class MemoryStats:
     unexplained: int | None = None
     other_processes: tuple[ProcessMemory, ...] | None = None
     pinned_host: int | None = None
+    limit: int | None = None
     notes: tuple[str, ...] = ()
 
     @property
@@ -202,6 +205,7 @@ def build_stats(
     other_allocators: Mapping[str, int] | None = None,
     other_processes: tuple[ProcessMemory, ...] | None = None,
     pinned_host: int | None = None,
+    limit: int | None = None,
     notes: tuple[str, ...] = (),
 ) -> MemoryStats:
     """Derive a :class:`MemoryStats` from raw readings.
@@ -292,6 +296,7 @@ def build_stats(
         unexplained=unexplained,
         other_processes=other_processes,
         pinned_host=pinned_host,
+        limit=limit,
         notes=notes,
     )
 

@@ -7,7 +7,7 @@ import sys
 import time
 
 from torchmem.analysis.stats import MemoryStats, ProcessMemory, build_stats
-from torchmem.devices import Backend, CpuBackend, CudaBackend, DeviceLike, _context, _nvml, backend
+from torchmem.devices import Backend, CpuBackend, CudaBackend, DeviceLike, _context, _nvml, _ops, backend
 from torchmem.devices._cpu import process_rss
 from torchmem.devices._foreign import foreign_pools
 
@@ -41,6 +41,7 @@ def _read_cpu(be: CpuBackend) -> MemoryStats:
         hot=tuple(hot),  # type: ignore[arg-type]
         mem_info=be.mem_info(),
         process_used=process_rss(),
+        limit=_limit(be),
         notes=notes,
     )
 
@@ -55,6 +56,7 @@ def _read_generic(be: Backend) -> MemoryStats:
         allocator=be.allocator_stats(),
         hot=tuple(be.hot()),  # type: ignore[arg-type]
         mem_info=be.mem_info(),
+        limit=_limit(be),
         notes=("Per-process device usage is not available for this device kind.",),
     )
 
@@ -112,8 +114,17 @@ def _read_cuda(be: CudaBackend) -> MemoryStats:
         other_allocators=pools,
         other_processes=others,
         pinned_host=pinned,
+        limit=_limit(be),
         notes=tuple(notes),
     )
+
+
+def _limit(be: Backend) -> int | None:
+    """The per-process cap on the device (never initialises it; a failed read is "no cap known")."""
+    try:
+        return _ops.memory_limit(be.device)
+    except Exception:
+        return None
 
 
 def process_usage(be: Backend) -> int | None:

@@ -22,6 +22,7 @@ def stats_rows(s: MemoryStats) -> list[tuple[str, str]]:
             ("machine memory", fmt_bytes(s.device_total)),
             ("machine available", fmt_bytes(s.device_free)),
             ("this process (RSS)", fmt_bytes(s.process_used)),
+            *([("limit (torchmem.limit)", fmt_bytes(s.limit))] if s.limit is not None else []),
         ]
     rows: list[tuple[str, str]] = [
         ("allocated", fmt_bytes(s.allocated)),
@@ -41,6 +42,7 @@ def stats_rows(s: MemoryStats) -> list[tuple[str, str]]:
         ("outside PyTorch", fmt_bytes(s.non_torch)),
         ("other processes", fmt_bytes(s.other_processes_used)),
         ("pinned host memory", fmt_bytes(s.pinned_host)),
+        ("limit (per process)", "none" if s.limit is None else fmt_bytes(s.limit)),
     ]
     return rows
 
