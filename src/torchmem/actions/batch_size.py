@@ -619,13 +619,15 @@ class _Search:
             # Over budget with a known peak: regula falsi (the line runs through it), else bisection.
             n = math.floor(hi)
             return n if g < n < b else (g + b) // 2
-        # Out of memory: one step down when close (after the first failure), else the larger of the
-        # midpoint and the careful end of the band (the reserved model, which errs small).
+        # Out of memory: one step down when close (after the first failure), else the largest of the
+        # midpoint and the careful models below the failure: the low end of the band (the reserved
+        # line) and the proportional model from the largest size that fit.
         if self.fails_in_row == 1 and b - g <= 3 * step(b):
             return clip(b - step(b))
-        mid = (g + b) // 2
-        n = math.floor(lo)
-        return clip(max(mid, n if n < b else mid))
+        prop = self._proportional("peak", baseline, cast(int, budget))
+        options = [(g + b) // 2]
+        options += [math.floor(x) for x in (lo, prop) if x is not None and g < math.floor(x) < b]
+        return clip(max(options))
 
 
 # -- public entry points --------------------------------------------------------------------------------
