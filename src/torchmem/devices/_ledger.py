@@ -145,6 +145,7 @@ def _internal_dirs() -> tuple[str, ...]:
 
 
 _INTERNAL: tuple[str, ...] | None = None
+_DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_demo", "")
 _internal_code: dict[Any, bool] = {}
 
 
@@ -164,7 +165,8 @@ def birth_site(skip: int = 1) -> Site | None:
         internal = cache.get(code)
         if internal is None:
             fn = code.co_filename
-            internal = fn.startswith(_INTERNAL) or fn.startswith("<frozen")
+            # The bundled demo script lives in the package but is user code.
+            internal = (fn.startswith(_INTERNAL) and not fn.startswith(_DEMO)) or fn.startswith("<frozen")
             cache[code] = internal
         if not internal:
             return Site(code.co_filename, f.f_lineno, code.co_name)

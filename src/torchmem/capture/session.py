@@ -1,0 +1,336 @@
+"""A monitoring session around a whole program: what ``torchmem run`` and ``torchmem demo`` record.
+
+One session = a capture file (written line by line, crash-safe), a :class:`~torchmem.capture.watch.Watcher`
+whose steps are the program's optimizer steps (or a named function's returns), a sampler thread for the
+timeline and the live status line, the CUDA OOM observer, and the readings at start and end.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import torch
+
+from torchmem._format import fmt_bytes
+from torchmem.analysis.leaks import LeakReport
+from torchmem.capture.read import counters
+from torchmem.capture.watch import Watcher, watch
+from torchmem.devices import DeviceLike, resolve
+
+
+@dataclass(frozen=True)
+class SessionResult:
+    """What a session recorded, in short (the capture file has everything)."""
+
+    capture: str
+    steps: int
+    seconds: float
+    peak_allocated: int | None
+    peak_reserved: int | None
+    leak: LeakReport | None
+    oom: Any
+    exit_code: int | None
+    reason: str
+
+
+class Session:
+    """Monitors the calling thread's program from :meth:`start` to :meth:`finish`."""
+
+    def __init__(
+        self,
+        capture: str,
+        *,
+        device: DeviceLike = None,
+        interval: float = 0.05,
+        status: bool | None = None,
+        step_marker: str | None = None,
+        modules: bool = False,
+        argv: list[str] | None = None,
+        status_file: TextIO | None = None,
+        warmup: int = 3,
+    ) -> None:
+        self.capture = capture
+        self.device = resolve(device)
+        self.interval = interval
+        self._status_file = status_file if status_file is not None else sys.stderr
+        self.status = (
+            status if status is not None else bool(getattr(self._status_file, "isatty", lambda: False)())
+        )
+        self.step_marker = step_marker
+        self.modules = modules
+        self.argv = list(argv or sys.argv)
+        self.warmup = warmup
+        self._writer: Any = None
+        self._watcher: Watcher[Any] | None = None
+        self._hook: Any = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._t0 = 0.0
+        self._main = threading.get_ident()
+        self._pid = os.getpid()
+        self._steps = 0
+        self._leak_written = False
+        self._observer: Any = None
+        self._status_len = 0
+        self._profile_prev: Any = None
+        self._profiler: Any = None
+        self._profiled = False
+        self._disabled = False
+
+    # -- start -----------------------------------------------------------------------------------
+    def start(self) -> Session:
+        """Open the capture (errors here are raised before the program runs), then start monitoring."""
+        from torchmem.capture.file import CaptureWriter
+
+        self._t0 = time.perf_counter()
+        self._writer = CaptureWriter(
+            self.capture,
+            device=str(self.device),
+            device_name=_device_name(self.device),
+            argv=self.argv,
+            source="allocator" if self.device.type != "cpu" else "ledger",
+        )
+        self._record_stats("start")
+        self._watcher = watch(device=self.device, warn=False, warmup=self.warmup)
+        self._watcher.__enter__()
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        if self.step_marker:
+            self._profile_prev = sys.getprofile()
+            sys.setprofile(self._profile)
+        os.register_at_fork(after_in_child=self._in_child)
+        self._thread = threading.Thread(target=self._sample_loop, name="torchmem-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    # -- steps -----------------------------------------------------------------------------------
+    def _on_optimizer_step(self, *_args: Any, **_kwargs: Any) -> None:
+        if not self.step_marker and threading.get_ident() == self._main and not self._disabled:
+            self.step()
+
+    def _profile(self, frame: types.FrameType, event: str, _arg: Any) -> None:
+        if event == "return" and frame.f_code.co_name == self.step_marker and not self._disabled:
+            self.step()
+
+    def step(self) -> None:
+        """One step ended: the watcher's reading, a step marker in the capture, the leak record once."""
+        try:
+            w = self._watcher
+            if w is None:
+                return
+            w.step()
+            self._steps = w.steps
+            reading = counters(self.device)
+            self._write("step", step=self._steps, allocated=reading.allocated)
+            if w.leaking and w.report().culprits and not self._leak_written:
+                self._leak_written = True
+                self._write("leak", report=w.report().to_dict())
+            if self.modules and not self._profiled:
+                self._module_profile_step()
+            if self._observer is None and self.device.type == "cuda" and torch.cuda.is_initialized():
+                from torchmem.capture.oom import attach_oom_observer
+
+                self._observer = attach_oom_observer()
+        except Exception as exc:  # never break the program
+            self._note(f"step bookkeeping failed: {type(exc).__name__}: {exc}")
+
+    def _module_profile_step(self) -> None:
+        """Profile one step per module (``--modules``): from the end of step 1 to the end of step 2."""
+        try:
+            from torchmem.capture.profile import profile
+        except ImportError:  # pragma: no cover - the profile module ships with torchmem
+            self._profiled = True
+            return
+        if self._profiler is None:
+            if self._steps < 1:
+                return
+            model = _largest_module()
+            if model is None:
+                self._note("--modules: no nn.Module with parameters was found to profile")
+                self._profiled = True
+                return
+            self._profiler = profile(model, device=self.device)
+            self._profiler.__enter__()
+            return
+        prof, self._profiler = self._profiler, None
+        self._profiled = True
+        prof.__exit__(None, None, None)
+        rep = prof.report()
+        d = rep.to_dict()
+        self._write("modules", rows=d.get("rows", []), notes=list(d.get("notes", [])))
+
+    # -- sampling and status ---------------------------------------------------------------------
+    def _sample_loop(self) -> None:
+        last_status = 0.0
+        while not self._stop.wait(self.interval):
+            if self._disabled:
+                return
+            try:
+                r = counters(self.device)
+                self._write(
+                    "sample",
+                    step=self._steps,
+                    allocated=r.allocated,
+                    reserved=r.reserved,
+                    peak_allocated=r.peak_allocated,
+                    peak_reserved=r.peak_reserved,
+                )
+                now = time.perf_counter()
+                if self.status and now - last_status >= 0.25:
+                    last_status = now
+                    self._show_status(r.allocated, r.reserved, r.peak_allocated)
+            except Exception as exc:
+                self._note(f"sampler stopped: {type(exc).__name__}: {exc}")
+                return
+
+    def status_text(self, allocated: int | None, reserved: int | None, peak: int | None) -> str:
+        w = self._watcher
+        text = f"[torchmem] step {self._steps} | allocated {fmt_bytes(allocated)}"
+        if reserved is not None:
+            text += f" | reserved {fmt_bytes(reserved)}"
+        text += f" | peak {fmt_bytes(peak)}"
+        if w is not None and w.leaking:
+            text += f" | LEAK +{fmt_bytes(int(w.report().bytes_per_step))}/step"
+        return text
+
+    def _show_status(self, allocated: int | None, reserved: int | None, peak: int | None) -> None:
+        text = self.status_text(allocated, reserved, peak)
+        pad = max(0, self._status_len - len(text))
+        self._status_len = len(text)
+        self._status_file.write("\r" + text + " " * pad)
+        self._status_file.flush()
+
+    def _clear_status(self) -> None:
+        if self.status and self._status_len:
+            self._status_file.write("\r" + " " * self._status_len + "\r")
+            self._status_file.flush()
+            self._status_len = 0
+
+    # -- end -------------------------------------------------------------------------------------
+    def finish(self, exit_code: int | None, reason: str, exc: BaseException | None = None) -> SessionResult:
+        """Stop monitoring, explain an OOM, write the final records and close the capture."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        self._clear_status()
+        if self.step_marker:
+            sys.setprofile(self._profile_prev)
+        if self._hook is not None:
+            self._hook.remove()
+        if self._profiler is not None:  # the program ended inside the profiled step
+            try:
+                self._profiler.__exit__(None, None, None)
+            except Exception as e:
+                self._note(f"--modules: the profile could not be finished ({type(e).__name__}: {e})")
+            self._profiler = None
+        w = self._watcher
+        r = counters(self.device)  # before the watcher stops: on the CPU its ledger is the figure
+        leak: LeakReport | None = None
+        if w is not None:
+            w.stop()
+            leak = w.report()
+            self._write("leak", report=leak.to_dict(), final=True)
+        oom = None
+        if exc is not None:
+            from torchmem.analysis.oom import is_oom
+
+            if is_oom(exc):
+                reason = "oom"
+                try:
+                    from torchmem.capture.oom import explain_oom
+
+                    oom = explain_oom(exc, device=self.device, leak=leak if leak and leak.leaking else None)
+                    self._write("oom", diagnosis=oom.to_dict(), step=self._steps)
+                except Exception as e:
+                    self._note(f"the OOM could not be explained ({type(e).__name__}: {e})")
+        self._record_stats("end")
+        seconds = time.perf_counter() - self._t0
+        if self._writer is not None and not self._disabled:
+            with self._lock:
+                self._writer.close(exit_code=exit_code, reason=reason, steps=self._steps, seconds=seconds)
+        return SessionResult(
+            capture=self.capture,
+            steps=self._steps,
+            seconds=seconds,
+            peak_allocated=r.peak_allocated,
+            peak_reserved=r.peak_reserved,
+            leak=leak,
+            oom=oom,
+            exit_code=exit_code,
+            reason=reason,
+        )
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _record_stats(self, when: str) -> None:
+        try:
+            from torchmem.capture.snapshot import read_stats
+
+            s = read_stats(self.device)
+            try:
+                bd: Any = s.breakdown().to_dict()
+            except Exception:
+                bd = None
+            self._write("stats", when=when, stats=s.to_dict(), breakdown=bd)
+        except Exception as exc:
+            self._note(f"stats at {when} could not be read ({type(exc).__name__}: {exc})")
+
+    def _write(self, kind: str, **fields: Any) -> None:
+        if self._writer is None or self._disabled:
+            return
+        with self._lock:
+            if kind == "sample":
+                self._writer.sample(**fields)
+            elif kind == "step":
+                self._writer.step(**fields)
+            else:
+                self._writer.record(kind, **fields)
+
+    def _note(self, text: str) -> None:
+        try:
+            self._write("note", text=text)
+        except Exception:  # the writer reports its own failures once
+            pass
+
+    def _in_child(self) -> None:
+        # A forked child (DataLoader workers) is not monitored: it must never write the parent's capture.
+        if os.getpid() != self._pid:
+            self._disabled = True
+            self._writer = None
+
+
+def _device_name(dev: torch.device) -> str | None:
+    try:
+        from torchmem.devices import backend
+
+        return backend(dev).name()
+    except Exception:
+        return None
+
+
+def _largest_module() -> torch.nn.Module | None:
+    """The top-level nn.Module with the most parameters among live objects (the model being trained)."""
+    import gc
+
+    mods = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    children = {id(c) for m in mods for c in m.children()}
+    tops = [m for m in mods if id(m) not in children]
+    best: tuple[int, torch.nn.Module] | None = None
+    for m in tops:
+        n = sum(p.numel() for p in m.parameters())
+        if n and (best is None or n > best[0]):
+            best = (n, m)
+    return best[1] if best else None
+
+
+Runner = Callable[[], None]
+
+__all__ = ["Session", "SessionResult"]
