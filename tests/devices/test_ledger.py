@@ -628,3 +628,20 @@ def test_nested_tensors_do_not_crash(nbytes: NB) -> None:
         del nt, nt2, jagged, jagged2
         gc.collect()
         assert cpu.allocated == 0
+
+
+def test_users_of_one_thread_may_end_in_any_order() -> None:
+    from contextlib import ExitStack
+
+    led = ledger()
+    first, second = ExitStack(), ExitStack()
+    first.enter_context(led.enabled())
+    second.enter_context(led.enabled())
+    first.close()  # the first user ends before the second: recording must go on
+    a = torch.ones(1000)
+    assert led.current("cpu") >= a.untyped_storage().nbytes()
+    second.close()
+    assert not led.active and torch._C._len_torch_dispatch_stack() == 0
+    with led.enabled():  # and a later user records again
+        b = torch.ones(2000)
+        assert led.current("cpu") == b.untyped_storage().nbytes()

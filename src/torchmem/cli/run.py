@@ -118,7 +118,11 @@ def execute(target: str, argv: list[str], module: bool, err: TextIO) -> Outcome:
 def _print_exception(e: BaseException, target: str, err: TextIO) -> None:
     """The traceback Python would print, without torchmem's and runpy's frames."""
     tb = e.__traceback__
-    here = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))), os.path.dirname(runpy.__file__))
+    here = (
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        os.path.dirname(runpy.__file__),
+        "<frozen runpy>",
+    )
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(here):
         tb = tb.tb_next
     traceback.print_exception(type(e), e, tb if tb is not None else e.__traceback__, file=err)

@@ -314,20 +314,25 @@ class Ledger:
                 "This torch build has no torch.utils._python_dispatch.TorchDispatchMode.",
                 "Exact tensor accounting needs torch >= 2.0.",
             )
-        depth = getattr(self._tls, "depth", 0)
-        mode = None
+        # Users of one thread may end in any order (a watcher started before a limit and stopped after
+        # it): count them, push the mode on the first and pop it with the last, whoever that is.
         with self._lock:
             self._users += 1
+        depth = getattr(self._tls, "depth", 0)
         if depth == 0:
             mode = _LedgerMode(self)
             mode.__enter__()
+            self._tls.mode = mode
         self._tls.depth = depth + 1
         try:
             yield self
         finally:
-            self._tls.depth = depth
-            if mode is not None:
-                mode.__exit__(None, None, None)
+            self._tls.depth = getattr(self._tls, "depth", 1) - 1
+            if self._tls.depth == 0:
+                mode = getattr(self._tls, "mode", None)
+                self._tls.mode = None
+                if mode is not None:
+                    mode.__exit__(None, None, None)
             with self._lock:
                 self._users -= 1
                 if self._users == 0:

@@ -1,0 +1,199 @@
+"""``torchmem run`` and ``torchmem demo`` end to end on the CPU: through main(argv) and a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import torchmem
+from torchmem.cli import main
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+LEAKY = textwrap.dedent(
+    """
+    import sys, torch
+    model = torch.nn.Linear(256, 256)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    kept = []
+    for step in range(int(sys.argv[1]) if len(sys.argv) > 1 else 16):
+        loss = model(torch.randn(512, 256)).square().mean()
+        loss.backward(); opt.step(); opt.zero_grad()
+        kept.append(model(torch.randn(512, 256)))  # LEAK: outputs kept with their graphs
+    print("trained", sys.argv[1:])
+    """
+)
+
+
+def _records(path: Path) -> list[dict[str, object]]:
+    lines = path.read_text().splitlines()
+    return [json.loads(x) for x in lines[1:]]
+
+
+def _write(tmp_path: Path, name: str, code: str) -> Path:
+    p = tmp_path / name
+    p.write_text(code)
+    return p
+
+
+def test_run_monitors_a_script_and_names_its_leak(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _write(tmp_path, "train.py", LEAKY)
+    cap = tmp_path / "cap.jsonl"
+    code = main(["run", "-o", str(cap), "--no-status", str(script), "16"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert "trained ['16']" in out  # the script's argv and stdout are its own
+    assert (
+        "LEAK on cpu" in err and "retained_graph" in err and "train.py:9" in err and "__main__.kept[" in err
+    )
+    recs = _records(cap)
+    kinds = [r["type"] for r in recs]
+    assert kinds.count("step") == 16
+    assert "sample" in kinds and kinds[-1] == "end"
+    end = recs[-1]
+    assert end["exit_code"] == 0 and end["reason"] == "exit" and end["steps"] == 16
+    leak = [r for r in recs if r["type"] == "leak"][-1]["report"]
+    assert leak["leaking"] and leak["culprits"][0]["site"] == "train.py:9"  # type: ignore[index]
+
+
+def test_exit_codes_are_passed_through(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _write(tmp_path, "exit3.py", "import sys\nprint('bye')\nsys.exit(3)\n")
+    assert main(["run", "-q", "-o", str(tmp_path / "c.jsonl"), str(script)]) == 3
+    assert _records(tmp_path / "c.jsonl")[-1]["exit_code"] == 3
+    failing = _write(tmp_path, "boom.py", "def f():\n    raise ValueError('boom')\nf()\n")
+    assert main(["run", "-q", "-o", str(tmp_path / "d.jsonl"), str(failing)]) == 1
+    err = capsys.readouterr().err
+    assert "ValueError: boom" in err and 'boom.py", line 3' in err
+    assert "runpy" not in err and "torchmem/cli" not in err  # the traceback Python would print
+    assert _records(tmp_path / "d.jsonl")[-1]["reason"] == "exception"
+
+
+def test_missing_script_and_unwritable_capture_fail_before_running(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", str(tmp_path / "nope.py")]) == 2
+    assert "Script not found" in capsys.readouterr().err
+    marker = tmp_path / "ran"
+    script = _write(tmp_path, "s.py", f"open({str(marker)!r}, 'w').close()\n")
+    assert main(["run", "-o", str(tmp_path / "missing-dir" / "c.jsonl"), str(script)]) != 0
+    assert not marker.exists()  # the program never started
+    assert main(["run", "--html", str(tmp_path / "missing-dir" / "r.html"), str(script)]) == 2
+    assert not marker.exists()
+    assert main(["run"]) == 2
+
+
+def test_cpu_oom_is_explained_and_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _write(
+        tmp_path,
+        "oom.py",
+        textwrap.dedent(
+            """
+            import torch, torchmem
+            torchmem.limit(8 << 20, "cpu")
+            held = [torch.ones(1 << 20) for _ in range(4)]   # 16 MiB > 8 MiB
+            """
+        ),
+    )
+    cap = tmp_path / "oom.jsonl"
+    try:
+        code = main(["run", "-o", str(cap), "--no-status", str(script)])
+    finally:
+        torchmem.limit(None, "cpu")  # the script's cap outlives it in this process (a real run exits)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "OutOfMemoryError" in err
+    recs = _records(cap)
+    assert recs[-1]["reason"] == "oom"
+    assert any(r["type"] == "oom" for r in recs)
+
+
+def test_module_form_and_dataloader_workers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(
+        textwrap.dedent(
+            """
+            import torch
+            from torch.utils.data import DataLoader, TensorDataset
+            if __name__ == "__main__":
+                ds = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+                model = torch.nn.Linear(8, 1)
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                for x, y in DataLoader(ds, batch_size=8, num_workers=2):
+                    (model(x) - y).square().mean().backward(); opt.step(); opt.zero_grad()
+                print("workers ok")
+            """
+        )
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        code = main(["run", "-q", "--no-status", "-o", str(tmp_path / "m.jsonl"), "-m", "mypkg.train"])
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("mypkg", None)
+        sys.modules.pop("mypkg.train", None)
+    assert code == 0
+    assert "workers ok" in capsys.readouterr().out
+    recs = _records(tmp_path / "m.jsonl")
+    assert recs[-1]["steps"] == 8
+    assert len({r["type"] for r in recs}) >= 4  # one writer, no lines from the forked workers
+
+
+def test_step_marker_counts_a_function(tmp_path: Path) -> None:
+    script = _write(
+        tmp_path,
+        "infer.py",
+        "import torch\nm = torch.nn.Linear(4, 4)\ndef predict():\n    return m(torch.ones(2, 4))\n"
+        "for _ in range(5):\n    predict()\n",
+    )
+    assert (
+        main(
+            [
+                "run",
+                "-q",
+                "--no-status",
+                "--step-marker",
+                "predict",
+                "-o",
+                str(tmp_path / "s.jsonl"),
+                str(script),
+            ]
+        )
+        == 0
+    )
+    assert _records(tmp_path / "s.jsonl")[-1]["steps"] == 5
+
+
+def test_run_in_a_real_subprocess_passes_the_exit_code_and_leaves_stdout_alone(tmp_path: Path) -> None:
+    script = _write(tmp_path, "s.py", "import sys\nprint('hello from the script')\nsys.exit(7)\n")
+    env = dict(os.environ, PYTHONPATH=SRC)
+    out = subprocess.run(
+        [sys.executable, "-m", "torchmem", "run", "-o", str(tmp_path / "c.jsonl"), str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
+    assert out.returncode == 7
+    assert out.stdout == "hello from the script\n"
+    assert "torchmem: 0 steps" in out.stderr
+
+
+def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["demo", "--steps", "16", "-o", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "LEAK" in err and "flat: no leak" in err
+    assert "val_losses" in err and "train.py:" in err and "loss.item()" in err
+    leaky = _records(tmp_path / "leaky.jsonl")
+    assert [r for r in leaky if r["type"] == "leak"][-1]["report"]["leaking"]  # type: ignore[index]
+    fixed = _records(tmp_path / "fixed.jsonl")
+    assert not [r for r in fixed if r["type"] == "leak"][-1]["report"]["leaking"]  # type: ignore[index]
