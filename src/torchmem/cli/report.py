@@ -1,0 +1,55 @@
+"""``torchmem report CAPTURE``: the summary of a capture file, as text or JSON, a PNG plot, an HTML page."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "report",
+        help="summarise a capture file (torchmem run); write an HTML report or a PNG timeline",
+        description="Summarise a capture file written by `torchmem run`. A truncated capture (a killed "
+        "run) is reported up to where it stops.",
+    )
+    p.add_argument("capture", metavar="CAPTURE", help="the capture file (.jsonl) written by torchmem run")
+    p.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML report")
+    p.add_argument("--plot", metavar="OUT.png", help="write the timeline as a PNG (needs torchmem[plot])")
+    p.add_argument("--json", action="store_true", help="print the capture as JSON instead of the summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    from torchmem.capture.file import read_capture
+    from torchmem.report._output import check_writable
+
+    # Every check before any output: a missing extra or a bad path leaves nothing half done.
+    if args.plot:
+        from torchmem.report.plot import require_matplotlib
+
+        require_matplotlib()
+        check_writable(args.plot, "plot")
+    if args.html:
+        check_writable(args.html, "HTML report")
+    cap = read_capture(args.capture)
+
+    if args.json:
+        json.dump(cap.to_dict(), sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        from torchmem.report.summary import write_summary
+
+        write_summary(cap, sys.stdout)
+    # With --json, stdout is JSON only: what was written is said on stderr.
+    said = sys.stderr if args.json else sys.stdout
+    if args.html:
+        from torchmem.report.html import write_html
+
+        print(f"HTML report: {write_html(cap, args.html)}", file=said)
+    if args.plot:
+        from torchmem.report.plot import write_plot
+
+        print(f"timeline plot: {write_plot(cap, args.plot)}", file=said)
+    return 0
