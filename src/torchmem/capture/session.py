@@ -234,6 +234,7 @@ class Session:
             self._profiler = None
         w = self._watcher
         r = counters(self.device)  # before the watcher stops: on the CPU its ledger is the figure
+        self._record_stats("end")
         leak: LeakReport | None = None
         if w is not None:
             w.stop()
@@ -252,7 +253,6 @@ class Session:
                     self._write("oom", diagnosis=oom.to_dict(), step=self._steps)
                 except Exception as e:
                     self._note(f"the OOM could not be explained ({type(e).__name__}: {e})")
-        self._record_stats("end")
         seconds = time.perf_counter() - self._t0
         if self._writer is not None and not self._disabled:
             with self._lock:

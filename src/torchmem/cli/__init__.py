@@ -13,10 +13,11 @@ from collections.abc import Sequence
 from torchmem._errors import TorchmemError
 from torchmem.cli import demo as demo_cmd
 from torchmem.cli import explain as explain_cmd
+from torchmem.cli import report as report_cmd
 from torchmem.cli import run as run_cmd
 from torchmem.cli import stats as stats_cmd
 
-_COMMANDS = {"stats": stats_cmd, "explain": explain_cmd, "run": run_cmd, "demo": demo_cmd}
+_COMMANDS = {"stats": stats_cmd, "explain": explain_cmd, "run": run_cmd, "report": report_cmd, "demo": demo_cmd}
 
 
 def _parser() -> argparse.ArgumentParser:
