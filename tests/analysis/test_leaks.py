@@ -154,6 +154,7 @@ def _g(paths: tuple[str, ...], **kw: object) -> SiteGrowth:
         (_g(("__main__.model._forward_hooks[0] -> closure 'acts'[3]",)), "hook"),
         (_g(("x.py:3 in f(), local 'cache'",), storages_per_step=0.0), "growing_tensor"),
         (_g(("pytest.REGISTRY['a']",)), "global_registry"),
+        (_g(("__main__.kept[3]",)), "device_accumulation"),  # a script's variable, not a registry
         (_g(("x.py:3 in f(), local 'trainer'.cache['b1']",)), "cache"),
         (_g(("x.py:3 in f(), local 'history'[5]",)), "device_accumulation"),
         (_g(("x.py:3 in f(), local 'w'",)), "unknown"),

@@ -184,3 +184,32 @@ def test_deep_mode_attributes_without_waiting_for_detection() -> None:
     r = w.report()
     assert not r.leaking
     assert r.culprits and "kept" in (r.culprits[0].holder or "")
+
+
+def test_a_dead_weakref_proxy_in_a_cycle_does_not_break_attribution() -> None:
+    import gc
+    import weakref
+
+    class Obj:
+        pass
+
+    class Cyc:
+        def __init__(self) -> None:
+            self.me = self
+            target = Obj()
+            self.proxy = weakref.proxy(target)  # dies with `target`: a dead proxy in the garbage
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        Cyc()
+        kept: list[torch.Tensor] = []
+        w = torchmem.watch(range(12), device="cpu", warn=False)
+        for _ in w:
+            kept.append(torch.ones(256 * 1024))
+    finally:
+        if was:
+            gc.enable()
+    r = w.report()
+    assert r.leaking and r.culprits
+    assert not any("internal error" in n for n in r.notes)

@@ -326,10 +326,14 @@ def holder_name(path: str) -> str:
     return head.split(" ")[-1] or path
 
 
-def _module_global(container: str) -> str | None:
-    """``"REGISTRY"`` when ``container`` (``"pkg.mod.REGISTRY"``) names a global of an imported module."""
+def _module_global(container: str, *, scripts: bool = True) -> str | None:
+    """``"REGISTRY"`` when ``container`` (``"pkg.mod.REGISTRY"``) names a global of an imported module.
+
+    With ``scripts=False`` the running script's own globals (``__main__``) do not count: there every variable
+    is a global, and a list there is a variable, not a module-level registry.
+    """
     mod, _, name = container.rpartition(".")
-    if mod and name.isidentifier() and mod in sys.modules:
+    if mod and name.isidentifier() and mod in sys.modules and (scripts or mod != "__main__"):
         return name
     return None
 
@@ -357,7 +361,7 @@ def _kind(g: SiteGrowth) -> str:
     head = indexed[0]
     keyed = bool(re.search(r"\[(?:'|\")", head))
     in_frame = "local '" in head or re.match(r"^\S+:\d+ in ", head)
-    if not in_frame and _module_global(_INDEX.split(head)[0]) is not None:  # not `obj.attr[...]`
+    if not in_frame and _module_global(_INDEX.split(head)[0], scripts=False) is not None:  # not `obj.x[...]`
         return GLOBAL
     return CACHE if keyed else ACCUMULATION
 

@@ -219,7 +219,8 @@ class Watcher(Generic[T]):
         be = backend(dev)
         self._backend = be
         self._stack = ExitStack()
-        has_stats = be.hot().allocated is not None
+        # The CPU has no allocator: its figure is always the ledger's, even inside cpu_tracking().
+        has_stats = dev.type != "cpu" and be.hot().allocated is not None
         if self._source_wanted == "allocator" and not has_stats:
             raise WatchError(
                 f"{dev} has no allocator statistics to watch.",
@@ -560,6 +561,13 @@ class Watcher(Generic[T]):
         )
 
 
+def _dict_of(o: Any) -> Any:
+    try:
+        return object.__getattribute__(o, "__dict__")
+    except Exception:  # no __dict__, or a dead weakref.proxy
+        return None
+
+
 def _cycle_scan(keys: set[int]) -> dict[int, tuple[str, ...]]:
     """Storages among ``keys`` that only unreachable reference cycles hold, with the types that hold them.
 
@@ -581,8 +589,10 @@ def _cycle_scan(keys: set[int]) -> dict[int, tuple[str, ...]]:
     found: dict[int, tuple[str, ...]] = {}
     if garbage:
         targets: dict[int, int] = {}  # id(tensor) -> storage key
+        tensor_t = torch.Tensor
+        # type() rather than isinstance(): a dead weakref.proxy in the garbage raises on __class__.
         for o in garbage:
-            if isinstance(o, torch.Tensor):
+            if issubclass(type(o), tensor_t):
                 try:
                     k = o.untyped_storage()._cdata
                 except (RuntimeError, NotImplementedError):
@@ -593,13 +603,13 @@ def _cycle_scan(keys: set[int]) -> dict[int, tuple[str, ...]]:
             # Who in the cycle refers to each tensor: an object directly, or through its (inline) __dict__.
             owners: dict[int, list[Any]] = {}
             for o in garbage:
-                if isinstance(o, torch.Tensor):
+                if issubclass(type(o), tensor_t):
                     continue
                 for r in gc.get_referents(o):
                     k = targets.get(id(r))
                     if k is not None:
                         owners.setdefault(k, []).append(o)
-                    elif type(r) is dict and not isinstance(o, dict):
+                    elif type(r) is dict and type(o) is not dict:
                         for v in r.values():
                             k2 = targets.get(id(v))
                             if k2 is not None:
@@ -607,8 +617,8 @@ def _cycle_scan(keys: set[int]) -> dict[int, tuple[str, ...]]:
             holders: dict[int, list[str]] = {}
             for k, objs in owners.items():
                 for o in objs:
-                    if isinstance(o, dict):  # a materialised __dict__: name the object that owns it
-                        o = next((g for g in garbage if getattr(g, "__dict__", None) is o), o)
+                    if type(o) is dict:  # a materialised __dict__: name the object that owns it
+                        o = next((g for g in garbage if _dict_of(g) is o), o)
                     holders.setdefault(k, []).append(type(o).__name__)
                 objs.clear()
             for k in targets.values():

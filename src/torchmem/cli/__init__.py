@@ -17,7 +17,13 @@ from torchmem.cli import report as report_cmd
 from torchmem.cli import run as run_cmd
 from torchmem.cli import stats as stats_cmd
 
-_COMMANDS = {"stats": stats_cmd, "explain": explain_cmd, "run": run_cmd, "report": report_cmd, "demo": demo_cmd}
+_COMMANDS = {
+    "stats": stats_cmd,
+    "explain": explain_cmd,
+    "run": run_cmd,
+    "report": report_cmd,
+    "demo": demo_cmd,
+}
 
 
 def _parser() -> argparse.ArgumentParser:

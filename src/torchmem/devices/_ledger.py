@@ -329,10 +329,10 @@ class Ledger:
         finally:
             self._tls.depth = getattr(self._tls, "depth", 1) - 1
             if self._tls.depth == 0:
-                mode = getattr(self._tls, "mode", None)
+                pushed: Any = getattr(self._tls, "mode", None)
                 self._tls.mode = None
-                if mode is not None:
-                    mode.__exit__(None, None, None)
+                if pushed is not None:
+                    pushed.__exit__(None, None, None)
             with self._lock:
                 self._users -= 1
                 if self._users == 0:
