@@ -16,6 +16,15 @@ import pytest
 import torchmem
 
 EXPECTED_ALL = {
+    "ModuleProfile",
+    "ProfileReconciliation",
+    "ProfileReport",
+    "ProfileError",
+    "Profiler",
+    "profile",
+    "Capture",
+    "CaptureError",
+    "read_capture",
     "BatchSizeError",
     "BatchSizeResult",
     "DistributedTrialError",
@@ -91,6 +100,8 @@ EXPECTED_ALL = {
 }
 
 PUBLIC_FUNCTIONS = [
+    "profile",
+    "read_capture",
     "estimate",
     "find_batch_size",
     "attach_oom_observer",

@@ -52,10 +52,13 @@ from torchmem.analysis.holders import HolderPath, HolderSearch, find_holders, ho
 from torchmem.analysis.leaks import Culprit, LeakReport
 from torchmem.analysis.live import LiveTensor, LiveTensorReport
 from torchmem.analysis.oom import Cause, Fix, OOMDiagnosis, is_oom
+from torchmem.analysis.profile import ModuleProfile, ProfileReconciliation, ProfileReport
 from torchmem.analysis.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
 from torchmem.capture.cpu import CpuTracking, cpu_tracking
+from torchmem.capture.file import Capture, CaptureError, read_capture
 from torchmem.capture.measure import estimate
 from torchmem.capture.oom import OOMInputError, OOMObserver, attach_oom_observer, explain_oom
+from torchmem.capture.profile import ProfileError, Profiler, profile
 from torchmem.capture.read import counters, live_tensors, reset_peak, stats
 from torchmem.capture.track import Tracker, TrackResult, track
 from torchmem.capture.watch import LeakWarning, Watcher, WatchError, watch
@@ -70,6 +73,8 @@ __all__ = [
     "BreakdownRow",
     "Budget",
     "BudgetExceededError",
+    "Capture",
+    "CaptureError",
     "Cause",
     "CpuTracking",
     "Culprit",
@@ -92,12 +97,17 @@ __all__ = [
     "LiveTensorReport",
     "MemoryEstimate",
     "MemoryStats",
+    "ModuleProfile",
     "OOMDiagnosis",
     "OOMGuard",
     "OOMInputError",
     "OOMObserver",
     "OOMRecovery",
     "ProcessMemory",
+    "ProfileError",
+    "ProfileReconciliation",
+    "ProfileReport",
+    "Profiler",
     "ReleaseError",
     "ReleaseReport",
     "ReleasedError",
@@ -129,6 +139,8 @@ __all__ = [
     "limit",
     "live_tensors",
     "oom_guard",
+    "profile",
+    "read_capture",
     "release",
     "reset_peak",
     "scope",

@@ -197,3 +197,28 @@ def test_demo_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert [r for r in leaky if r["type"] == "leak"][-1]["report"]["leaking"]  # type: ignore[index]
     fixed = _records(tmp_path / "fixed.jsonl")
     assert not [r for r in fixed if r["type"] == "leak"][-1]["report"]["leaking"]  # type: ignore[index]
+
+
+def test_modules_profile_is_recorded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _write(
+        tmp_path,
+        "mlp.py",
+        textwrap.dedent(
+            """
+            import torch
+            model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4))
+            opt = torch.optim.Adam(model.parameters())
+            for _ in range(4):
+                model(torch.randn(32, 64)).square().mean().backward(); opt.step(); opt.zero_grad()
+            """
+        ),
+    )
+    cap = tmp_path / "mod.jsonl"
+    assert main(["run", "-q", "--no-status", "--modules", "-o", str(cap), str(script)]) == 0
+    mods = [r for r in _records(cap) if r["type"] == "modules"]
+    assert len(mods) == 1
+    rows = {r["module"]: r for r in mods[0]["rows"]}  # type: ignore[union-attr]
+    assert rows["0"]["params"] == (64 * 128 + 128) * 4
+    assert rows["0"]["optimizer_state"] >= 2 * (64 * 128 + 128) * 4  # Adam's two moments
+    assert main(["report", str(cap)]) == 0
+    assert "0" in capsys.readouterr().out

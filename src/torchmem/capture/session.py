@@ -55,8 +55,10 @@ class Session:
         argv: list[str] | None = None,
         status_file: TextIO | None = None,
         warmup: int = 3,
+        memory_viz: str | None = None,
     ) -> None:
         self.capture = capture
+        self.memory_viz = memory_viz
         self.device = resolve(device)
         self.interval = interval
         self._status_file = status_file if status_file is not None else sys.stderr
@@ -83,6 +85,7 @@ class Session:
         self._profile_prev: Any = None
         self._profiler: Any = None
         self._profiled = False
+        self._last_opt: Any = None
         self._disabled = False
 
     # -- start -----------------------------------------------------------------------------------
@@ -99,6 +102,13 @@ class Session:
             source="allocator" if self.device.type != "cpu" else "ledger",
         )
         self._record_stats("start")
+        if self.memory_viz is not None:
+            from torchmem.devices import _ops
+
+            problem = _ops.record_history(True)
+            if problem is not None:
+                self._note(f"--memory-viz: {problem}")
+                self.memory_viz = None
         self._watcher = watch(device=self.device, warn=False, warmup=self.warmup)
         self._watcher.__enter__()
         from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -113,9 +123,11 @@ class Session:
         return self
 
     # -- steps -----------------------------------------------------------------------------------
-    def _on_optimizer_step(self, *_args: Any, **_kwargs: Any) -> None:
-        if not self.step_marker and threading.get_ident() == self._main and not self._disabled:
-            self.step()
+    def _on_optimizer_step(self, opt: Any = None, *_args: Any, **_kwargs: Any) -> None:
+        if threading.get_ident() == self._main and not self._disabled:
+            self._last_opt = opt
+            if not self.step_marker:
+                self.step()
 
     def _profile(self, frame: types.FrameType, event: str, _arg: Any) -> None:
         if event == "return" and frame.f_code.co_name == self.step_marker and not self._disabled:
@@ -158,7 +170,8 @@ class Session:
                 self._note("--modules: no nn.Module with parameters was found to profile")
                 self._profiled = True
                 return
-            self._profiler = profile(model, device=self.device)
+            opt = self._last_opt if isinstance(self._last_opt, torch.optim.Optimizer) else None
+            self._profiler = profile(model, device=self.device, optimizer=opt)
             self._profiler.__enter__()
             return
         prof, self._profiler = self._profiler, None
@@ -235,6 +248,14 @@ class Session:
         w = self._watcher
         r = counters(self.device)  # before the watcher stops: on the CPU its ledger is the figure
         self._record_stats("end")
+        if self.memory_viz is not None:
+            from torchmem.devices import _ops
+
+            problem = _ops.dump_history_snapshot(self.memory_viz)
+            _ops.record_history(False)
+            self._note(
+                f"--memory-viz: {problem}" if problem else f"allocator history snapshot: {self.memory_viz}"
+            )
         leak: LeakReport | None = None
         if w is not None:
             w.stop()
@@ -320,7 +341,9 @@ def _largest_module() -> torch.nn.Module | None:
     """The top-level nn.Module with the most parameters among live objects (the model being trained)."""
     import gc
 
-    mods = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+    module_t = torch.nn.Module
+    # type() rather than isinstance(): some objects warn or raise when __class__ is read.
+    mods = [o for o in gc.get_objects() if issubclass(type(o), module_t)]
     children = {id(c) for m in mods for c in m.children()}
     tops = [m for m in mods if id(m) not in children]
     best: tuple[int, torch.nn.Module] | None = None

@@ -41,6 +41,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--interval", type=float, default=0.05, help="timeline sampling period in seconds")
     p.add_argument("--step-marker", metavar="FUNCTION", help="count a step at each return of this function")
     p.add_argument("--modules", action="store_true", help="per-module profile of the second step")
+    p.add_argument(
+        "--memory-viz",
+        metavar="PATH",
+        help="CUDA: record allocator history, write the snapshot pickle pytorch.org/memory_viz opens",
+    )
     p.add_argument("--warmup", type=int, default=3, help="steps the leak detector ignores at the start")
     p.add_argument("--no-status", action="store_true", help="no live status line, even on a terminal")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary at the end")
@@ -146,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         status=False if args.no_status else None,
         quiet=args.quiet,
+        memory_viz=args.memory_viz,
     )
 
 
@@ -164,6 +170,7 @@ def run_program(
     status: bool | None = None,
     quiet: bool = False,
     err: TextIO | None = None,
+    memory_viz: str | None = None,
 ) -> int:
     """Run a program under a monitoring session; returns the program's exit code."""
     return run_session(
@@ -180,6 +187,7 @@ def run_program(
         status=status,
         quiet=quiet,
         err=err,
+        memory_viz=memory_viz,
     )[0]
 
 
@@ -198,6 +206,7 @@ def run_session(
     status: bool | None = None,
     quiet: bool = False,
     err: TextIO | None = None,
+    memory_viz: str | None = None,
 ) -> tuple[int, Any]:
     """:func:`run_program`, also returning the session's :class:`~torchmem.capture.session.SessionResult`."""
     from torchmem.capture.session import Session
@@ -205,6 +214,8 @@ def run_session(
     err = err if err is not None else sys.stderr
     if html is not None:
         _check_writable(html)
+    if memory_viz is not None:
+        _check_writable(memory_viz)
     session = Session(
         capture,
         device=device,
@@ -215,6 +226,7 @@ def run_session(
         argv=argv,
         status_file=err,
         warmup=warmup,
+        memory_viz=memory_viz,
     ).start()  # an unwritable capture path fails here, before the program runs
     outcome = Outcome(1, "exception", None)
     try:

@@ -142,3 +142,41 @@ def cpu_total_memory() -> int | None:
     from torchmem.devices._cpu import physical_memory
 
     return physical_memory()
+
+
+def record_history(enabled: bool, max_entries: int = 100_000) -> str | None:
+    """Start or stop the CUDA allocator's history recording (private API, guarded).
+
+    Returns ``None`` on success, else why it is not available (no CUDA, an old torch, the cudaMallocAsync
+    backend).
+    """
+    if not torch.cuda.is_available():
+        return "allocator history needs CUDA"
+    mem: Any = torch.cuda.memory
+    rec = getattr(mem, "_record_memory_history", None)
+    if rec is None:
+        return "this torch has no torch.cuda.memory._record_memory_history"
+    try:
+        if enabled:
+            rec(max_entries=max_entries)
+        else:
+            rec(enabled=None)
+    except (RuntimeError, TypeError) as exc:
+        return f"allocator history could not be {'started' if enabled else 'stopped'}: {exc}"
+    return None
+
+
+def dump_history_snapshot(path: str) -> str | None:
+    """Write the allocator snapshot with its history as the pickle https://pytorch.org/memory_viz opens.
+
+    Returns ``None`` on success, else why not.
+    """
+    mem: Any = torch.cuda.memory
+    dump = getattr(mem, "_dump_snapshot", None)
+    if dump is None:
+        return "this torch has no torch.cuda.memory._dump_snapshot"
+    try:
+        dump(path)
+    except (RuntimeError, OSError) as exc:
+        return f"the snapshot could not be written: {exc}"
+    return None

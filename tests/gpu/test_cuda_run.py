@@ -1,0 +1,136 @@
+"""``torchmem run`` over real CUDA training scripts (a leak, an OOM): capture, reports, figures vs memory_stats."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+LEAK = textwrap.dedent(
+    """
+    import json, sys, torch
+    dev = torch.device("cuda", 0)
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 1)).to(dev)
+    opt = torch.optim.AdamW(model.parameters())
+    x_val = torch.randn(1024, 1024, device=dev)
+    val_losses = []
+    for step in range(30):
+        loss = model(torch.randn(512, 1024, device=dev)).square().mean()
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        val_losses.append(model(x_val).square().mean())   # keeps the validation graph
+    torch.cuda.synchronize()
+    s = torch.cuda.memory_stats(dev)
+    json.dump({"peak": s["allocated_bytes.all.peak"], "current": s["allocated_bytes.all.current"]},
+              open(sys.argv[1], "w"))
+    """
+)
+
+OOM = textwrap.dedent(
+    """
+    import torch, torchmem
+    dev = torch.device("cuda", 0)
+    torchmem.limit(2 << 30, dev)
+    model = torch.nn.Linear(4096, 4096).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    acts = []
+    for step in range(100):
+        out = model(torch.randn(8192, 4096, device=dev))
+        out.square().mean().backward(retain_graph=True); opt.step(); opt.zero_grad()
+        acts.append(out)   # grows until the 2 GiB limit
+    """
+)
+
+
+def _run(tmp: Path, name: str, code: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    script = tmp / name
+    script.write_text(code)
+    env = dict(os.environ, PYTHONPATH=SRC)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchmem",
+            "run",
+            "--no-status",
+            "-o",
+            str(tmp / f"{name}.jsonl"),
+            "--html",
+            str(tmp / f"{name}.html"),
+            *extra,
+            str(script),
+            str(tmp / f"{name}.json"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp,
+        check=False,
+    )
+
+
+def test_run_over_a_leaking_cuda_script(tmp_path: Path) -> None:
+    out = _run(tmp_path, "leak.py", LEAK, "--memory-viz", str(tmp_path / "snap.pickle"), "--modules")
+    print(out.stderr[-4000:])
+    assert out.returncode == 0, out.stderr
+    from torchmem.capture.file import read_capture
+
+    cap = read_capture(tmp_path / "leak.py.jsonl")
+    assert cap.header["device"] == "cuda:0" and cap.header["source"] == "allocator"
+    assert cap.end is not None and cap.end.steps == 30
+    leak = cap.leaks[-1].report
+    assert leak["leaking"] and leak["culprits"][0]["site"] == "leak.py:11", leak
+    assert "val_losses" in leak["culprits"][0]["holder"]
+    script = json.loads((tmp_path / "leak.py.json").read_text())
+    end = [s for s in cap.stats if s.when == "end"][-1].stats
+    assert end["peak_allocated"] == script["peak"]  # the end reading agrees with memory_stats to the byte
+    assert max(s.peak_allocated or 0 for s in cap.samples) <= script["peak"]
+    assert cap.modules, "--modules recorded a per-module table"
+    assert (tmp_path / "leak.py.html").stat().st_size > 10_000
+    snap = pickle.loads((tmp_path / "snap.pickle").read_bytes())
+    assert "segments" in snap and "device_traces" in snap
+    rep = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torchmem",
+            "report",
+            str(tmp_path / "leak.py.jsonl"),
+            "--plot",
+            str(tmp_path / "t.png"),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=SRC),
+        check=False,
+    )
+    assert rep.returncode == 0, rep.stderr
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_over_a_cuda_script_that_ooms(tmp_path: Path) -> None:
+    out = _run(tmp_path, "oom.py", OOM)
+    print(out.stderr[-4000:])
+    assert out.returncode == 1
+    assert "OutOfMemoryError" in out.stderr
+    from torchmem.capture.file import read_capture
+
+    cap = read_capture(tmp_path / "oom.py.jsonl")
+    assert cap.end is not None and cap.end.reason == "oom"
+    assert cap.ooms and cap.ooms[-1].diagnosis["causes"], cap.ooms
+    kinds = [c["kind"] for c in cap.ooms[-1].diagnosis["causes"]]
+    assert "leak" in kinds or "working_set" in kinds, kinds
+    assert (tmp_path / "oom.py.html").exists()
