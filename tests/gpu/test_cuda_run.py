@@ -1,4 +1,4 @@
-"""``torchmem run`` over real CUDA training scripts (a leak, an OOM): capture, reports, figures vs memory_stats."""
+"""``torchmem run`` over real CUDA scripts (a leak, an OOM): capture, reports, figures vs memory_stats."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 LEAK = textwrap.dedent(
     """
-    import json, sys, torch
+    import json, sys, torch; nn = torch.nn
     dev = torch.device("cuda", 0)
-    model = torch.nn.Sequential(torch.nn.Linear(1024, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 1)).to(dev)
+    model = nn.Sequential(nn.Linear(1024, 2048), nn.GELU(), nn.Linear(2048, 1)).to(dev)
     opt = torch.optim.AdamW(model.parameters())
     x_val = torch.randn(1024, 1024, device=dev)
     val_losses = []
