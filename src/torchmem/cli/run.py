@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise RunError("--interval must be positive.", "For example --interval 0.05.")
     capture = args.output or f"torchmem-{name}.jsonl"
-    return run_program(
+    return run_session(
         target,
         argv,
         module=bool(args.module),
@@ -152,42 +152,6 @@ def run(args: argparse.Namespace) -> int:
         status=False if args.no_status else None,
         quiet=args.quiet,
         memory_viz=args.memory_viz,
-    )
-
-
-def run_program(
-    target: str,
-    argv: list[str],
-    *,
-    module: bool = False,
-    capture: str,
-    device: Any = None,
-    html: str | None = None,
-    interval: float = 0.05,
-    step_marker: str | None = None,
-    modules: bool = False,
-    warmup: int = 3,
-    status: bool | None = None,
-    quiet: bool = False,
-    err: TextIO | None = None,
-    memory_viz: str | None = None,
-) -> int:
-    """Run a program under a monitoring session; returns the program's exit code."""
-    return run_session(
-        target,
-        argv,
-        module=module,
-        capture=capture,
-        device=device,
-        html=html,
-        interval=interval,
-        step_marker=step_marker,
-        modules=modules,
-        warmup=warmup,
-        status=status,
-        quiet=quiet,
-        err=err,
-        memory_viz=memory_viz,
     )[0]
 
 
@@ -208,7 +172,8 @@ def run_session(
     err: TextIO | None = None,
     memory_viz: str | None = None,
 ) -> tuple[int, Any]:
-    """:func:`run_program`, also returning the session's :class:`~torchmem.capture.session.SessionResult`."""
+    """Run a program under a monitoring session: its exit code and the session's
+    :class:`~torchmem.capture.session.SessionResult`."""
     from torchmem.capture.session import Session
 
     err = err if err is not None else sys.stderr
