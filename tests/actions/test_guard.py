@@ -202,3 +202,88 @@ def test_ipython_without_install_keeps_the_memory_pinned() -> None:
     finally:
         InteractiveShell.clear_instance()
         gc.collect()
+
+
+def test_reraise_false_swallows_only_the_oom_itself(capped: torchmem.CpuTracking) -> None:
+    """An error raised while handling an OOM (a failed cleanup) is its own failure: it must propagate."""
+    base = capped.allocated
+
+    def step_with_failing_cleanup() -> None:
+        try:
+            forward(20)
+        except torch.OutOfMemoryError:
+            raise FileNotFoundError("checkpoint.pt") from None
+
+    with pytest.raises(FileNotFoundError), oom_guard(reraise=False, quiet=True) as guard:
+        step_with_failing_cleanup()
+    assert guard.oom is not None and guard.oom.reraised  # recovered, and said so
+    assert capped.allocated == base  # the OOM's frames were still freed
+
+    guarded = oom_guard(reraise=False, quiet=True)(step_with_failing_cleanup)
+    with pytest.raises(FileNotFoundError):
+        guarded()
+
+
+def test_ipython_oom_cell_shows_its_traceback_then_the_diagnosis(capsys: pytest.CaptureFixture[str]) -> None:
+    """IPython ignores what a custom handler returns: torchmem's must display the traceback itself."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        shell.user_ns["forward"] = forward
+        with torchmem.cpu_tracking() as cpu, limit(30 * MiB, "cpu"):
+            install(ipython=True)
+            try:
+                capsys.readouterr()
+                base = cpu.allocated
+                shell.run_cell("forward(20)")
+                out = capsys.readouterr().out
+                assert cpu.allocated <= base
+            finally:
+                uninstall()
+        assert "OutOfMemoryError" in out and "Traceback" in out  # the usual traceback
+        assert "Causes, most likely first:" in out  # the diagnosis
+        assert "torchmem: freed" in out
+        assert out.index("Traceback") < out.index("Causes, most likely first:")
+        assert out.count("torchmem: freed") == 1
+    finally:
+        shell.user_ns.clear()
+        InteractiveShell.clear_instance()
+        sys.last_value = sys.last_traceback = sys.last_type = None
+        if hasattr(sys, "last_exc"):
+            sys.last_exc = None
+        gc.collect()
+
+
+def test_ipython_previous_handler_still_gets_its_exceptions_subclasses_included(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """IPython matches custom exceptions by isinstance: a RuntimeError handler also gets its subclasses."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    seen: list[str] = []
+
+    def previous(
+        self: object, etype: type, value: BaseException, tb: object, tb_offset: object = None
+    ) -> None:
+        seen.append(etype.__name__)
+
+    try:
+        shell.set_custom_exc((RuntimeError,), previous)
+        install(ipython=True)
+        try:
+            shell.run_cell("raise RuntimeError('plain')")
+            shell.run_cell("raise NotImplementedError('subclass')")
+            shell.run_cell("raise KeyError('not theirs')")
+        finally:
+            uninstall()
+        assert seen == ["RuntimeError", "NotImplementedError"]
+        assert "KeyError" in capsys.readouterr().out  # not theirs, not ours: IPython's usual traceback
+        assert shell.custom_exceptions == (RuntimeError,)
+    finally:
+        InteractiveShell.clear_instance()
+        sys.last_value = sys.last_traceback = sys.last_type = None
+        if hasattr(sys, "last_exc"):
+            sys.last_exc = None
+        gc.collect()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import threading
 
 import pytest
@@ -261,3 +262,12 @@ def test_budget_bad_input() -> None:
         budget("big", "cpu")
     with pytest.raises(torchmem.UnsupportedDeviceError), budget(MiB, "meta"):
         pass
+
+
+def test_the_size_hint_only_gives_examples_that_parse() -> None:
+    with pytest.raises(LimitError) as info:
+        _parse("lots", "x")
+    examples = re.findall(r"'([^']+)'", info.value.hint)
+    assert examples
+    for example in examples:
+        _parse(example, "x")  # the hint's own examples must be accepted

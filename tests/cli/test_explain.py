@@ -89,3 +89,23 @@ def test_library_oom_is_explained_as_outside_the_allocator(capsys: pytest.Captur
     out = capsys.readouterr().out
     assert "outside PyTorch's allocator" in out
     assert "CUBLAS_STATUS_ALLOC_FAILED" in out
+
+
+def test_torchmem_cpu_cap_message_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    import torchmem
+
+    with torchmem.cpu_tracking(), torchmem.limit(1 << 20, "cpu"):
+        try:
+            torch.ones(1 << 19)
+        except torch.OutOfMemoryError as e:
+            text = f"torch.OutOfMemoryError: {e}"
+    assert run([text]) == 0
+    out = capsys.readouterr().out
+    assert "caching allocator" not in out
+    assert "torchmem.limit(None, 'cpu')" in out
+    assert run(["--json", text]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["parsed"]["source"] == "torchmem_cap"
+    assert data["parsed"]["allowed"] == 1 << 20 and data["parsed"]["requested"] == 2 << 20

@@ -359,13 +359,19 @@ class OOMGuard:
         self, et: type[BaseException] | None, ev: BaseException | None, tb: types.TracebackType | None
     ) -> bool:
         del tb
-        if ev is None or not isinstance(ev, Exception) or find_oom(ev) is None:
-            return False  # no exception, or not an OOM: untouched
-        result = recover(ev, reraised=self.reraise, diagnose=self.diagnose)
+        if ev is None or not isinstance(ev, Exception):
+            return False  # no exception, or not an Exception (KeyboardInterrupt...): untouched
+        oom = find_oom(ev)
+        if oom is None:
+            return False  # not an OOM: untouched
+        # Only the OOM itself is swallowed: another error raised while handling one (a failed cleanup,
+        # a wrapper's ValueError) is a failure of its own and still propagates, its memory freed.
+        swallow = not self.reraise and oom is ev
+        result = recover(ev, reraised=not swallow, diagnose=self.diagnose)
         self.oom = result
         if not self.quiet:
             _emit(str(result), self.file, sys.stderr)
-        return not self.reraise
+        return swallow
 
     def __call__(self, fn: F) -> F:
         @functools.wraps(fn)
@@ -390,7 +396,9 @@ def oom_guard(
 
     By default the OOM is then **re-raised**: code after the block never runs on a half-done step, but the
     exception that propagates no longer pins the memory (a notebook's ``sys.last_traceback`` included).
-    With ``reraise=False`` it is swallowed and ``guard.oom`` says what happened.
+    With ``reraise=False`` it is swallowed and ``guard.oom`` says what happened — only an OOM itself: an
+    exception of another type whose cause or context is an OOM (a wrapper's error, a cleanup that failed
+    while handling the OOM) is recovered from but still raised.
 
     What cannot be freed: variables of the function that contains the ``with`` (it is still running — put
     the work in a function, or use the decorator form), tensors that other live objects hold (a model, an

@@ -161,7 +161,9 @@ def _parse(value: object, what: str) -> tuple[int | None, float | None]:
     m = _SIZE.match(value)
     unit = m.group(2).lower() if m else ""
     if m is None or (unit not in _UNIT and unit != "%"):
-        raise LimitError(f"Cannot read {value!r} as a size.", "Use e.g. '8GiB', '512MB', '1e9' or '50%'.")
+        raise LimitError(
+            f"Cannot read {value!r} as a size.", "Use e.g. '8GiB', '512MB', '1000000000' or '50%'."
+        )
     number = float(m.group(1))
     if unit == "%":
         return _parse(number / 100.0, what)

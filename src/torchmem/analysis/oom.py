@@ -90,18 +90,22 @@ class ParsedOOM:
         text: The message as found (whitespace kept).
         is_oom: The message reports that memory ran out (in the allocator or elsewhere).
         source: Who ran out: ``"allocator"`` (PyTorch's caching allocator), ``"cuda_malloc_async"``,
-            ``"mps_allocator"``, ``"xpu_allocator"``, ``"cpu_allocator"``, ``"driver"`` (a CUDA/HIP call
-            outside the allocator), ``"cublas"``, ``"cudnn"``, ``"nccl"``; ``None`` when not an OOM.
+            ``"mps_allocator"``, ``"xpu_allocator"``, ``"cpu_allocator"``, ``"torchmem_cap"`` (a cap set by
+            :func:`torchmem.limit` or ``torchmem.budget(hard=True)``), ``"driver"`` (a CUDA/HIP call outside
+            the allocator), ``"cublas"``, ``"cudnn"``, ``"nccl"``; ``None`` when not an OOM.
         backend: ``"cuda"``, ``"rocm"``, ``"mps"``, ``"xpu"`` or ``"cpu"``.
         format: Which message layout matched: ``"torch2"`` (2.1+ sentences), ``"torch1"`` (the
             parenthesised list of 1.x–2.0), ``"torch1_cached"`` (1.0–1.3: "cached"), ``"cuda_malloc_async"``,
-            ``"mps"``, ``"cpu"``, ``"library"`` (a library's status code), ``"bare"`` (no figures).
+            ``"mps"``, ``"cpu"``, ``"torchmem"`` (torchmem's cap), ``"library"`` (a library's status code),
+            ``"bare"`` (no figures).
         exception_type: The exception name written before the message (``"torch.OutOfMemoryError"``).
         requested: Bytes of the request that failed.
         device_index: The GPU index in the message.
         device_total: The device's total memory.
-        device_free: Free device memory when the request failed (all processes).
-        allowed: The per-process limit, when ``set_per_process_memory_fraction`` (or MPS's watermark) set one.
+        device_free: Free device memory when the request failed (all processes); for ``"torchmem_cap"``,
+            what was left under the cap.
+        allowed: The per-process limit, when ``set_per_process_memory_fraction`` (or MPS's watermark) set one;
+            for ``"torchmem_cap"``, the cap.
         process_used: This process's device memory, PyTorch or not ("Including non-PyTorch memory...").
         other_processes: ``(pid, bytes)`` of every other process the message lists.
         allocated: Bytes PyTorch had allocated to tensors (private pools included).
@@ -112,6 +116,8 @@ class ParsedOOM:
         pool: MPS: the pool of the failed request.
         suggested_setting: The allocator setting the message itself suggests.
         error_code: The library's status or error code (``CUBLAS_STATUS_ALLOC_FAILED``, errno 12...).
+        cap_owner: For ``"torchmem_cap"``: who set the cap (``"torchmem.limit()"``,
+            ``"torchmem.budget(16.00 MiB)"``).
         precision: Bytes a printed figure may be off by (half its last digit), by field name.
         truncated: The message stops before fields its format always has.
         notes: What the parser noticed (e.g. this process is not named in the process list).
@@ -138,6 +144,7 @@ class ParsedOOM:
     pool: str | None = None
     suggested_setting: str | None = None
     error_code: str | None = None
+    cap_owner: str | None = None
     precision: Mapping[str, int] = field(default_factory=dict)
     truncated: bool = False
     notes: tuple[str, ...] = ()
@@ -151,6 +158,7 @@ class ParsedOOM:
             "mps_allocator",
             "xpu_allocator",
             "cpu_allocator",
+            "torchmem_cap",
         )
 
     @property
@@ -167,6 +175,7 @@ class ParsedOOM:
 
 _OOM_MARKERS = re.compile(
     r"(?:CUDA|HIP|XPU) out of memory"
+    r"|\b\w+(?::\d+)? out of memory\. Tried to allocate \S+ ?\S*\. Device \S+ has a limit of"
     r"|MPS backend out of memory"
     r"|DefaultCPUAllocator: (?:not enough memory|can't allocate memory)"
     r"|would exceed allowed memory"
@@ -285,6 +294,24 @@ def _parse_one(text: str) -> ParsedOOM:
     if not is_oom:
         return ParsedOOM(text=text, is_oom=False, backend=backend, exception_type=exc, error_code=code)
 
+    cap_owner = None
+    if source == "torchmem_cap":
+        cm = _CAP.search(flat)
+        assert cm is not None
+        cap_owner = cm.group("owner")
+        for name, group in (
+            ("requested", "req"),
+            ("allowed", "cap"),
+            ("device_free", "free"),
+            ("allocated", "alloc"),
+        ):
+            sz = None if cm.group(group) is None else re.fullmatch(_SIZE, cm.group(group))
+            if sz is not None:
+                values[name] = _size(sz.group(1), sz.group(2))
+                prec[name] = _precision(sz.group(1), sz.group(2))
+        dm = re.search(r":(\d+)$", cm.group("device"))
+        if dm is not None:
+            values["device_index"] = int(dm.group(1))
     if source == "cpu_allocator":
         mm = _search(r"you tried to allocate (\d+) bytes", flat)
         if mm:
@@ -300,6 +327,8 @@ def _parse_one(text: str) -> ParsedOOM:
     )
     gpu = _search(r"\bGPU (\d+)\b|on device (\d+)|\bdevice[ :]+(\d+)\b", flat)
     device_index = None if gpu is None else int(next(g for g in gpu.groups() if g is not None))
+    if source == "torchmem_cap":
+        device_index = values.pop("device_index", None)
     grab("device_total", r"total capac\w* of SIZE", r"SIZE total capacity", r"Device limit\s*:\s*SIZE")
     grab("device_free", r"of which SIZE is free", r"; SIZE free\b", r"Free \(according to CUDA\)\s*:\s*SIZE")
     grab(
@@ -391,6 +420,7 @@ def _parse_one(text: str) -> ParsedOOM:
         pool=None if pool is None else pool.group(1).lower(),
         suggested_setting=suggested,
         error_code=code,
+        cap_owner=cap_owner,
         precision=prec,
         truncated=truncated,
         notes=tuple(notes),
@@ -411,6 +441,10 @@ def _truncated(fmt: str | None, source: str, values: Mapping[str, Any], unalloc:
 
 
 def _backend(flat: str) -> str | None:
+    cap = _CAP.search(flat)
+    if cap is not None:
+        dev = cap.group("device").split(":")[0].lower()
+        return {"hip": "rocm"}.get(dev, dev)
     if re.search(r"\bHIP\b|hipError|HIPBLAS|rocblas|PYTORCH_HIP_ALLOC_CONF|\bROCm\b", flat):
         return "rocm"
     if re.search(r"\bMPS\b", flat):
@@ -424,8 +458,19 @@ def _backend(flat: str) -> str | None:
     return None
 
 
+#: The message of torchmem's own cap (``torchmem.limit()``, ``torchmem.budget(hard=True)``; the ledger).
+_CAP = re.compile(
+    r"\b(?P<dev>\w+(?::\d+)?) out of memory\. Tried to allocate (?P<req>\S+ ?\S*)\. "
+    r"Device (?P<device>\S+) has a limit of (?P<cap>\S+ ?\S*) set by (?P<owner>.+?), of which "
+    r"(?P<free>\S+ ?\S*) is free\.(?: Of the allocated memory (?P<alloc>\S+ ?\S*) is allocated by "
+    r"tensors torchmem tracks)?"
+)
+
+
 def _source(flat: str, backend: str | None) -> tuple[str | None, str | None, str | None]:
     """(source, format, error code) of a message; source ``"not_oom"`` for a known non-memory error."""
+    if _CAP.search(flat):
+        return "torchmem_cap", "torchmem", None
     if _search(r"(?:CUDA|HIP|XPU) out of memory", flat):
         if _search(r"(?:CUDA|HIP) error: out of memory", flat) and not _search(
             r"(?:CUDA|HIP|XPU) out of memory\.", flat
@@ -817,6 +862,7 @@ class _Figures:
     tol: int = 0
     backend: str | None = None
     source: str | None = None
+    cap_owner: str | None = None  # torchmem's cap: who set it
 
 
 def _merge(parsed: ParsedOOM | None, state: AllocatorState | None) -> _Figures:
@@ -835,6 +881,7 @@ def _merge(parsed: ParsedOOM | None, state: AllocatorState | None) -> _Figures:
         f.tol = sum(parsed.precision.values()) // max(1, len(parsed.precision)) * 2 if parsed.precision else 0
         f.backend = parsed.backend
         f.source = parsed.source
+        f.cap_owner = parsed.cap_owner
         if parsed.source == "mps_allocator":
             f.limit = parsed.allowed
             f.total = parsed.allowed
@@ -968,6 +1015,8 @@ def diagnose(
     for c in causes:
         for fx in c.fixes:
             key = (fx.kind, fx.setting or fx.text)
+            if fx.kind == "batch_size" and fx.setting is None and any(x.kind == "batch_size" for x in fixes):
+                continue  # one "use a smaller batch" is enough
             if key not in seen:
                 seen.add(key)
                 fixes.append(fx)
@@ -1028,9 +1077,15 @@ def _too_large(f: _Figures, settings: Mapping[str, str], batch_size: int | None)
     if r <= most + f.tol:
         return None
     ev = [f"requested: {fmt_bytes(r)}"]
-    limit_set = f.limit is not None and f.total is not None and f.limit < f.total
+    limit_set = f.source == "torchmem_cap" or (
+        f.limit is not None and f.total is not None and f.limit < f.total
+    )
     if r > ceiling:
-        what = "the per-process limit" if limit_set else "the whole device"
+        what = (
+            f"the cap set by {f.cap_owner or 'torchmem'}"
+            if f.source == "torchmem_cap"
+            else ("the per-process limit" if limit_set else "the whole device")
+        )
         summary = f"The single request of {fmt_bytes(r)} is larger than {what} ({fmt_bytes(ceiling)})."
         ev.append(f"{what}: {fmt_bytes(ceiling)}")
     else:
@@ -1054,15 +1109,27 @@ def _too_large(f: _Figures, settings: Mapping[str, str], batch_size: int | None)
         _amp(f.backend),
     ]
     if limit_set:
-        fixes.insert(
-            0,
-            Fix(
-                "limit",
-                "A per-process limit is set below the device total; raise it if this process may use more.",
-                "torch.cuda.set_per_process_memory_fraction(1.0)",
-            ),
-        )
+        fixes.insert(0, _limit_fix(f))
     return Cause("too_large", summary, tuple(ev), r - most, "high", tuple(fixes), score=10.0)
+
+
+def _limit_fix(f: _Figures) -> Fix:
+    """Raise the cap the process runs under: torchmem's own, or the CUDA memory fraction."""
+    if f.source == "torchmem_cap":
+        owner = f.cap_owner or "torchmem.limit()"
+        dev = f.backend or "cpu"
+        if owner.startswith("torchmem.budget"):
+            return Fix("limit", f"The cap is a hard budget ({owner}): raise it if the block may use more.")
+        return Fix(
+            "limit",
+            f"The cap was set by {owner}: raise it, or lift it if this process may use more.",
+            f"torchmem.limit(None, {dev!r})",
+        )
+    return Fix(
+        "limit",
+        "A per-process limit is set below the device total; raise it if this process may use more.",
+        "torch.cuda.set_per_process_memory_fraction(1.0)",
+    )
 
 
 def _max_split_mb(request: int) -> int | None:
@@ -1414,6 +1481,8 @@ def _working_set(
             )
         )
     fixes.append(_ITEM)
+    if f.source == "torchmem_cap":
+        fixes.append(_limit_fix(f))
     return Cause("working_set", summary, tuple(ev), alloc, conf, tuple(fixes), score=score)
 
 

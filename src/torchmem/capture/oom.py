@@ -311,8 +311,9 @@ def pinned_tensors(
 ) -> list[PinnedTensor]:
     """Device memory held by a finished exception (``sys.last_exc`` / ``last_traceback``) and by IPython's
     output history (``Out``, ``_``): storages on ``device`` (every non-CPU device when ``None``), one entry
-    per holder, each storage counted once. Parameters are skipped (a model holds them anyway); ``exclude``'s
-    chain (the OOM being explained) is skipped: its frames are the working set, not an old leftover.
+    per holder, each storage counted once. Parameters are skipped (a model holds them anyway); an old
+    exception in ``exclude``'s cause/context chain (the OOM being explained, or the exception that wraps
+    it) is skipped: its frames are the working set, not an old leftover.
     """
     seen: set[tuple[str, int]] = set()
     out: list[PinnedTensor] = []
@@ -338,27 +339,44 @@ def pinned_tensors(
             out.append(PinnedTensor(where, total))
 
     excluded: set[int] = set()
-    if exclude is not None:
-        cur: BaseException | None = exclude
-        while cur is not None and id(cur) not in excluded:
-            excluded.add(id(cur))
-            cur = cur.__cause__ or cur.__context__
+    todo: list[BaseException] = [] if exclude is None else [exclude]
+    while todo:  # the whole chain, causes and contexts: every part of it is the OOM being explained
+        cur = todo.pop()
+        if id(cur) in excluded:
+            continue
+        excluded.add(id(cur))
+        todo.extend(e for e in (cur.__cause__, cur.__context__) if e is not None)
     last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-    tb: types.TracebackType | None = None
-    if last is not None and id(last) not in excluded:
-        tb = last.__traceback__
-    elif last is None:
-        tb = getattr(sys, "last_traceback", None)
-    while tb is not None:
-        frame = tb.tb_frame
-        code = frame.f_code
-        for name, value in list(frame.f_locals.items()):
-            add(
-                f"sys.last_traceback -> frame {os.path.basename(code.co_filename)}:{tb.tb_lineno} "
-                f"{code.co_name}() local {name!r}",
-                _tensors_in(value),
-            )
-        tb = tb.tb_next
+    tbs: list[types.TracebackType] = []
+    if last is not None:
+        # the old exception and its cause/context chain: a wrapped OOM's frames are in its __cause__
+        old: list[BaseException] = [last]
+        walked: set[int] = set()
+        while old:
+            e = old.pop()
+            if id(e) in walked or id(e) in excluded:
+                continue
+            walked.add(id(e))
+            if e.__traceback__ is not None:
+                tbs.append(e.__traceback__)
+            old.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+    else:
+        last_tb = getattr(sys, "last_traceback", None)
+        if last_tb is not None:
+            tbs.append(last_tb)
+    for first in tbs:
+        tb: types.TracebackType | None = first
+        while tb is not None:
+            frame = tb.tb_frame
+            code = frame.f_code
+            for name, value in list(frame.f_locals.items()):
+                add(
+                    f"sys.last_traceback -> frame {os.path.basename(code.co_filename)}:{tb.tb_lineno} "
+                    f"{code.co_name}() local {name!r}",
+                    _tensors_in(value),
+                )
+            tb = tb.tb_next
+    tbs.clear()
     ip = sys.modules.get("IPython")
     get = getattr(ip, "get_ipython", None) if ip is not None else None
     shell = get() if get is not None else None
@@ -473,7 +491,10 @@ def explain_oom(
     pinned: list[PinnedTensor] = []
     if live_exc is not None:
         try:
-            pinned = pinned_tensors(None, exclude=live_exc)
+            # the OOM's device: torchmem's CPU cap counts CPU tensors; elsewhere the accelerators' ones
+            on = torch.device("cpu") if parsed.backend == "cpu" else None
+            outer = exc_or_message if isinstance(exc_or_message, BaseException) else live_exc
+            pinned = pinned_tensors(on, exclude=outer)
         except Exception as exc:
             notes.append(f"Could not look for memory held by old exceptions ({type(exc).__name__}).")
     conf = (

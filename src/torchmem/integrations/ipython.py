@@ -1,8 +1,8 @@
 """IPython / Jupyter: an OOM in a cell prints its diagnosis and gives back what its traceback pinned.
 
-Installed by :func:`torchmem.install` through ``shell.set_custom_exc``; IPython matches the handler by
-the exception's exact type, so it sees ``torch.OutOfMemoryError`` raised by a cell (an OOM wrapped in another
-exception type is left to IPython's usual display).
+Installed by :func:`torchmem.install` through ``shell.set_custom_exc``; IPython matches the handler like an
+``except`` clause, so it sees ``torch.OutOfMemoryError`` raised by a cell (an OOM wrapped in another
+exception type is left to IPython's usual display). A handler installed before keeps its exceptions.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ def _shell() -> Any:
 
 
 def _make_handler(state: Any, previous: Any, previous_types: tuple[type[BaseException], ...]) -> Any:
+    # IPython calls a custom handler from run_code and ignores what it returns (IPython 7-9): the handler
+    # must display the traceback itself, as IPython's own showtraceback() would have.
     def handler(
         shell: Any,
         etype: type[BaseException],
@@ -31,19 +33,20 @@ def _make_handler(state: Any, previous: Any, previous_types: tuple[type[BaseExce
         from torchmem.actions.guard import _emit, find_oom, recover
 
         if state.hook is None or find_oom(value) is None:
-            if previous is not None and etype in previous_types:
-                return list(previous(etype, value, tb, tb_offset=tb_offset))
-            return list(shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset))
-        # The traceback text first, while the frames are intact; then free what they hold.
-        stb = list(shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset))
+            # IPython matches custom exceptions like an except clause: by isinstance
+            if previous is not None and issubclass(etype, previous_types):
+                out = previous(etype, value, tb, tb_offset=tb_offset)
+                return list(out) if isinstance(out, list) else []
+            shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
+            return []
+        # The traceback first, while the frames are intact (this also sets sys.last_*); then free what
+        # they hold, and the diagnosis after the traceback, where the eye lands.
+        shell.showtraceback((etype, value, tb), tb_offset=tb_offset)
         del tb
         result = recover(value, reraised=True, ipython=shell)
         if not state.quiet:
-            if state.file is not None:
-                _emit(str(result), state.file, sys.stdout)
-            else:
-                stb.extend(["", str(result)])
-        return stb
+            _emit(str(result), state.file, sys.stdout)
+        return []
 
     handler._torchmem = True  # type: ignore[attr-defined]
     return handler

@@ -16,6 +16,7 @@ _SOURCE = {
     "mps_allocator": "PyTorch's MPS allocator (Apple GPU)",
     "xpu_allocator": "PyTorch's XPU allocator (Intel GPU)",
     "cpu_allocator": "PyTorch's CPU allocator (host RAM)",
+    "torchmem_cap": "a cap set by torchmem (limit() or a hard budget) on its exact tensor ledger",
     "driver": "a CUDA/HIP call outside PyTorch's allocator",
     "cublas": "cuBLAS (outside PyTorch's allocator)",
     "cudnn": "cuDNN (outside PyTorch's allocator)",
@@ -56,19 +57,32 @@ def field_lines(p: ParsedOOM) -> list[tuple[str, str, str]]:
         if p.source == "allocator"
         else "the single allocation that failed",
     )
+    cap = p.source == "torchmem_cap"
     add("device total", p.device_total, "the device's memory in all")
-    add("device free", p.device_free, "free on the device, all processes, when the request failed")
     add(
-        "allowed",
+        "free under the cap" if cap else "device free",
+        p.device_free,
+        "what the cap left when the request failed"
+        if cap
+        else "free on the device, all processes, when the request failed",
+    )
+    add(
+        "cap" if cap else "allowed",
         p.allowed,
-        "a per-process limit set by set_per_process_memory_fraction (or MPS's watermark)",
+        f"the cap set by {p.cap_owner}"
+        if cap
+        else "a per-process limit set by set_per_process_memory_fraction (or MPS's watermark)",
     )
     add("this process", p.process_used, "this process's device memory, PyTorch or not (nvidia-smi's row)")
     for pid, used in p.other_processes:
         rows.append(
             (f"process {pid}", fmt_bytes(used), "another process on the device (or this one, in a container)")
         )
-    add("allocated", p.allocated, "held by live tensors")
+    add(
+        "allocated",
+        p.allocated,
+        "held by live tensors torchmem's ledger counts" if cap else "held by live tensors",
+    )
     add("in private pools", p.private_pools, "of that, in private pools (CUDA graphs)")
     add("reserved", p.reserved, "held by PyTorch's cache from the driver: allocated + cached free")
     add(
@@ -101,6 +115,7 @@ _FORMATS = {
     "cuda_malloc_async": "backend:cudaMallocAsync table",
     "mps": "MPS allocator",
     "cpu": "CPU allocator",
+    "torchmem": "torchmem's cap (limit() / budget(hard=True))",
     "library": "a library or driver status",
     "bare": "no figures",
 }
@@ -127,6 +142,8 @@ def render_diagnosis(d: OOMDiagnosis, fields: bool = False) -> str:
     head = "Out of memory"
     if p is not None:
         where = f" on GPU {p.device_index}" if p.device_index is not None else ""
+        if p.source == "torchmem_cap":
+            where = f" on {p.backend}" + (f":{p.device_index}" if p.device_index is not None else "")
         req = f": {fmt_bytes(p.requested)} requested" if p.requested is not None else ""
         head += f"{where}{req} ({_SOURCE.get(p.source or '', p.source or 'unknown')})"
     elif d.state is not None:
