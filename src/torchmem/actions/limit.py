@@ -383,7 +383,7 @@ def _working_set_of(storages: list[tuple[Any, int]]) -> tuple[WorkingSetEntry, .
     ]
     groups.clear()
     try:
-        paths = holders_of_storages(objs, max_paths=2, time_limit=1.0)
+        paths = holders_of_storages(objs, max_paths=2, time_limit=3.0)  # a failing block: no hurry
     except Exception:  # a holder search that fails must not hide the budget error
         paths = [() for _ in objs]
     out = tuple(
