@@ -160,6 +160,62 @@ def test_oom_frames_are_cleared_between_trials() -> None:
     assert 0.95 * (8 << 20) / (3 * 1024 * 4) <= r.batch_size <= (8 << 20) / (3 * 1024 * 4)
 
 
+def test_a_search_ending_on_an_oom_in_backward_leaves_no_gradients_behind() -> None:
+    # The GPU regression (4 MiB more allocated after a search with OOMs): the last call ran out of
+    # memory in backward, after the last layer's gradients were accumulated; the step never reached its
+    # zero_grad, so they stayed set (and would be added into the next real step's gradients).
+    model = _mlp()
+    step = _train_step(model)
+    with limit(CAP, "cpu"):
+        step(4)
+        before = ledger().current("cpu")
+        r = find_batch_size(step, device="cpu", margin=0.0, start=64, max_trials=4)
+        after = ledger().current("cpu")
+    searched = [t for t in r.trials if not t.note.startswith("closing run")]
+    assert len(searched) == 4 and searched[-1].oom  # the scenario: the search's last call ran out
+    assert [n for n, p in model.named_parameters() if p.grad is not None] == []
+    assert after == before
+    closing = r.trials[-1]
+    assert closing.note.startswith("closing run") and closing.ok
+    assert closing.batch_size == r.batch_size == max(t.batch_size for t in searched if t.ok)
+    assert "closing run" in r.note and "max_trials=4" in r.note
+
+
+def test_an_oom_before_any_gradient_needs_no_closing_run() -> None:
+    train = _train_step(_mlp())
+
+    def step(bs: int) -> None:
+        if bs > 1000:
+            torch.empty(bs, 1 << 16)  # runs out of memory before the step touches any gradient
+        train(bs)
+
+    with limit(CAP, "cpu"):
+        train(4)
+        before = ledger().current("cpu")
+        r = find_batch_size(step, device="cpu", margin=0.0, start=64, max_trials=3)
+        assert ledger().current("cpu") == before
+    assert [t.ok for t in r.trials] == [True, True, False] and r.trials[-1].oom
+    assert "closing run" not in r.note
+
+
+@pytest.mark.parametrize("margin", [0.0, 0.1])
+@pytest.mark.parametrize("start", [1, 4])
+def test_size_one_running_out_in_backward_raises_whatever_the_margin(margin: float, start: int) -> None:
+    # The GPU case: a Linear whose weight gradient alone cannot fit. The answer is only ever a size that
+    # ran; here none did, so BatchSizeError (no closing run: nothing fit).
+    model = torch.nn.Linear(1024, 1024)
+
+    def step(bs: int) -> None:
+        model(torch.randn(bs, 1024)).sum().backward()
+
+    with limit(2 << 20, "cpu"), pytest.raises(BatchSizeError) as info:
+        find_batch_size(step, device="cpu", start=start, margin=margin)
+    e = info.value
+    assert e.batch_size == 1 and all(t.oom and not t.ok for t in e.trials)
+    assert len(e.trials) == start.bit_length()
+    assert model.weight.grad is None
+
+
 def test_other_errors_are_reraised_untouched_at_once() -> None:
     calls: list[int] = []
     err = KeyError("boom")

@@ -83,7 +83,8 @@ class Trial:
         seconds: Wall time of the call.
         note: ``"warm-up"`` (it left live tensors behind, e.g. optimizer state created by the first
             step), ``"over budget"``, ``"out of memory"``, ``"stopped after its optimizer steps"``
-            (decorator probes) or empty.
+            (decorator probes), ``"closing run"`` (the answer run once more at the end, after an
+            out-of-memory call left tensors behind) or empty.
         allocated_peak: CUDA: its peak of allocated (live tensor) bytes, absolute, which the search
             models beside the reserved peak; ``None`` on the CPU (the ledger is exact) or when it did not
             run.
@@ -313,6 +314,10 @@ class _Meter:
     def allocated(self) -> int | None:
         """Live tensor bytes where they differ from the modelled figure (CUDA); ``None`` on the CPU."""
         return None if self.cpu else self.be.hot().allocated
+
+    def live(self) -> int | None:
+        """Live tensor bytes now (CUDA: allocated; CPU: the ledger), as ``_Outcome.allocated_before``."""
+        return self.be.hot().allocated
 
     def capacity(self, given: int | None) -> int | None:
         if given is not None:
@@ -673,7 +678,12 @@ def _search(
         return cap, int(cap - margin * max(cap - base, 0))
 
     size: int | None = start
-    while size is not None and len(trials) < max_trials:
+    closing = False  # this call is the closing run (see below)
+    closed = False  # a closing run has been made
+    beyond = False  # a closing run has been made beyond max_trials (one at most)
+    limited = False  # the search was cut short by max_trials
+    stale_bytes = 0  # what the last out-of-memory call left behind (this rank), before a closing run
+    while size is not None and (closing or len(trials) < max_trials):
         out = meter.call(fn, size)
         status = {"ok": 1, "oom": 0, "error": -1}[out.status]
         _, bud = budget_now()
@@ -707,10 +717,25 @@ def _search(
             note = "warm-up"
         if out.status == "ok" and not out.finished:
             note = (note + "; " if note else "") + "stopped after its optimizer steps"
+        if closing:
+            note = "closing run" + ("; " + note if note else "")
         trials.append(Trial(size, ok, oom, out.peak, out.seconds, note, out.allocated_peak))
         search.record(size, ok, oom, out.peak, left, out.allocated_peak)
+        live_before = out.allocated_before if out.status == "oom" else None  # this rank's own OOM
         out = _Outcome("ok", None, None, None, 0.0)
         _release(dev)
+        # A call stopped by an out-of-memory error skips the rest of the step, and so the step's own
+        # clean-up: gradients already accumulated by a partial backward stay set (and would be added to
+        # the next real step's). Measured after its frames are cleared and the cache emptied.
+        stale = 0
+        if live_before is not None:
+            now = meter.live()
+            # The CPU ledger is exact: any byte counts; CUDA's allocated figure has allocator rounding.
+            if now is not None and now - live_before >= (1 if meter.cpu else _NOISE):
+                stale = now - live_before
+        was_closing, closing = closing, False
+        if was_closing and ok:
+            break  # the step ran to its end at the answer: done
         _, bud = budget_now()
         nxt = search.next_size(bud, baseline, low_baseline, enforce)
         # Every rank proposes (a size at or below the largest that fit means "done"), so every rank
@@ -718,7 +743,17 @@ def _search(
         g = max(search.good) if search.good else 0
         agreed_next = group.min(nxt if nxt is not None else g)[0]
         nxt = agreed_next if agreed_next > g else None
+        if nxt is not None and len(trials) >= max_trials:
+            nxt, limited = None, True
         size = nxt
+        # The search ends on a call that ran out of memory and left tensors behind: run the answer once
+        # more, so that the step finishes and releases them itself (one call beyond max_trials at most).
+        # Any rank's leftovers make every rank take it.
+        if size is None and search.good and not beyond and group.min(0 if stale else 1)[0] == 0:
+            stale_bytes = stale
+            size = max(search.good)
+            closing = closed = True
+            beyond = len(trials) >= max_trials
 
     if not search.good:
         tried = trials[-1].batch_size if trials else start
@@ -735,8 +770,16 @@ def _search(
     chosen = max(search.good)
     chosen = group.min(chosen)[0]
     note = search.note
-    if size is not None and len(trials) >= max_trials:
+    if limited:
         note = f"stopped after max_trials={max_trials}"
+    if closed:
+        left_txt = f"{stale_bytes} bytes" if stale_bytes else "tensors"
+        note = (note + "; " if note else "") + (
+            f"closing run: a call that ran out of memory left {left_txt} behind (e.g. gradients of a "
+            "partial backward), so the largest size that fit was run once more to let the step release them"
+        )
+        if trials[-1].note.startswith("closing run") and not trials[-1].ok:
+            note += f" (it ran out of memory: {chosen} is the largest size that fit before it)"
     if search.oom_min is None and not note.startswith("ran within"):
         note = (note + "; " if note else "") + "no trial ran out of memory"
     line = search.line
@@ -879,7 +922,9 @@ def find_batch_size(
         distributed: ``None`` (auto), ``True`` (require a process group) or ``False`` (do not sync).
         capacity: Bytes the modelled figure may reach, instead of what the device and limit allow; a trial
             whose peak goes over the budget counts as not fitting even without an out-of-memory error.
-        max_trials: Most calls of the step.
+        max_trials: Most calls of the step, plus at most one closing run: when the search ends on a call
+            that ran out of memory and left tensors behind (gradients of a partial backward, since its
+            ``zero_grad`` never ran), the largest size that fit runs once more so the step releases them.
         tolerance: Stop when the smallest failing size is within this share of the largest fitting one.
         min_size: The smallest size worth trying (usually 1).
         starting_batch_size: accelerate's argument: selects the decorator form.
