@@ -73,6 +73,8 @@ class ProfileReconciliation:
         parameters / buffers / gradients / optimizer_state / activations: Bytes alive at the start of the
             peak's interval (storages, each once).
         transient: The rise above the level at the start of that interval.
+        other_at_entry: Bytes already allocated when the block began that are not the model's (other models,
+            data, tensors of earlier code; CUDA only — on the CPU the ledger counts from the block on).
         sum_of_parts: The sum of the parts above.
         unexplained: ``measured_peak - sum_of_parts``.
     """
@@ -87,6 +89,7 @@ class ProfileReconciliation:
     transient: int | None
     sum_of_parts: int | None
     unexplained: int | None
+    other_at_entry: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -228,6 +231,7 @@ def reconcile(
     level: int | None,
     parts: Mapping[str, int],
     where: str,
+    other_at_entry: int = 0,
 ) -> ProfileReconciliation:
     """Split ``measured_peak`` into the parts alive at the start of its interval (``level``) and the rise.
 
@@ -246,7 +250,7 @@ def reconcile(
         int(get("activations", 0)),
     )
     transient = None if measured_peak is None or level is None else max(measured_peak - level, 0)
-    total = None if transient is None else p + b + g + o + a + transient
+    total = None if transient is None else p + b + g + o + a + transient + other_at_entry
     return ProfileReconciliation(
         measured_peak=measured_peak,
         where=where,
@@ -258,6 +262,7 @@ def reconcile(
         transient=transient,
         sum_of_parts=total,
         unexplained=None if total is None or measured_peak is None else measured_peak - total,
+        other_at_entry=other_at_entry,
     )
 
 

@@ -298,6 +298,28 @@ class Profiler:
         finally:
             self._cleanup()
 
+    def _model_bytes(self) -> int:
+        """Bytes the model already holds (parameters, buffers, gradients, its optimizer state), each once."""
+        seen: dict[int, int] = {}
+
+        def add(t: Any) -> None:
+            if isinstance(t, torch.Tensor):
+                s = _storage(t)
+                if s is not None:
+                    seen[s._cdata] = int(s.nbytes())
+
+        for p in self._model.parameters():
+            add(p)
+            add(p.grad)
+            for opt in self._opts:
+                st = opt.state.get(p)
+                if isinstance(st, dict):
+                    for v in st.values():
+                        add(v)
+        for b in self._model.buffers():
+            add(b)
+        return sum(seen.values())
+
     # -- setup -------------------------------------------------------------------------------------
     def _device(self) -> torch.device:
         if self._spec is not None:
@@ -408,6 +430,7 @@ class Profiler:
         self._tframe: _TrackFrame | None = None
         self._mark: Any = None
         self._started = False
+        self._entry_other = 0
 
         # Level and peaks.
         if self._cpu:
@@ -417,6 +440,8 @@ class Profiler:
             self._mark = led.open_watermark(self._dev)
         else:
             h = self._be.hot()
+            if h.allocated is not None:
+                self._entry_other = max(int(h.allocated) - self._model_bytes(), 0)
             if h.allocated is None:
                 self._measure = False
                 self._notes.append(f"{self._dev} has no allocator statistics: peaks are not measured")
@@ -799,6 +824,7 @@ class Profiler:
                 "activations": act,
             },
             where,
+            other_at_entry=self._entry_other,
         )
         notes = list(self._notes)
         if self._steps == 0:

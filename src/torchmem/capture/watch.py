@@ -469,7 +469,8 @@ class Watcher(Generic[T]):
                     samples.append(s)
                     sample_meta.append((site, nb))
         by_site.clear()
-        paths = holders_of_storages(samples, max_paths=self._max_paths) if samples else []
+        # Once per leak: the search may take a while on a big heap (torch.compile, distributed imports).
+        paths = holders_of_storages(samples, max_paths=self._max_paths, time_limit=10.0) if samples else []
         samples.clear()
         grouped: dict[Site | None, list[tuple[int, tuple[str, ...]]]] = {}
         for (site, nb), p in zip(sample_meta, paths):

@@ -48,6 +48,7 @@ def render_profile(p: ProfileReport, max_rows: int = MAX_ROWS) -> str:
         ("optimizer state", c.optimizer_state),
         ("saved activations", c.activations),
         ("transient (rise in that interval)", c.transient),
+        *([("other memory at entry (not the model's)", c.other_at_entry)] if c.other_at_entry else []),
     ):
         lines.append(f"  {label:<36} {fmt_bytes(value):>11}")
     lines.append(f"  {'sum of parts':<36} {fmt_bytes(c.sum_of_parts):>11}")
