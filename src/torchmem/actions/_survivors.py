@@ -25,9 +25,12 @@ def _aliases(storages: list[Any], limit: int = 8) -> list[list[torch.Tensor]]:
 
 
 def holders_of_storages(
-    storages: list[Any], max_paths: int = 4, time_limit: float = 2.0
+    storages: list[Any], max_paths: int = 4, time_limit: float = 2.0, info: dict[str, Any] | None = None
 ) -> list[tuple[str, ...]]:
-    """Readable holder paths for each storage, in order (empty where nothing nameable holds it)."""
+    """Readable holder paths for each storage, in order (empty where nothing nameable holds it).
+
+    ``info``, when given, receives ``truncated``/``reason``/``seconds``/``visited`` of the search.
+    """
     if not storages:
         return []
     from torchmem.analysis.holders import find_holders
@@ -38,6 +41,10 @@ def holders_of_storages(
         g.append(torch.empty(0, dtype=torch.uint8, device=s.device).set_(s))
     flat = [t for g in groups for t in g]
     search = find_holders(flat, max_paths=max_paths, time_limit=time_limit, exclude=[storages, groups, flat])
+    if info is not None:
+        info.update(
+            truncated=search.truncated, reason=search.reason, seconds=search.seconds, visited=search.visited
+        )
     out: list[tuple[str, ...]] = []
     i = 0
     for g in groups:

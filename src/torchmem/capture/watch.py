@@ -470,7 +470,17 @@ class Watcher(Generic[T]):
                     sample_meta.append((site, nb))
         by_site.clear()
         # Once per leak: the search may take a while on a big heap (torch.compile, distributed imports).
-        paths = holders_of_storages(samples, max_paths=self._max_paths, time_limit=10.0) if samples else []
+        info: dict[str, Any] = {}
+        paths = (
+            holders_of_storages(samples, max_paths=self._max_paths, time_limit=10.0, info=info)
+            if samples
+            else []
+        )
+        if info.get("truncated") and not any(paths):
+            self._notes.append(
+                f"the holder search stopped ({info.get('reason')}) after {info.get('seconds', 0):.1f} s and "
+                f"{info.get('visited')} objects: holders are not named"
+            )
         samples.clear()
         grouped: dict[Site | None, list[tuple[int, tuple[str, ...]]]] = {}
         for (site, nb), p in zip(sample_meta, paths):
