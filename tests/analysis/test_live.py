@@ -89,3 +89,16 @@ def test_graph_tensors_finds_saved_tensors_and_leaves() -> None:
     assert any(n == "AccumulateGrad.variable" and t is w for n, t in found)
     saved_x = [t for n, t in found if n == "MmBackward0._saved_self"]
     assert saved_x and saved_x[0].untyped_storage()._cdata == x.untyped_storage()._cdata
+
+
+def test_fake_tensors_hold_no_memory_and_are_not_counted() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with torchmem.cpu_tracking():
+        with FakeTensorMode():
+            fake = torch.empty(4096, 4096)  # 64 MiB described, nothing allocated
+        real = torch.ones(1024)
+        r = torchmem.live_tensors("cpu", holders=False)
+    assert not any(t.shape == (4096, 4096) for t in r.tensors)
+    assert any(t.bytes == real.untyped_storage().nbytes() for t in r.tensors)
+    del fake

@@ -101,6 +101,7 @@ def test_hooks_removed_and_checkpoint_on_cuda() -> None:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch 2.11's dynamo on Python 3.12, not torchmem
+@pytest.mark.filterwarnings("ignore::UserWarning")  # inductor's TF32 advice, raised inside torch.compile
 def test_torch_compile_on_cuda() -> None:
     model = _mlp(512, 2)
     compiled = torch.compile(model)

@@ -191,6 +191,20 @@ def _storage_key(t: torch.Tensor) -> int | None:
         return None
 
 
+# Tensor subclasses that describe memory without holding any (torch.compile's fake and functional tensors):
+# their storages report a size but no allocation backs them.
+_NO_MEMORY = frozenset({"FakeTensor", "FunctionalTensor"})
+_no_memory_cache: dict[type, bool] = {}
+
+
+def _no_memory(kind: type) -> bool:
+    v = _no_memory_cache.get(kind)
+    if v is None:
+        v = any(c.__name__ in _NO_MEMORY for c in kind.__mro__)
+        _no_memory_cache[kind] = v
+    return v
+
+
 def collect_live(device: torch.device, allocated: int | None, with_holders: bool = True) -> LiveTensorReport:
     """Build the report for ``device`` (the public wrapper reads ``allocated`` from the device layer)."""
     tensor_type, module_type, opt_type = torch.Tensor, torch.nn.Module, torch.optim.Optimizer
@@ -200,7 +214,8 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     for o in gc.get_objects():
         kind = type(o)
         if issubclass(kind, tensor_type):
-            tensors.append(o)
+            if not _no_memory(kind):
+                tensors.append(o)
         elif issubclass(kind, module_type):
             modules.append(o)
         elif issubclass(kind, opt_type):
