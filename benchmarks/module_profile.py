@@ -3,8 +3,8 @@
 Anchor: the same step with nothing on, in the same run, interleaved. One block per measured step
 (``with profile(...): step()``), so entry/exit cost is included. Prints ms per step and the ratio.
 
-    PYTHONPATH=src python3 benchmarks/profile.py            # CPU, and CUDA when present
-    PYTHONPATH=src python3 benchmarks/profile.py --device cpu
+    PYTHONPATH=src python3 benchmarks/module_profile.py            # CPU, and CUDA when present
+    PYTHONPATH=src python3 benchmarks/module_profile.py --device cpu
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import sys
 import time
 from collections.abc import Callable
 
-# This file is named like the standard library's `profile`, which torch's compile machinery (cProfile)
-# imports: take the script's own folder off the path before torch is imported.
+# A script's folder goes first on sys.path, and another script here once shadowed a standard-library module
+# that torch imports (cProfile imports `profile`): keep this folder off the path before torch is imported.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != _HERE]
 
