@@ -222,3 +222,11 @@ def test_modules_profile_is_recorded(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert rows["0"]["optimizer_state"] >= 2 * (64 * 128 + 128) * 4  # Adam's two moments
     assert main(["report", str(cap)]) == 0
     assert "0" in capsys.readouterr().out
+
+
+def test_ctrl_c_in_the_program_exits_130_with_a_complete_capture(tmp_path: Path) -> None:
+    script = _write(tmp_path, "ctrlc.py", "import torch\nx = torch.ones(10)\nraise KeyboardInterrupt\n")
+    cap = tmp_path / "k.jsonl"
+    assert main(["run", "-q", "--no-status", "-o", str(cap), str(script)]) == 130
+    end = _records(cap)[-1]
+    assert end["type"] == "end" and end["reason"] == "keyboard_interrupt" and end["exit_code"] == 130
