@@ -266,3 +266,20 @@ def test_recorded_gpu_state(name: str) -> None:
     if "reserved_bytes.all.current" in stats:
         assert state.reserved == stats["reserved_bytes.all.current"]
         assert state.allocated == stats["allocated_bytes.all.current"]
+
+
+def test_a_request_that_can_never_fit_is_the_only_cause_and_gets_no_freeing_fixes() -> None:
+    from torchmem.analysis.oom import diagnose, parse_oom_message
+
+    msg = (
+        "CUDA out of memory. Tried to allocate 79.18 GiB. GPU 0 has a total capacity of 79.18 GiB of which "
+        "76.65 GiB is free. Including non-PyTorch memory, this process has 2.52 GiB memory in use. Of the "
+        "allocated memory 2.00 GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated."
+    )
+    p = parse_oom_message(msg)
+    assert p is not None
+    d = diagnose(p)
+    assert [c.kind for c in d.causes] == ["too_large"]
+    kinds = {fx.kind for fx in d.fixes}
+    texts = " ".join(fx.text + (fx.setting or "") for fx in d.fixes)
+    assert "zero_grad" not in texts and ".item()" not in texts, kinds

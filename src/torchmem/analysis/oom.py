@@ -992,20 +992,26 @@ def diagnose(
     if f.source in ("driver", "cublas", "cudnn", "nccl"):
         causes.append(_outside_allocator(parsed, f, settings))
     else:
-        for c in (
-            _too_large(f, settings, batch_size),
-            _fragmentation(f, frag, settings, parsed),
-            _other_processes(f),
-            _working_set(f, working_set, settings, batch_size, grad_enabled, frag),
-        ):
-            if c is not None:
-                causes.append(c)
-    lc = _leak(leak_trend)
-    if lc is not None:
-        causes.append(lc)
-    pc = _pinned(pinned, f)
-    if pc is not None:
-        causes.append(pc)
+        big = _too_large(f, settings, batch_size)
+        if big is not None:
+            # The request can never fit, even with every tensor freed: nothing that frees memory (the working
+            # set, a leak, pinned memory, fragmentation, other processes) is a cause or a fix.
+            causes.append(big)
+        else:
+            for c in (
+                _fragmentation(f, frag, settings, parsed),
+                _other_processes(f),
+                _working_set(f, working_set, settings, batch_size, grad_enabled, frag),
+            ):
+                if c is not None:
+                    causes.append(c)
+    if not any(c.kind == "too_large" for c in causes):
+        lc = _leak(leak_trend)
+        if lc is not None:
+            causes.append(lc)
+        pc = _pinned(pinned, f)
+        if pc is not None:
+            causes.append(pc)
     if f.source == "cpu_allocator" and f.total is None:
         out_notes.append("The CPU allocator's message gives only the request size.")
     causes.sort(key=lambda c: -c.score)
