@@ -274,7 +274,8 @@ def test_a_request_that_can_never_fit_is_the_only_cause_and_gets_no_freeing_fixe
     msg = (
         "CUDA out of memory. Tried to allocate 79.18 GiB. GPU 0 has a total capacity of 79.18 GiB of which "
         "76.65 GiB is free. Including non-PyTorch memory, this process has 2.52 GiB memory in use. Of the "
-        "allocated memory 2.00 GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but unallocated."
+        "allocated memory 2.00 GiB is allocated by PyTorch, and 0 bytes is reserved by PyTorch but "
+        "unallocated."
     )
     p = parse_oom_message(msg)
     assert p is not None
