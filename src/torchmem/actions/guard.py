@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import sys
 import time
 import types
@@ -278,16 +277,9 @@ def recover(
             _clear_ipython({str(d) for d in devices}, actions)
         except Exception as e:
             errors.append(f"IPython history: {type(e).__name__}: {e}")
-    actions.append(f"gc.collect(): {gc.collect()} unreachable objects")
-    from torchmem.devices import _ops as ops
+    from torchmem.actions.release import give_back
 
-    for d in devices:
-        try:
-            ops.synchronize(d)
-            if ops.empty_cache(d):
-                actions.append(f"empty_cache({d})")
-        except Exception as e:
-            errors.append(f"emptying the cache of {d}: {type(e).__name__}: {e}")
+    give_back(devices, actions, errors, blas=False)
     freed = 0
     for ref, nbytes, _ in storages.values():
         alive = ref()

@@ -371,17 +371,7 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
     _clear_traps(plan, released_devices, actions, errors)
 
     # 4. Collect once (cycles included), then give the cache back.
-    collected = gc.collect()
-    actions.append(f"gc.collect(): {collected} unreachable objects")
-    for d in devices:
-        try:
-            ops.synchronize(d)
-            if ops.clear_blas_workspaces(d):
-                actions.append(f"cleared cuBLAS workspaces on {d}")
-            if ops.empty_cache(d):
-                actions.append(f"empty_cache({d})")
-        except Exception as exc:
-            errors.append(f"emptying the cache of {d}: {type(exc).__name__}: {exc}")
+    give_back(devices, actions, errors, blas=True)
     after = _settled(before, _figures(devices), devices)
 
     # 5. Prove it: which old storages died, and who holds the ones that did not.
@@ -412,6 +402,23 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
         errors=tuple(errors),
         seconds=time.perf_counter() - t0,
     )
+
+
+def give_back(devices: Iterable[torch.device], actions: list[str], errors: list[str], *, blas: bool) -> None:
+    """One ``gc.collect()``, then per device: synchronise, (cuBLAS workspaces,) ``empty_cache()``.
+
+    What was done goes to ``actions``, what failed to ``errors``; nothing raises.
+    """
+    actions.append(f"gc.collect(): {gc.collect()} unreachable objects")
+    for d in devices:
+        try:
+            ops.synchronize(d)
+            if blas and ops.clear_blas_workspaces(d):
+                actions.append(f"cleared cuBLAS workspaces on {d}")
+            if ops.empty_cache(d):
+                actions.append(f"empty_cache({d})")
+        except Exception as exc:
+            errors.append(f"emptying the cache of {d}: {type(exc).__name__}: {exc}")
 
 
 def _shell(t: torch.Tensor) -> torch.Tensor:
