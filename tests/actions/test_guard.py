@@ -287,3 +287,24 @@ def test_ipython_previous_handler_still_gets_its_exceptions_subclasses_included(
         if hasattr(sys, "last_exc"):
             sys.last_exc = None
         gc.collect()
+
+
+def test_reinstall_under_a_wrapping_hook_does_not_recurse(capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    saved = sys.excepthook
+    try:
+        torchmem.install(ipython=False)
+        inner = sys.excepthook
+
+        def wrapper(et: type[BaseException], ev: BaseException, tb: object) -> None:
+            inner(et, ev, tb)  # type: ignore[arg-type]
+
+        sys.excepthook = wrapper  # another library wraps torchmem's hook
+        torchmem.uninstall()  # torchmem's stays in the chain, passing exceptions on
+        torchmem.install(ipython=False)
+        sys.excepthook(ValueError, ValueError("plain"), None)  # must not recurse
+        assert "ValueError: plain" in capsys.readouterr().err
+    finally:
+        torchmem.uninstall()
+        sys.excepthook = saved

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 import time
 import types
 import weakref
@@ -431,9 +432,23 @@ class _Installed:
 
 
 _state = _Installed()
+_tls = threading.local()
 
 
 def _excepthook(etype: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
+    # Reinstalled under a hook that wraps an earlier torchmem hook, the chain reaches this function twice:
+    # the inner call prints the usual traceback and stops the loop.
+    if getattr(_tls, "active", False):
+        sys.__excepthook__(etype, value, tb)
+        return
+    _tls.active = True
+    try:
+        _handle(etype, value, tb)
+    finally:
+        _tls.active = False
+
+
+def _handle(etype: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
     previous = _state.previous_hook or sys.__excepthook__
     if _state.hook is None or not isinstance(value, Exception) or find_oom(value) is None:
         previous(etype, value, tb)
