@@ -230,3 +230,25 @@ def test_ctrl_c_in_the_program_exits_130_with_a_complete_capture(tmp_path: Path)
     assert main(["run", "-q", "--no-status", "-o", str(cap), str(script)]) == 130
     end = _records(cap)[-1]
     assert end["type"] == "end" and end["reason"] == "keyboard_interrupt" and end["exit_code"] == 130
+
+
+def test_live_status_line_on_a_terminal_and_silence_elsewhere(tmp_path: Path) -> None:
+    import io
+
+    from torchmem.cli.run import run_session
+
+    script = _write(
+        tmp_path,
+        "slow.py",
+        "import time, torch\nm = torch.nn.Linear(8, 8)\no = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "keep = []\nfor _ in range(12):\n    m(torch.ones(2, 8)).sum().backward(); o.step(); o.zero_grad()\n"
+        "    keep.append(torch.ones(256 * 1024))\n    time.sleep(0.05)\n",
+    )
+    tty = io.StringIO()
+    code, _ = run_session(str(script), [str(script)], capture=str(tmp_path / "a.jsonl"), status=True, err=tty)
+    assert code == 0
+    text = tty.getvalue()
+    assert "\r[torchmem] step " in text and "allocated" in text and "LEAK +1.00 MiB/step" in text
+    quiet = io.StringIO()  # not a terminal: no status line, only the summary
+    run_session(str(script), [str(script)], capture=str(tmp_path / "b.jsonl"), err=quiet)
+    assert "\r" not in quiet.getvalue()
