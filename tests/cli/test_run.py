@@ -252,3 +252,14 @@ def test_live_status_line_on_a_terminal_and_silence_elsewhere(tmp_path: Path) ->
     quiet = io.StringIO()  # not a terminal: no status line, only the summary
     run_session(str(script), [str(script)], capture=str(tmp_path / "b.jsonl"), err=quiet)
     assert "\r" not in quiet.getvalue()
+
+
+def test_a_program_that_uses_torchmem_watch_itself_runs_under_torchmem_run(tmp_path: Path) -> None:
+    script = _write(
+        tmp_path,
+        "own.py",
+        "import torch, torchmem\nwith torchmem.watch(device='cpu', warn=False) as w:\n"
+        "    for _ in range(4):\n        torch.ones(10); w.step()\nprint('own watcher', w.report().steps)\n",
+    )
+    assert main(["run", "-q", "--no-status", "-o", str(tmp_path / "o.jsonl"), str(script)]) == 0
+    assert _records(tmp_path / "o.jsonl")[-1]["exit_code"] == 0

@@ -110,6 +110,7 @@ class Session:
                 self._note(f"--memory-viz: {problem}")
                 self.memory_viz = None
         self._watcher = watch(device=self.device, warn=False, warmup=self.warmup)
+        self._watcher._exclusive = False  # the monitored program may use torchmem.watch() itself
         self._watcher.__enter__()
         from torch.optim.optimizer import register_optimizer_step_post_hook
 

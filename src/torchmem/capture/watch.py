@@ -159,6 +159,7 @@ class Watcher(Generic[T]):
         self._attributing = False
         self._attempted = False
         self._quiet_until = 0
+        self._exclusive = True  # counts as the one user watcher of its device
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> Watcher[T]:
@@ -196,6 +197,10 @@ class Watcher(Generic[T]):
             )
         dev = resolve(self._device_spec)
         label = str(dev)
+        if not self._exclusive:  # torchmem run's own watcher: the program may still start its own
+            self._setup(dev)
+            self._started = True
+            return
         with _active_lock:
             other = _active.get(label)
             if other is not None and not other._stopped:
