@@ -15,19 +15,18 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import math
 import os
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torchmem._errors import TorchmemError
+from torchmem._warn import emit_warning
 
 FORMAT = "torchmem-capture"
 """The value of the header's ``"format"`` field."""
@@ -51,7 +50,6 @@ MODULE_COLUMNS = (
 """Byte columns of a ``modules`` row, besides its ``"module"`` name."""
 
 _FSYNC_EVERY = 1.0  # seconds between forced writes to disk
-_log = logging.getLogger("torchmem")
 
 
 class CaptureError(TorchmemError):
@@ -438,11 +436,7 @@ class CaptureWriter:
         msg = (
             f"torchmem: writing the capture file {str(self.path)!r} failed ({self.error}); recording stopped"
         )
-        _log.warning(msg)
-        try:
-            warnings.warn(msg, RuntimeWarning, stacklevel=4)
-        except Exception:  # warnings turned into errors: the program must go on
-            pass
+        emit_warning(msg, stacklevel=4)
         fd, self._fd = self._fd, None
         if fd is not None:
             try:

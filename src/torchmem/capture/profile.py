@@ -24,8 +24,6 @@ step goes on.
 from __future__ import annotations
 
 import functools
-import logging
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
@@ -36,12 +34,11 @@ from typing import Any
 import torch
 
 from torchmem._errors import TorchmemError, TrackingError
+from torchmem._warn import emit_warning
 from torchmem.analysis.profile import ProfileReport, RawModule, build_profile, reconcile
 from torchmem.capture.track import _Frame as _TrackFrame
 from torchmem.capture.track import _open, _open_lock
 from torchmem.devices import Backend, CpuBackend, DeviceLike, backend, default_device, ledger, resolve
-
-_log = logging.getLogger("torchmem")
 
 _ORIG = "_orig_mod"
 _active: Profiler | None = None
@@ -590,11 +587,7 @@ class Profiler:
             "figures may be incomplete"
         )
         self._notes.append(msg)
-        _log.warning(msg)
-        try:
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
-        except Exception:  # warnings turned into errors: the user's step must go on
-            pass
+        emit_warning(msg, stacklevel=3)
 
     def _in_backward(self) -> bool:
         return _graph_task_id() != -1

@@ -17,7 +17,6 @@ import logging
 import math
 import threading
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
@@ -26,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from torchmem._errors import TorchmemError
+from torchmem._warn import emit_warning
 from torchmem.analysis.leaks import (
     Culprit,
     Growth,
@@ -521,12 +521,9 @@ class Watcher(Generic[T]):
         msg = f"torchmem: device memory grows by {rep.bytes_per_step / 2**20:.2f} MiB/step on {rep.device}"
         if top is not None:
             msg += f"; {top.site or '?'} held by {top.holder or '?'}: {top.fix}"
-        _log.info(msg)
-        if self._warn:
-            try:
-                warnings.warn(msg, LeakWarning, stacklevel=4)
-            except Exception as exc:  # warnings configured as errors: never break the step
-                self._report_error("warning", exc)
+        exc = emit_warning(msg, LeakWarning, stacklevel=4, log_level=logging.INFO, warn=self._warn)
+        if exc is not None:  # warnings configured as errors: never break the step
+            self._report_error("warning", exc)
         if self._on_leak is not None:
             try:
                 self._on_leak(rep)

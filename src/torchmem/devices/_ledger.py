@@ -17,13 +17,11 @@ Cost: ~15–20 µs per op on the thread where it is on, which is why it is opt-i
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import sysconfig
 import threading
 import types
-import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -31,12 +29,13 @@ from typing import Any, NamedTuple
 
 import torch
 
+from torchmem._warn import emit_warning
+
 try:  # private module, present in every torch >= 2.0; guarded so a rename degrades to "unavailable"
     from torch.utils._python_dispatch import TorchDispatchMode as _TorchDispatchMode
 except ImportError:  # pragma: no cover - exercised only on a torch that dropped it
     _TorchDispatchMode = None  # type: ignore[assignment,misc]
 
-_log = logging.getLogger("torchmem")
 
 _SKIP_DEVICES = frozenset({"meta"})
 # Ops that return their input as a *new* tensor: torch.tensor(data) builds the storage below the dispatcher
@@ -558,11 +557,7 @@ class Ledger:
         msg = (
             f"torchmem: tensor accounting failed in {where} ({type(exc).__name__}: {exc}); figures may be low"
         )
-        _log.warning(msg)
-        try:
-            warnings.warn(msg, RuntimeWarning, stacklevel=3)
-        except Exception:  # warnings turned into errors: the op must still run
-            pass
+        emit_warning(msg, stacklevel=3)
 
 
 if _TorchDispatchMode is not None:
