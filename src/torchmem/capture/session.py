@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -354,7 +353,5 @@ def _largest_module() -> torch.nn.Module | None:
             best = (n, m)
     return best[1] if best else None
 
-
-Runner = Callable[[], None]
 
 __all__ = ["Session", "SessionResult"]
