@@ -21,6 +21,7 @@ from torchmem._errors import (
     UnknownDeviceError,
     UnsupportedDeviceError,
 )
+from torchmem._version import __version__
 from torchmem.actions.batch_size import (
     BatchSizeError,
     BatchSizeResult,
@@ -63,8 +64,6 @@ from torchmem.capture.read import counters, live_tensors, reset_peak, stats
 from torchmem.capture.track import Tracker, TrackResult, track
 from torchmem.capture.watch import LeakWarning, Watcher, WatchError, watch
 from torchmem.devices import HotReading
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BatchSizeError",

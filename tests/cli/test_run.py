@@ -83,7 +83,7 @@ def test_missing_script_and_unwritable_capture_fail_before_running(
     script = _write(tmp_path, "s.py", f"open({str(marker)!r}, 'w').close()\n")
     assert main(["run", "-o", str(tmp_path / "missing-dir" / "c.jsonl"), str(script)]) != 0
     assert not marker.exists()  # the program never started
-    assert main(["run", "--html", str(tmp_path / "missing-dir" / "r.html"), str(script)]) == 2
+    assert main(["run", "--html", str(tmp_path / "missing-dir" / "r.html"), str(script)]) == 3
     assert not marker.exists()
     assert main(["run"]) == 2
 

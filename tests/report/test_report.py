@@ -278,15 +278,16 @@ def test_unwritable_outputs_fail_before_writing_anything(
 
 def test_atomic_write_leaves_nothing_when_rendering_fails(tmp_path: Path) -> None:
     target = tmp_path / "r.html"
-    target.write_text("previous report")
+    previous = '<html><head><meta name="generator" content="torchmem 0.1.0"></head>previous report'
+    target.write_text(previous)
 
     def broken(f: Any) -> None:
         f.write(b"<html>half")
         raise RuntimeError("renderer failed")
 
     with pytest.raises(RuntimeError, match="renderer failed"):
-        write_atomic(target, broken)
-    assert target.read_text() == "previous report"  # untouched
+        write_atomic(target, broken, force=True)
+    assert target.read_text() == previous  # untouched
     assert [p.name for p in tmp_path.iterdir()] == ["r.html"]  # no temporary file left
     with pytest.raises(OutputError, match="does not exist"):
         write_atomic(tmp_path / "nope" / "x.html", lambda f: None)

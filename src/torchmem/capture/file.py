@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from torchmem._errors import TorchmemError
+from torchmem._outputs import OutputError, OutputExistsError, check_output, describe
 from torchmem._warn import emit_warning
 
 FORMAT = "torchmem-capture"
@@ -348,15 +349,20 @@ class CaptureWriter:
     stops; the program goes on. Methods are safe to call from several threads.
 
     Args:
-        path: The capture file to create (replaced if it exists).
+        path: The capture file to create. An existing capture is replaced only with ``force``; any other
+            existing file is refused.
         device: ``"cuda:0"``, ``"cpu"``...: the device the figures are of.
         device_name: The product name of the device, if known.
         source: ``"allocator"`` (caching-allocator figures) or ``"ledger"`` (torchmem's exact accounting).
         argv: The command line of the program (default ``sys.argv``).
+        force: Replace an existing capture file (torchmem never replaces any other file).
+        protect: Paths that must never be the capture (the program being run).
         **header: Further header fields (JSON-able); they must not reuse the names above.
 
     Raises:
         CaptureWriteError: the file cannot be created (missing folder, permission, a folder at the path).
+        OutputExistsError: the path holds a file that is not a capture, the program, or a capture and
+            ``force`` is false.
 
     Example:
         >>> with CaptureWriter("run.tmcap", device="cpu", source="ledger") as w:  # doctest: +SKIP
@@ -372,6 +378,8 @@ class CaptureWriter:
         device_name: str | None = None,
         source: str = "ledger",
         argv: Sequence[str] | None = None,
+        force: bool = False,
+        protect: Sequence[str | os.PathLike[str]] = (),
         **header: Any,
     ) -> None:
         self.path = Path(path)
@@ -383,9 +391,22 @@ class CaptureWriter:
         self._t0 = time.monotonic()
         started = time.time()
         try:
+            check_output(self.path, "capture", force=force, protect=protect, streams_ok=True)
+        except OutputExistsError:
+            raise
+        except OutputError as exc:  # folder missing, a folder, permission: the capture's own error type
+            raise CaptureWriteError(exc.message, exc.hint) from None
+        # O_EXCL unless replacing a capture on purpose: two processes (ranks) never share one file.
+        mode = os.O_TRUNC if force else os.O_EXCL
+        if self.path.exists() and not self.path.is_file():  # /dev/null, a FIFO: written in place
+            mode = 0
+        try:
             self._fd: int | None = os.open(
-                self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o644
+                self.path, os.O_WRONLY | os.O_CREAT | mode | getattr(os, "O_CLOEXEC", 0), 0o644
             )
+        except FileExistsError:
+            check_output(self.path, "capture", force=force, protect=protect)
+            raise  # pragma: no cover - check_output raised for the file that appeared
         except OSError as exc:
             raise _open_error(self.path, exc) from None
         torch_mod = sys.modules.get("torch")
@@ -394,7 +415,7 @@ class CaptureWriter:
                 import torch as torch_mod
             except Exception:  # pragma: no cover - torch is a dependency
                 torch_mod = None
-        from torchmem import __version__
+        from torchmem._version import __version__
 
         head: dict[str, Any] = {
             "format": FORMAT,
@@ -630,28 +651,6 @@ def _max(vals: Sequence[int | None]) -> int | None:
     return max(known) if known else None
 
 
-def _describe(head: bytes) -> str:
-    """A short description of what a non-capture file starts with."""
-    signatures = {
-        b"\x89PNG": "a PNG image",
-        b"%PDF": "a PDF document",
-        b"PK\x03\x04": "a ZIP archive (a torch.save file or a wheel?)",
-        b"\x80\x02": "a Python pickle",
-        b"\x1f\x8b": "gzip-compressed data",
-        b"GIF8": "a GIF image",
-        b"\xff\xd8\xff": "a JPEG image",
-    }
-    for sig, what in signatures.items():
-        if head.startswith(sig):
-            return what
-    if head.lstrip()[:1] in (b"<",):
-        return "an HTML or XML document"
-    if b"\x00" in head[:512]:
-        return "binary data"
-    text = head[:60].decode("utf-8", "replace").splitlines()[0] if head.strip() else ""
-    return f"text starting with {text!r}"
-
-
 class _Bad(Exception):
     pass
 
@@ -663,7 +662,7 @@ def _mapping(v: Any) -> Mapping[str, Any]:
 
 
 def _parse_header(line: bytes, path: str) -> dict[str, Any]:
-    what = _describe(line)
+    what = describe(line)
     try:
         head = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -695,7 +694,7 @@ def _parse_header(line: bytes, path: str) -> dict[str, Any]:
     if version > VERSION:
         writer = head.get("torchmem")
         by = f" by torchmem {writer}" if writer else ""
-        from torchmem import __version__
+        from torchmem._version import __version__
 
         raise CaptureVersionError(
             f"{path!r} is a torchmem capture of version {version} (written{by}); torchmem {__version__} "

@@ -37,6 +37,30 @@ class SessionResult:
     oom: Any
     exit_code: int | None
     reason: str
+    no_steps: str | None = None
+    """Why no step was counted and what to do, when none was (else ``None``)."""
+    children: tuple[str, ...] = ()
+    """Processes the program started (DataLoader workers excluded): their memory is not in this capture."""
+
+
+class _StatusAwareStream:
+    """``sys.stdout``/``sys.stderr`` while the live status line shows: the line is cleared before the
+    program writes, and redrawn only once the program's line is complete."""
+
+    def __init__(self, stream: Any, session: Session) -> None:
+        self._tm_stream = stream
+        self._tm_session = session
+
+    def write(self, text: str) -> int:
+        self._tm_session._before_program_write(text)
+        return int(self._tm_stream.write(text))
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tm_stream, name)
 
 
 class Session:
@@ -55,8 +79,12 @@ class Session:
         status_file: TextIO | None = None,
         warmup: int = 3,
         memory_viz: str | None = None,
+        force: bool = False,
+        protect: list[str] | None = None,
     ) -> None:
         self.capture = capture
+        self.force = force
+        self.protect = list(protect or ())
         self.memory_viz = memory_viz
         self.device = resolve(device)
         self.interval = interval
@@ -86,6 +114,15 @@ class Session:
         self._profiled = False
         self._last_opt: Any = None
         self._disabled = False
+        self._marker_returns = 0
+        self._optimizer_steps = 0
+        self._children: list[str] = []  # processes the program started (not DataLoader workers)
+        self._workers = 0
+        self._saved_start: Any = None
+        self._streams: list[tuple[str, Any]] = []
+        self._user_line_open = False
+        self._status_lock = threading.Lock()
+        self._other_thread_steps = 0
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> Session:
@@ -99,6 +136,8 @@ class Session:
             device_name=_device_name(self.device),
             argv=self.argv,
             source="allocator" if self.device.type != "cpu" else "ledger",
+            force=self.force,
+            protect=self.protect,
         )
         self._record_stats("start")
         if self.memory_viz is not None:
@@ -118,6 +157,9 @@ class Session:
             self._profile_prev = sys.getprofile()
             sys.setprofile(self._profile)
         os.register_at_fork(after_in_child=self._in_child)
+        self._watch_processes()
+        if self.status:
+            self._wrap_streams()
         self._thread = threading.Thread(target=self._sample_loop, name="torchmem-sampler", daemon=True)
         self._thread.start()
         return self
@@ -126,11 +168,15 @@ class Session:
     def _on_optimizer_step(self, opt: Any = None, *_args: Any, **_kwargs: Any) -> None:
         if threading.get_ident() == self._main and not self._disabled:
             self._last_opt = opt
+            self._optimizer_steps += 1
             if not self.step_marker:
                 self.step()
+        elif not self._disabled:
+            self._other_thread_steps += 1
 
     def _profile(self, frame: types.FrameType, event: str, _arg: Any) -> None:
         if event == "return" and frame.f_code.co_name == self.step_marker and not self._disabled:
+            self._marker_returns += 1
             self.step()
 
     def step(self) -> None:
@@ -217,16 +263,129 @@ class Session:
 
     def _show_status(self, allocated: int | None, reserved: int | None, peak: int | None) -> None:
         text = self.status_text(allocated, reserved, peak)
-        pad = max(0, self._status_len - len(text))
-        self._status_len = len(text)
-        self._status_file.write("\r" + text + " " * pad)
-        self._status_file.flush()
+        with self._status_lock:
+            if self._user_line_open:  # the program is in the middle of a line: do not write into it
+                return
+            pad = max(0, self._status_len - len(text))
+            self._status_len = len(text)
+            self._status_file.write("\r" + text + " " * pad)
+            self._status_file.flush()
 
     def _clear_status(self) -> None:
+        with self._status_lock:
+            self._clear_status_locked()
+
+    def _clear_status_locked(self) -> None:
         if self.status and self._status_len:
             self._status_file.write("\r" + " " * self._status_len + "\r")
             self._status_file.flush()
             self._status_len = 0
+
+    def _before_program_write(self, text: str) -> None:
+        try:
+            with self._status_lock:
+                self._clear_status_locked()
+                if text:
+                    self._user_line_open = not text.endswith("\n")
+        except Exception:  # never break the program's output
+            pass
+
+    def _wrap_streams(self) -> None:
+        """Clear the status line before the program prints (stdout and stderr share the terminal)."""
+        for name in ("stdout", "stderr"):
+            stream = getattr(sys, name)
+            if stream is None or isinstance(stream, _StatusAwareStream):
+                continue
+            wrapper = _StatusAwareStream(stream, self)
+            setattr(sys, name, wrapper)
+            self._streams.append((name, wrapper))
+
+    def _unwrap_streams(self) -> None:
+        for name, wrapper in self._streams:
+            if getattr(sys, name) is wrapper:  # the program may have replaced it: then leave it
+                setattr(sys, name, wrapper._tm_stream)
+        self._streams = []
+
+    # -- child processes ---------------------------------------------------------------------------
+    def _watch_processes(self) -> None:
+        """Note the processes the program starts (mp.spawn, multiprocessing, hogwild): their memory is
+        not this process's, and a run whose work happens there must say so. The hook is removed at the
+        end; DataLoader workers are counted apart."""
+        import multiprocessing.process as mpp
+
+        original = mpp.BaseProcess.start
+        session = self
+
+        def start(proc: Any) -> None:
+            original(proc)
+            try:
+                session._process_started(proc)
+            except Exception:
+                pass
+
+        start.__wrapped__ = original  # type: ignore[attr-defined]
+        self._saved_start = original
+        mpp.BaseProcess.start = start  # type: ignore[method-assign,assignment]
+
+    def _restore_processes(self) -> None:
+        import multiprocessing.process as mpp
+
+        if self._saved_start is not None and getattr(mpp.BaseProcess.start, "__wrapped__", None) is (
+            self._saved_start
+        ):
+            mpp.BaseProcess.start = self._saved_start  # type: ignore[method-assign,assignment]
+        self._saved_start = None
+
+    def _process_started(self, proc: Any) -> None:
+        if os.getpid() != self._pid or self._disabled:
+            return
+        target = getattr(proc, "_target", None)
+        if getattr(target, "__module__", "") == "torch.utils.data._utils.worker":
+            self._workers += 1
+            return
+        what = getattr(target, "__qualname__", None) or type(proc).__name__
+        desc = f"{proc.name} (pid {proc.pid}, {what})"
+        self._children.append(desc)
+        self._note(f"the program started process {desc}; its memory is not in this capture")
+
+    def _why_no_steps(self) -> str:
+        """Why no step was counted, and what to do next."""
+        if self._children:
+            n = len(self._children)
+            return (
+                f"the program's work ran in {n} child process{'es' if n > 1 else ''} it started "
+                f"({', '.join(self._children[:3])}{', ...' if n > 3 else ''}); torchmem run measures this "
+                "process only. Use torchmem.watch() inside the worker function, or launch the workers "
+                "with torchrun and run each under torchmem (torchrun ... -m torchmem run train.py)."
+            )
+        if self.step_marker:
+            name = self.step_marker
+            dotted = (
+                f" The marker is a bare function name: use {name.rsplit('.', 1)[-1]!r}, not {name!r}."
+                if "." in name
+                else ""
+            )
+            also = (
+                f" ({self._optimizer_steps} optimizer steps did run: drop --step-marker to count those.)"
+                if self._optimizer_steps
+                else ""
+            )
+            return (
+                f"no function named {name!r} returned in this process, so --step-marker counted no step."
+                + dotted
+                + also
+                + " Check the spelling against the def of the function one iteration of the loop calls."
+            )
+        if self._other_thread_steps:
+            return (
+                f"{self._other_thread_steps} optimizer steps ran in other threads; torchmem run counts "
+                "the steps of the main thread. Wrap the training loop in torchmem.watch() in its thread."
+            )
+        return (
+            "no optimizer.step() ran in this process, and torchmem run counts a step at each one. For a "
+            "loop without an optimizer (evaluation, inference), name the function one iteration calls: "
+            "--step-marker FUNCTION, or wrap the loop: for batch in torchmem.watch(loader)."
+        )
 
     # -- end -------------------------------------------------------------------------------------
     def finish(self, exit_code: int | None, reason: str, exc: BaseException | None = None) -> SessionResult:
@@ -235,6 +394,8 @@ class Session:
         if self._thread is not None:
             self._thread.join(timeout=2.0)
         self._clear_status()
+        self._unwrap_streams()
+        self._restore_processes()
         if self.step_marker:
             sys.setprofile(self._profile_prev)
         if self._hook is not None:
@@ -274,6 +435,9 @@ class Session:
                     self._write("oom", diagnosis=oom.to_dict(), step=self._steps)
                 except Exception as e:
                     self._note(f"the OOM could not be explained ({type(e).__name__}: {e})")
+        no_steps = self._why_no_steps() if self._steps == 0 else None
+        if no_steps is not None:
+            self._note(f"0 steps: {no_steps}")
         seconds = time.perf_counter() - self._t0
         if self._writer is not None and not self._disabled:
             with self._lock:
@@ -288,6 +452,8 @@ class Session:
             oom=oom,
             exit_code=exit_code,
             reason=reason,
+            no_steps=no_steps,
+            children=tuple(self._children),
         )
 
     # -- helpers ---------------------------------------------------------------------------------

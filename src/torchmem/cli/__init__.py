@@ -27,7 +27,7 @@ _COMMANDS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    from torchmem import __version__
+    from torchmem._version import __version__
 
     p = argparse.ArgumentParser(
         prog="torchmem", description="Answers PyTorch device-memory questions: where it went, who holds it."
@@ -42,8 +42,18 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
     parser = _parser()
+    raw = list(argv) if argv is not None else sys.argv[1:]
+    program: list[str] | None = None
+    cmd_at = next((i for i, a in enumerate(raw) if not a.startswith("-")), None)
+    if cmd_at is not None and raw[cmd_at] == "run":  # the program's own options are not torchmem's
+        own, program = run_cmd.split_argv(raw[cmd_at + 1 :])
+        raw = [*raw[: cmd_at + 1], *own]
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args = parser.parse_args(raw)
+        if program is not None:
+            if program[:1] == ["-m"]:
+                args.module, program = program[1], program[2:]
+            args.argv = program
     except SystemExit as exc:  # argparse: --help, --version, usage errors
         return int(exc.code) if isinstance(exc.code, int) else 2
     if args.command is None:

@@ -23,8 +23,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--output-dir",
         "-o",
-        default="torchmem-demo",
-        help="where captures and the report go (default ./torchmem-demo)",
+        default=None,
+        help="where captures and the report go (default: a new folder in the system's temporary "
+        "directory, so nothing is left in your working tree); earlier demo files there are replaced",
     )
 
 
@@ -34,16 +35,17 @@ def _script() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(_demo.__file__)), "train.py")
 
 
-def _out_dir(path: str) -> str:
+def _out_dir(path: str | None) -> str:
+    if path is None:
+        return tempfile.mkdtemp(prefix="torchmem-demo-")
     try:
         os.makedirs(path, exist_ok=True)
-        if os.access(path, os.W_OK):
-            return path
-    except OSError:
-        pass
-    tmp = tempfile.mkdtemp(prefix="torchmem-demo-")
-    print(f"torchmem: {path!r} is not writable; writing to {tmp} instead", file=sys.stderr)
-    return tmp
+    except OSError as exc:
+        raise TorchmemError(
+            f"Cannot create the demo folder {path!r}: {exc.strerror or exc}.",
+            "Choose another --output-dir, or leave it out (a temporary folder is used).",
+        ) from None
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,8 +68,16 @@ def run(args: argparse.Namespace) -> int:
         file=err,
     )
     argv = [script, "--steps", str(args.steps), "--device", str(dev)]
+    # The demo's own files (leaky.jsonl, fixed.jsonl, report.html) from an earlier demo are replaced; any
+    # other file of those names is refused, as everywhere in torchmem.
     code, leaky = run_session(
-        script, argv, capture=os.path.join(out, "leaky.jsonl"), device=dev, html=html, err=err
+        script,
+        argv,
+        capture=os.path.join(out, "leaky.jsonl"),
+        device=dev,
+        html=html,
+        err=err,
+        force=True,
     )
     if code != 0:
         return code
@@ -81,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         device=dev,
         err=err,
         quiet=True,
+        force=True,
     )
     if code != 0:
         return code

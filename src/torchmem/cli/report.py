@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -19,20 +20,30 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML report")
     p.add_argument("--plot", metavar="OUT.png", help="write the timeline as a PNG (needs torchmem[plot])")
     p.add_argument("--json", action="store_true", help="print the capture as JSON instead of the summary")
+    p.add_argument(
+        "--force",
+        "-f",
+        action="store_true",
+        help="replace an HTML report or plot torchmem wrote before (never any other file)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from torchmem.capture.file import read_capture
-    from torchmem.report._output import check_writable
+    from torchmem.report._output import OutputError, check_writable
 
     # Every check before any output: a missing extra or a bad path leaves nothing half done.
     if args.plot:
         from torchmem.report.plot import require_matplotlib
 
         require_matplotlib()
-        check_writable(args.plot, "plot")
+        check_writable(args.plot, "plot", kind="png", force=args.force, protect=[args.capture])
     if args.html:
-        check_writable(args.html, "HTML report")
+        check_writable(args.html, "HTML report", kind="html", force=args.force, protect=[args.capture])
+    if args.html and args.plot and os.path.abspath(args.html) == os.path.abspath(args.plot):
+        raise OutputError(
+            f"--html and --plot are the same file {args.html!r}.", "Give each output its own path."
+        )
     cap = read_capture(args.capture)
 
     if args.json:
@@ -47,9 +58,9 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from torchmem.report.html import write_html
 
-        print(f"HTML report: {write_html(cap, args.html)}", file=said)
+        print(f"HTML report: {write_html(cap, args.html, force=args.force)}", file=said)
     if args.plot:
         from torchmem.report.plot import write_plot
 
-        print(f"timeline plot: {write_plot(cap, args.plot)}", file=said)
+        print(f"timeline plot: {write_plot(cap, args.plot, force=args.force)}", file=said)
     return 0

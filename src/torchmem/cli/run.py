@@ -9,12 +9,16 @@ short summary goes to stderr, the capture file is complete, and ``--html`` write
 from __future__ import annotations
 
 import argparse
+import builtins
 import os
 import runpy
 import sys
 import traceback
+import types
+import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from torchmem._errors import TorchmemError
 
@@ -25,19 +29,49 @@ class RunError(TorchmemError):
     exit_code = 2
 
 
+# Options of ``torchmem run`` that take a value; everything after the program belongs to the program.
+_VALUE_OPTIONS = {
+    "-m",
+    "--device",
+    "-d",
+    "--output",
+    "-o",
+    "--html",
+    "--interval",
+    "--step-marker",
+    "--memory-viz",
+    "--warmup",
+}
+_FLAG_OPTIONS = {"--modules", "--no-status", "--quiet", "-q", "--force", "-f", "--help", "-h"}
+
+USAGE = "torchmem run [options] script.py [args ...]\n       torchmem run [options] -m module [args ...]"
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "run",
         help="run a Python script (or -m module) under memory monitoring, with no code change",
         description=__doc__,
+        usage=USAGE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Everything after the script (or -m module) is the program's own command line, "
+        "as with python.",
     )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script")
     p.add_argument("--device", "-d", help="device to monitor (default: the current accelerator, else CPU)")
     p.add_argument(
-        "--output", "-o", metavar="CAPTURE", help="capture file (default: torchmem-<script>.jsonl here)"
+        "--output",
+        "-o",
+        metavar="CAPTURE",
+        help="capture file (default: a new torchmem-<program>-<date>-<time>[-rank<k>].jsonl here)",
     )
     p.add_argument("--html", metavar="PATH", help="also write the self-contained HTML report there")
+    p.add_argument(
+        "--force",
+        "-f",
+        action="store_true",
+        help="replace output files torchmem wrote before (never any other file)",
+    )
     p.add_argument("--interval", type=float, default=0.05, help="timeline sampling period in seconds")
     p.add_argument("--step-marker", metavar="FUNCTION", help="count a step at each return of this function")
     p.add_argument("--modules", action="store_true", help="per-module profile of the second step")
@@ -49,7 +83,43 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--warmup", type=int, default=3, help="steps the leak detector ignores at the start")
     p.add_argument("--no-status", action="store_true", help="no live status line, even on a terminal")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary at the end")
-    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="script.py [args]", help="the program")
+    p.set_defaults(argv=[])
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split ``torchmem run``'s command line into (its own options, the program's command line).
+
+    As with ``python``: the program starts at the first argument that is not an option of ``torchmem run``
+    (the script), or right after ``-m MODULE``, or after ``--``; everything from there is the program's,
+    options included. For ``-m``, the program's part starts with ``["-m", MODULE]``.
+    """
+    own: list[str] = []
+    i = 0
+    argv = list(argv)
+    while i < len(argv):
+        a = argv[i]
+        if a == "--":
+            return own, argv[i + 1 :]
+        if a == "-m" or (a.startswith("-m") and not a.startswith("--")):
+            module = a[2:] if len(a) > 2 else (argv[i + 1] if i + 1 < len(argv) else None)
+            rest = argv[i + (1 if len(a) > 2 else 2) :]
+            if module is None:
+                return [*own, "-m"], []
+            return own, ["-m", module, *rest]
+        if not a.startswith("-") or a == "-":
+            return own, argv[i:]
+        name = a.split("=", 1)[0]
+        if name in _VALUE_OPTIONS and "=" not in a:
+            own += argv[i : i + 2]
+            i += 2
+            continue
+        if len(a) > 2 and not a.startswith("--") and a[:2] in _VALUE_OPTIONS:  # -oFILE, -dcuda:0
+            own.append(a)
+            i += 1
+            continue
+        own.append(a)  # a flag, --opt=value, or an unknown option (argparse says so)
+        i += 1
+    return own, []
 
 
 @dataclass
@@ -59,46 +129,171 @@ class Outcome:
     exc: BaseException | None
 
 
-def _target(args: argparse.Namespace) -> tuple[str, list[str], str]:
-    """(what to run, its sys.argv, a short name for files)."""
-    argv = list(args.argv)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    if args.module:
-        return args.module, [args.module, *argv], args.module.rsplit(".", 1)[-1]
-    if not argv:
-        raise RunError(
-            "No script to run.", "Usage: torchmem run [options] script.py [args...] (or -m module)."
-        )
-    script = argv[0]
-    if not os.path.exists(script):
-        raise RunError(
-            f"Script not found: {script!r}.", "Check the path (it is relative to the current directory)."
-        )
-    if os.path.isdir(script) and not os.path.exists(os.path.join(script, "__main__.py")):
-        raise RunError(
-            f"{script!r} is a directory without __main__.py.",
-            "Name a .py file or a package with __main__.py.",
-        )
-    name = os.path.splitext(os.path.basename(os.path.normpath(script)))[0]
-    return script, argv, name
+class Program:
+    """The program to run, resolved and compiled before monitoring starts, as ``python`` would.
+
+    A script is compiled from its absolute path (as ``__file__`` and tracebacks show it), its folder
+    (symlinks resolved) goes first on ``sys.path``; a module is found with the current folder first on
+    ``sys.path`` and compiled from its spec. A syntax error or a missing module is printed exactly as
+    Python prints it (:class:`ProgramNotStarted`), and no capture is written for a run that never started.
+    """
+
+    def __init__(self, argv: list[str], err: TextIO) -> None:
+        self.err = err
+        self.module: str | None = None
+        self.spec: Any = None
+        self.code: Any = None
+        self.runpy_path: str | None = None  # a folder or zip with __main__.py: runpy runs it
+        if argv[:1] == ["-m"]:
+            self._init_module(argv[1], argv[2:])
+        else:
+            self._init_script(argv)
+
+    def _init_script(self, argv: list[str]) -> None:
+        if not argv:
+            raise RunError(
+                "No script to run.", "Usage: torchmem run [options] script.py [args...] (or -m module)."
+            )
+        script = argv[0]
+        if not os.path.exists(script):
+            raise RunError(
+                f"Script not found: {script!r}.", "Check the path (it is relative to the current directory)."
+            )
+        self.path = os.path.abspath(script)
+        self.name = os.path.splitext(os.path.basename(os.path.normpath(script)))[0]
+        self.argv = list(argv)
+        self.path0 = os.path.dirname(os.path.realpath(script))
+        if os.path.isdir(script) or zipfile.is_zipfile(script):
+            main = os.path.join(script, "__main__.py")
+            if os.path.isdir(script) and not os.path.exists(main):
+                raise RunError(
+                    f"{script!r} is a directory without __main__.py.",
+                    "Name a .py file or a package with __main__.py.",
+                )
+            self.runpy_path = script
+            self.path0 = script
+            return
+        try:
+            with open(script, "rb") as f:
+                source = f.read()
+        except OSError as exc:
+            raise RunError(f"Cannot read {script!r}: {exc.strerror or exc}.", "Check the file.") from None
+        try:
+            self.code = compile(source, self.path, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError) as exc:  # ValueError: null bytes in the source
+            _print_plain(exc, self.err)
+            raise ProgramNotStarted(1) from None
+
+    def _init_module(self, name: str, args: list[str]) -> None:
+
+        self.module = name
+        self.name = name.rsplit(".", 1)[-1]
+        self.path0 = os.getcwd()
+        saved = list(sys.path)
+        sys.path.insert(0, self.path0)
+        try:
+            spec = self._find(name)
+            if spec.submodule_search_locations is not None:  # a package: its __main__, as python -m
+                main_name = name + ".__main__"
+                main_spec = self._find(main_name, package=name)
+                spec = main_spec
+            loader = spec.loader
+            if loader is None or not hasattr(loader, "get_code"):
+                self._no_module(f"No code object available for {name}")
+            try:
+                code = loader.get_code(spec.name)
+            except SyntaxError as exc:
+                _print_plain(exc, self.err)
+                raise ProgramNotStarted(1) from None
+            except ImportError as exc:
+                self._no_module(
+                    f"Error while finding module specification for {name!r} ({type(exc).__name__}: {exc})"
+                )
+            if code is None:
+                self._no_module(f"No code object available for {name}")
+        finally:
+            sys.path[:] = saved
+        self.spec = spec
+        self.code = code
+        self.path = spec.origin or name
+        self.argv = [self.path, *args]
+
+    def _find(self, name: str, package: str | None = None) -> Any:
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, AttributeError, TypeError, ValueError) as exc:
+            if package is not None:
+                self._no_module(
+                    f"No module named {name}; {package!r} is a package and cannot be directly executed"
+                )
+            self._no_module(
+                f"Error while finding module specification for {name!r} ({type(exc).__name__}: {exc})"
+            )
+        if spec is None:
+            if package is not None:
+                self._no_module(
+                    f"No module named {name}; {package!r} is a package and cannot be directly executed"
+                )
+            self._no_module(f"No module named {name}")
+        return spec
+
+    def _no_module(self, text: str) -> NoReturn:
+        print(f"torchmem run: {text}", file=self.err)
+        raise ProgramNotStarted(1)
+
+    @property
+    def protect(self) -> list[str]:
+        """Files that must never be outputs: the script (or the module's source)."""
+        return [self.path] if self.path and os.path.exists(self.path) else []
 
 
-def execute(target: str, argv: list[str], module: bool, err: TextIO) -> Outcome:
+class ProgramNotStarted(Exception):
+    """The program could not start (its error is already printed, as Python prints it)."""
+
+    def __init__(self, exit_code: int) -> None:
+        super().__init__(exit_code)
+        self.exit_code = exit_code
+
+
+def execute(program: Program, err: TextIO) -> Outcome:
     """Run the program in this process like ``python`` would; return its exit code and how it ended."""
-    saved_argv, saved_path0 = sys.argv, sys.path[0] if sys.path else None
-    sys.argv = list(argv)
-    if not module:
-        path0 = os.path.dirname(os.path.abspath(target))
-        if sys.path:
-            sys.path[0] = path0
-        else:
-            sys.path.append(path0)
+    saved_argv, saved_path = sys.argv, list(sys.path)
+    saved_main = sys.modules.get("__main__")
+    sys.argv = list(program.argv)
+    if sys.path:
+        sys.path[0] = program.path0
+    else:
+        sys.path.append(program.path0)
     try:
-        if module:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        if program.runpy_path is not None:
+            runpy.run_path(program.runpy_path, run_name="__main__")
         else:
-            runpy.run_path(target, run_name="__main__")
+            main = types.ModuleType("__main__")
+            g = main.__dict__
+            g["__builtins__"] = builtins
+            if program.spec is not None:
+                spec = program.spec
+                g.update(
+                    __file__=spec.origin,
+                    __cached__=spec.cached,
+                    __loader__=spec.loader,
+                    __spec__=spec,
+                    __package__=spec.parent,
+                )
+            else:
+                from importlib.machinery import SourceFileLoader
+
+                g.update(
+                    __file__=program.path,
+                    __cached__=None,
+                    __loader__=SourceFileLoader("__main__", program.path),
+                    __spec__=None,
+                    __package__=None,
+                )
+            sys.modules["__main__"] = main
+            exec(program.code, g)
         return Outcome(0, "exit", None)
     except SystemExit as e:
         code = e.code
@@ -109,39 +304,129 @@ def execute(target: str, argv: list[str], module: bool, err: TextIO) -> Outcome:
         print(code, file=err)
         return Outcome(1, "exit", None)
     except KeyboardInterrupt as e:
-        _print_exception(e, target, err)
+        _print_exception(e, program, err)
         return Outcome(130, "keyboard_interrupt", e)
     except BaseException as e:  # the program's own error: printed as Python would, exit code 1
-        _print_exception(e, target, err)
+        _print_exception(e, program, err)
         return Outcome(1, "exception", e)
     finally:
         sys.argv = saved_argv
-        if saved_path0 is not None and sys.path:
-            sys.path[0] = saved_path0
+        sys.path[:] = saved_path
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
 
 
-def _print_exception(e: BaseException, target: str, err: TextIO) -> None:
-    """The traceback Python would print, without torchmem's and runpy's frames."""
-    tb = e.__traceback__
-    here = (
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-        os.path.dirname(runpy.__file__),
-        "<frozen runpy>",
+def _print_plain(exc: BaseException, err: TextIO) -> None:
+    """A syntax error as Python prints one for the main script: no traceback, the line and the caret."""
+    err.write("".join(traceback.format_exception_only(type(exc), exc)))
+    err.flush()
+
+
+_TORCHMEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_RUNNER_FILES = (os.path.dirname(runpy.__file__), "<frozen runpy>", "<frozen importlib")
+
+
+def _torch_dir() -> str | None:
+    mod = sys.modules.get("torch")
+    f = getattr(mod, "__file__", None)
+    return os.path.dirname(os.path.abspath(f)) if f else None
+
+
+def _is_glue(filename: str, torch_dir: str | None) -> bool:
+    """torch frames that only exist because torchmem's dispatch mode or wrappers sit on the call path."""
+    if torch_dir is None or not filename.startswith(torch_dir + os.sep):
+        return False
+    rel = filename[len(torch_dir) + 1 :].replace(os.sep, "/")
+    return rel in ("_compile.py", "_ops.py", "utils/_python_dispatch.py", "overrides.py") or rel.startswith(
+        "_dynamo/"
     )
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(here):
+
+
+def user_traceback(tb: types.TracebackType | None, program_file: str | None) -> types.TracebackType | None:
+    """``tb`` without torchmem's frames: the runner at the top, and the dispatch-mode frames torchmem puts
+    between a torch op and the user's line (with the torch glue around them). What is left is the
+    traceback plain ``python`` prints for the same error."""
+    entries: list[types.TracebackType] = []
+    while tb is not None:
+        entries.append(tb)
         tb = tb.tb_next
-    traceback.print_exception(type(e), e, tb if tb is not None else e.__traceback__, file=err)
+    names = [e.tb_frame.f_code.co_filename for e in entries]
+    own = [(n.startswith(_TORCHMEM_DIR + os.sep) and n != program_file) for n in names]
+    keep = [True] * len(entries)
+    # the runner: torchmem's cli, runpy, importlib at the top
+    i = 0
+    while i < len(entries) and (own[i] or names[i].startswith(_RUNNER_FILES)):
+        keep[i] = False
+        i += 1
+    tdir = _torch_dir()
+    for j in range(i, len(entries)):
+        if not own[j]:
+            continue
+        keep[j] = False
+        k = j - 1
+        while k >= i and _is_glue(names[k], tdir):
+            keep[k] = False
+            k -= 1
+        k = j + 1
+        while k < len(entries) and _is_glue(names[k], tdir):
+            keep[k] = False
+            k += 1
+    kept = [e for e, ok in zip(entries, keep) if ok]
+    if not kept:
+        return entries[-1] if entries else None
+    out: types.TracebackType | None = None
+    for e in reversed(kept):
+        out = types.TracebackType(out, e.tb_frame, e.tb_lasti, e.tb_lineno)
+    return out
+
+
+def _print_exception(e: BaseException, program: Program, err: TextIO) -> None:
+    """The traceback Python would print, without torchmem's frames (also in chained exceptions).
+
+    A ``sys.excepthook`` the program installed is called, as Python calls it for an uncaught error.
+    """
+    seen: set[int] = set()
+    stack: list[BaseException] = [e]
+    while stack:
+        x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        try:
+            x.__traceback__ = user_traceback(x.__traceback__, program.path)
+        except Exception:  # a traceback we cannot rebuild is printed as it is
+            pass
+        stack += [c for c in (x.__cause__, x.__context__) if c is not None]
+        stack += [c for c in getattr(x, "exceptions", ()) if isinstance(c, BaseException)]
+    hook = sys.excepthook
+    if hook is not sys.__excepthook__ and err is sys.stderr:
+        try:
+            hook(type(e), e, e.__traceback__)
+            return
+        except Exception:
+            pass
+    traceback.print_exception(type(e), e, e.__traceback__, file=err)
 
 
 def run(args: argparse.Namespace) -> int:
-    target, argv, name = _target(args)
     if args.interval <= 0:
         raise RunError("--interval must be positive.", "For example --interval 0.05.")
-    capture = args.output or f"torchmem-{name}.jsonl"
+    program_argv = list(args.argv)
+    if args.module:  # `-m` reached argparse (no program split was done: a direct call with a Namespace)
+        program_argv = ["-m", args.module, *program_argv]
+    err = sys.stderr
+    try:
+        program = Program(program_argv, err)
+    except ProgramNotStarted as exc:
+        return exc.exit_code
+    if args.output is None:
+        from torchmem._outputs import process_rank, unique_name
+
+        capture = unique_name(f"torchmem-{program.name}", ".jsonl", rank=process_rank())
+    else:
+        capture = args.output
     return run_session(
-        target,
-        argv,
-        module=bool(args.module),
+        program,
         capture=capture,
         device=args.device,
         html=args.html,
@@ -152,14 +437,14 @@ def run(args: argparse.Namespace) -> int:
         status=False if args.no_status else None,
         quiet=args.quiet,
         memory_viz=args.memory_viz,
+        force=args.force,
     )[0]
 
 
 def run_session(
-    target: str,
-    argv: list[str],
+    program: Program | str,
+    argv: list[str] | None = None,
     *,
-    module: bool = False,
     capture: str,
     device: Any = None,
     html: str | None = None,
@@ -171,16 +456,35 @@ def run_session(
     quiet: bool = False,
     err: TextIO | None = None,
     memory_viz: str | None = None,
+    force: bool = False,
 ) -> tuple[int, Any]:
     """Run a program under a monitoring session: its exit code and the session's
-    :class:`~torchmem.capture.session.SessionResult`."""
+    :class:`~torchmem.capture.session.SessionResult`.
+
+    ``program`` is a :class:`Program` or a script path (then ``argv`` is its command line). Every output
+    is checked before the program starts (nothing is ever written over a file torchmem did not write, nor
+    over the program); a program that cannot start (syntax error, missing module) writes no capture.
+    """
+    from torchmem._outputs import check_output
     from torchmem.capture.session import Session
 
     err = err if err is not None else sys.stderr
+    if not isinstance(program, Program):
+        program = Program(list(argv) if argv is not None else [program], err)
+    protect = program.protect
+    outputs = [(capture, "capture"), (html, "html"), (memory_viz, "pickle")]
+    given = [(os.path.abspath(p), k) for p, k in outputs if p is not None]
+    for a in range(len(given)):
+        for b in range(a + 1, len(given)):
+            if given[a][0] == given[b][0]:
+                raise RunError(
+                    f"The {given[a][1]} and the {given[b][1]} outputs are the same file {given[a][0]!r}.",
+                    "Give each output its own path.",
+                )
     if html is not None:
-        _check_writable(html)
+        check_output(html, "html", force=force, protect=protect)
     if memory_viz is not None:
-        _check_writable(memory_viz)
+        check_output(memory_viz, "pickle", force=force, protect=protect)
     session = Session(
         capture,
         device=device,
@@ -188,30 +492,24 @@ def run_session(
         status=status,
         step_marker=step_marker,
         modules=modules,
-        argv=argv,
+        argv=program.argv,
         status_file=err,
         warmup=warmup,
         memory_viz=memory_viz,
-    ).start()  # an unwritable capture path fails here, before the program runs
+        force=force,
+        protect=protect,
+    ).start()  # an unusable capture path fails here, before the program runs
     outcome = Outcome(1, "exception", None)
     try:
-        outcome = execute(target, argv, module, err)
+        outcome = execute(program, err)
     finally:
         result = session.finish(outcome.exit_code, outcome.reason, outcome.exc)
         outcome.exc = None
         if not quiet:
             _summary(result, err)
         if html is not None:
-            _write_html(capture, html, err)
+            _write_html(capture, html, err, force)
     return outcome.exit_code, result
-
-
-def _check_writable(path: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(d):
-        raise RunError(f"Cannot write {path!r}: the directory {d!r} does not exist.", "Create it first.")
-    if not os.access(d, os.W_OK):
-        raise RunError(f"Cannot write {path!r}: no permission in {d!r}.", "Choose another path.")
 
 
 def _summary(result: Any, err: TextIO) -> None:
@@ -225,22 +523,31 @@ def _summary(result: Any, err: TextIO) -> None:
         + (f" (exit code {result.exit_code})" if result.exit_code else "")
     ]
     leak = result.leak
+    no_steps = getattr(result, "no_steps", None)
+    children = getattr(result, "children", ())
     if leak is not None and (leak.leaking or leak.detected_at is not None):
         lines.append(str(leak))
     elif leak is not None and result.steps:
         lines.append(f"no leak: {leak.reason}")
+    if no_steps:
+        lines.append(f"no leak verdict: 0 steps: {no_steps}")
+    elif children:
+        lines.append(
+            f"note: the program started {len(children)} process(es) ({', '.join(children[:3])}); "
+            "their memory is not in this capture."
+        )
     if result.oom is not None:
         lines.append(str(result.oom))
     lines.append(f"capture: {result.capture}  (torchmem report {result.capture} --html report.html)")
     print("\n".join(lines), file=err)
 
 
-def _write_html(capture: str, html: str, err: TextIO) -> None:
+def _write_html(capture: str, html: str, err: TextIO, force: bool) -> None:
     try:
         from torchmem.capture.file import read_capture
         from torchmem.report.html import write_html
 
-        write_html(read_capture(capture), html)
+        write_html(read_capture(capture), html, force=force)
         print(f"torchmem: HTML report: {html}", file=err)
     except Exception as exc:  # the program's exit code is what matters; say why the report is missing
         print(f"torchmem: the HTML report could not be written ({type(exc).__name__}: {exc})", file=err)

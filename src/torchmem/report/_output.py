@@ -5,17 +5,11 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-from torchmem._errors import TorchmemError
-
-
-class OutputError(TorchmemError):
-    """A report cannot be written where asked (missing folder, a folder at the path, no permission)."""
-
-    exit_code = 3
+from torchmem._outputs import OutputError, check_output
 
 
 def _error(path: Path, what: str, exc: OSError | None = None) -> OutputError:
@@ -39,25 +33,36 @@ def _error(path: Path, what: str, exc: OSError | None = None) -> OutputError:
     return OutputError(f"cannot write the {what} {str(path)!r}{reason}.", "choose another path.")
 
 
-def check_writable(path: str | os.PathLike[str], what: str) -> Path:
-    """Fail early, before any work, when ``path`` clearly cannot be written."""
-    p = Path(os.path.abspath(os.fspath(path)))
-    if not p.parent.is_dir() or p.is_dir():
-        raise _error(p, what)
-    if not os.access(p.parent, os.W_OK):
-        raise _error(p, what, PermissionError(errno.EACCES, "permission denied"))
-    return p
+def check_writable(
+    path: str | os.PathLike[str],
+    what: str,
+    *,
+    kind: str = "html",
+    force: bool = False,
+    protect: Sequence[str | os.PathLike[str]] = (),
+) -> Path:
+    """Fail early, before any work, unless ``path`` can be written without destroying anything."""
+    return check_output(path, kind, force=force, what=what, protect=protect)
 
 
 def write_atomic(
-    path: str | os.PathLike[str], write: Callable[[IO[bytes]], None], *, what: str = "report"
+    path: str | os.PathLike[str],
+    write: Callable[[IO[bytes]], None],
+    *,
+    what: str = "report",
+    kind: str = "html",
+    force: bool = False,
 ) -> Path:
     """Create ``path`` from what ``write`` writes to a binary file; ``path`` is never left half-written.
 
+    An existing file is replaced only when torchmem wrote it and ``force`` is true (see
+    :func:`torchmem._outputs.check_output`).
+
     Raises:
+        OutputExistsError: the path holds a file that is not torchmem's, or ``force`` is false.
         OutputError: the folder is missing, the path is a folder, or it cannot be written.
     """
-    p = check_writable(path, what)
+    p = check_output(path, kind, force=force, what=what)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     except OSError as exc:

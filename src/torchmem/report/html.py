@@ -490,7 +490,7 @@ def render_html(cap: Capture) -> str:
     Example:
         >>> page = render_html(read_capture("run.jsonl"))  # doctest: +SKIP
     """
-    from torchmem import __version__
+    from torchmem._version import __version__
 
     f = run_facts(cap)
     leak = final_leak(cap)
@@ -592,12 +592,13 @@ needed.</footer>
 """
 
 
-def write_html(cap: Capture, path: str | os.PathLike[str]) -> Path:
+def write_html(cap: Capture, path: str | os.PathLike[str], *, force: bool = False) -> Path:
     """Write the self-contained HTML report of ``cap`` at ``path`` (whole or not at all).
 
     Args:
         cap: A capture from :func:`torchmem.capture.file.read_capture`.
         path: The HTML file to create.
+        force: Replace an existing HTML report that torchmem wrote (never any other file).
 
     Returns:
         The absolute path written.
@@ -613,7 +614,7 @@ def write_html(cap: Capture, path: str | os.PathLike[str]) -> Path:
     def write(f: IO[bytes]) -> None:
         f.write(page)
 
-    return write_atomic(path, write, what="HTML report")
+    return write_atomic(path, write, what="HTML report", kind="html", force=force)
 
 
 __all__ = ["render_html", "timeline_svg", "write_html"]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from torchmem._errors import TorchmemError
+from torchmem._version import __version__
 from torchmem.report._output import check_writable, write_atomic
 from torchmem.report.summary import final_leak, step_time
 
@@ -103,15 +104,16 @@ def _draw(cap: Capture, file: IO[bytes]) -> None:
     else:
         ax.text(0.5, 0.5, "no timeline samples in this capture", ha="center", transform=ax.transAxes)
     fig.tight_layout()
-    fig.savefig(file, format="png")
+    fig.savefig(file, format="png", metadata={"Software": f"torchmem {__version__} (matplotlib)"})
 
 
-def write_plot(cap: Capture, path: str | os.PathLike[str]) -> Path:
+def write_plot(cap: Capture, path: str | os.PathLike[str], *, force: bool = False) -> Path:
     """Write the timeline of ``cap`` as a PNG at ``path`` (whole or not at all).
 
     Args:
         cap: A capture from :func:`torchmem.capture.file.read_capture`.
         path: The PNG file to create.
+        force: Replace an existing PNG that torchmem wrote (never any other file).
 
     Returns:
         The absolute path written.
@@ -124,8 +126,8 @@ def write_plot(cap: Capture, path: str | os.PathLike[str]) -> Path:
         >>> write_plot(read_capture("run.jsonl"), "timeline.png")  # doctest: +SKIP
     """
     require_matplotlib()
-    check_writable(path, "plot")
-    return write_atomic(path, lambda f: _draw(cap, f), what="plot")
+    check_writable(path, "plot", kind="png", force=force)
+    return write_atomic(path, lambda f: _draw(cap, f), what="plot", kind="png", force=force)
 
 
 __all__ = ["PlotUnavailableError", "require_matplotlib", "write_plot"]
