@@ -6,7 +6,8 @@ phase of the step (forward, backward, optimizer step) has its own peak, each clo
 batch size; the step's peak is the largest of them. :func:`build_estimate` fits one line per phase from
 two measured batch sizes, extrapolates to the sizes asked for, and splits each predicted peak into
 parameters, gradients, optimizer state, activations and temporaries, as they are live in the phase that
-holds the peak.
+holds the peak. Activations (bytes saved for backward) are fitted the same way and reported in every training
+row, also when the optimizer step holds the peak: they are freed by then, so they are not a part of that peak.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class StepMeasurement:
         step_peak: Peak during ``optimizer.step()`` (``None`` without an optimizer).
         inference_peak: Peak of a forward in eval mode under ``torch.inference_mode()``.
         before_inference: Figure before that forward.
+        saved_for_backward: Bytes autograd saved for backward and still held at the end of forward (each
+            storage once, the model's parameters and buffers excluded); ``None`` when not measured, and then
+            the growth over forward (``after_forward - before_forward``) stands in for it.
     """
 
     batch_size: int
@@ -45,6 +49,7 @@ class StepMeasurement:
     step_peak: int | None
     inference_peak: int | None
     before_inference: int | None
+    saved_for_backward: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -54,9 +59,12 @@ class StepMeasurement:
 class EstimateRow:
     """The predicted peak of one mode at one batch size, and what it is made of (bytes).
 
-    ``parameters + gradients + optimizer_state + activations + temporaries == peak``: the parts live in
-    the phase that holds the peak, attributed in that order (gradients and activations overlap in time
-    during backward; temporaries is what is left).
+    ``activations`` is what the step saves for backward at this batch size (0 for inference). Where the
+    forward or backward holds the peak, ``parameters + gradients + optimizer_state + activations +
+    temporaries == peak``: the parts live in that phase, attributed in that order (gradients and activations
+    overlap in time during backward; temporaries is what is left). Where the optimizer step holds it, the
+    activations were freed before it (``activations_in_peak`` is ``False``) and ``parameters + gradients +
+    optimizer_state + temporaries == peak``.
 
     Attributes:
         batch_size: The batch size.
@@ -77,8 +85,15 @@ class EstimateRow:
     phase: str
     measured: bool
 
+    @property
+    def activations_in_peak(self) -> bool:
+        """Whether ``activations`` are a part of ``peak`` (not when the optimizer step holds it)."""
+        return self.phase in ("forward", "backward")
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["activations_in_peak"] = self.activations_in_peak
+        return out
 
 
 @dataclass(frozen=True)
@@ -91,7 +106,8 @@ class MemoryEstimate:
         measured_on: Where the small steps ran.
         measured_at: The batch sizes measured.
         parameters / gradients / optimizer_state: Batch-independent sizes, in bytes.
-        activations_per_sample: Bytes saved for backward per sample (fitted slope).
+        activations_per_sample: Bytes saved for backward per sample (fitted slope of
+            :attr:`StepMeasurement.saved_for_backward`).
         rows: One :class:`EstimateRow` per batch size and mode (training first, then inference).
         measurements: The raw measured steps.
         weights_only: The figure weights-only estimators report (parameters and buffers, no optimizer,
@@ -188,17 +204,20 @@ def build_estimate(
     fwd = _line([(m.batch_size, m.forward_peak) for m in measurements])
     bwd = _line([(m.batch_size, m.backward_peak) for m in measurements])
     opt = _line([(m.batch_size, m.step_peak) for m in measurements])
-    acts = _line(
-        [
-            (
-                m.batch_size,
-                None
-                if m.after_forward is None or m.before_forward is None
-                else m.after_forward - m.before_forward,
-            )
-            for m in measurements
-        ]
-    )
+    if measurements and all(m.saved_for_backward is not None for m in measurements):
+        acts = _line([(m.batch_size, m.saved_for_backward) for m in measurements])
+    else:  # not measured: the growth over forward (saved tensors + outputs, less what existed before)
+        acts = _line(
+            [
+                (
+                    m.batch_size,
+                    None
+                    if m.after_forward is None or m.before_forward is None
+                    else m.after_forward - m.before_forward,
+                )
+                for m in measurements
+            ]
+        )
     inf = _line([(m.batch_size, m.inference_peak) for m in measurements])
     per_sample = 0.0 if acts is None else max(acts[1], 0.0)
     rows: list[EstimateRow] = []
@@ -230,14 +249,15 @@ def build_estimate(
                     ("activations", act),
                     ("gradients", gradients),
                 ]
-            else:
+            else:  # the optimizer step: activations were freed in backward; reported, not in the peak
                 parts = [
                     ("parameters", parameters),
                     ("gradients", gradients),
                     ("optimizer_state", optimizer_state),
-                    ("activations", 0),
                 ]
             sp = _split(peak, parts)
+            if phase == "optimizer":
+                sp["activations"] = act
             rows.append(
                 EstimateRow(
                     bs,

@@ -691,6 +691,74 @@ CAUSE_KINDS = (
 
 
 @dataclass(frozen=True)
+class MachineMemory:
+    """The host memory a CPU out-of-memory is judged against (the CPU allocator's message gives none).
+
+    Attributes:
+        physical: Total RAM of the machine, ``None`` when unknown.
+        physical_source: Where ``physical`` was read (``"MemTotal in /proc/meminfo"``).
+        cgroup_limit: The container's (cgroup's) memory limit, ``None`` when none is set.
+        cgroup_source: The file ``cgroup_limit`` was read from (``.../memory.max``).
+        available: Memory available (``MemAvailable``) when it was read.
+        read_here: The figures were read on this machine for a pasted message, which may come from another.
+    """
+
+    physical: int | None
+    physical_source: str | None = None
+    cgroup_limit: int | None = None
+    cgroup_source: str | None = None
+    available: int | None = None
+    read_here: bool = False
+
+    @property
+    def limited_by_cgroup(self) -> bool:
+        """The cgroup limit binds: it is below the RAM (or the RAM is unknown)."""
+        if self.cgroup_limit is None:
+            return False
+        return self.physical is None or self.cgroup_limit < self.physical
+
+    @property
+    def total(self) -> int | None:
+        """The most this process can have: the cgroup limit where it binds, else the RAM."""
+        return self.cgroup_limit if self.limited_by_cgroup else self.physical
+
+    @property
+    def what(self) -> str:
+        """The ceiling in words."""
+        if self.limited_by_cgroup:
+            return "the container's memory limit (cgroup)"
+        return "the machine's memory (total RAM)"
+
+    def evidence(self) -> list[str]:
+        """One line per figure, each with where it was read."""
+        out: list[str] = []
+        if self.physical is not None:
+            where = f", {self.physical_source}" if self.physical_source else ""
+            out.append(f"total RAM: {fmt_bytes(self.physical)} ({self.physical} bytes{where})")
+        if self.cgroup_limit is not None:
+            where = f", {self.cgroup_source}" if self.cgroup_source else ""
+            size = f"{fmt_bytes(self.cgroup_limit)} ({self.cgroup_limit} bytes{where})"
+            if self.limited_by_cgroup:
+                out.append(f"container memory limit: {size}: below the RAM, so it is the ceiling")
+            else:
+                out.append(f"container memory limit: {size}: not below the RAM, so the RAM is the ceiling")
+        else:
+            out.append("container memory limit: none set (no cgroup memory limit)")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "physical": self.physical,
+            "physical_source": self.physical_source,
+            "cgroup_limit": self.cgroup_limit,
+            "cgroup_source": self.cgroup_source,
+            "available": self.available,
+            "read_here": self.read_here,
+            "total": self.total,
+        }
+
+
+@dataclass(frozen=True)
 class OOMDiagnosis:
     """Why an allocation failed, ranked, with evidence and fixes. ``str()`` explains it in plain words.
 
@@ -703,6 +771,7 @@ class OOMDiagnosis:
         fragmentation: Fragmentation figures from the state, when there was one.
         settings: Allocator settings in effect (parsed ``PYTORCH_CUDA_ALLOC_CONF``).
         notes: What could not be known, and why.
+        machine: The host memory a CPU OOM was judged against (``None``: not a CPU OOM, or unknown).
     """
 
     is_oom: bool
@@ -713,6 +782,7 @@ class OOMDiagnosis:
     fragmentation: FragmentationReport | None = None
     settings: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    machine: MachineMemory | None = None
 
     @property
     def cause(self) -> Cause | None:
@@ -738,6 +808,7 @@ class OOMDiagnosis:
             "state": None if self.state is None else _state_summary(self.state),
             "settings": dict(self.settings),
             "notes": list(self.notes),
+            "machine": None if self.machine is None else self.machine.to_dict(),
         }
 
 
@@ -863,9 +934,12 @@ class _Figures:
     backend: str | None = None
     source: str | None = None
     cap_owner: str | None = None  # torchmem's cap: who set it
+    machine: MachineMemory | None = None  # the host's memory, for a CPU allocator OOM
 
 
-def _merge(parsed: ParsedOOM | None, state: AllocatorState | None) -> _Figures:
+def _merge(
+    parsed: ParsedOOM | None, state: AllocatorState | None, machine: MachineMemory | None = None
+) -> _Figures:
     f = _Figures()
     if parsed is not None:
         f.requested = parsed.requested
@@ -905,6 +979,10 @@ def _merge(parsed: ParsedOOM | None, state: AllocatorState | None) -> _Figures:
         f.tol = 0 if parsed is None else f.tol
     if f.cached is None and f.reserved is not None and f.allocated is not None:
         f.cached = max(0, f.reserved - f.allocated)
+    if f.source == "cpu_allocator" and f.total is None and machine is not None and machine.total is not None:
+        # the CPU allocator's message gives only the request: the host's memory is the device total
+        f.total = machine.total
+        f.machine = machine
     # a process in the list that is probably this one (containers hide our pid from NVML)
     if f.process_used is None and f.others and f.reserved is not None:
         cands = [(pid, b) for pid, b in f.others if b + f.tol >= f.reserved]
@@ -934,6 +1012,7 @@ def diagnose(
     batch_size: int | None = None,
     grad_enabled: bool | None = None,
     notes: Sequence[str] = (),
+    machine: MachineMemory | None = None,
 ) -> OOMDiagnosis:
     """Classify an OOM from its parsed message and whatever else is known. Pure: no device is read.
 
@@ -948,6 +1027,8 @@ def diagnose(
         batch_size: The batch size of the failing step, to suggest a smaller one.
         grad_enabled: Whether autograd was recording (``False``: no ``no_grad`` fix is suggested).
         notes: Notes to carry into the diagnosis (what capture could not read).
+        machine: The host's memory (total RAM, container limit), for an OOM of the CPU allocator, whose
+            message gives only the request: a request larger than it is ``too_large``.
 
     Example:
         >>> p = parse_oom_message(
@@ -968,7 +1049,7 @@ def diagnose(
         return OOMDiagnosis(False, None, (), (), None, None, {}, tuple(out_notes))
     conf_text = alloc_conf if alloc_conf is not None else (state.alloc_conf if state is not None else None)
     settings = parse_alloc_conf(conf_text)
-    f = _merge(parsed, state)
+    f = _merge(parsed, state, machine)
     frag: FragmentationReport | None = None
     if state is not None and state.segments is not None:
         frag = analyze_fragmentation(state.segments, f.requested, f.free)
@@ -1013,7 +1094,14 @@ def diagnose(
         if pc is not None:
             causes.append(pc)
     if f.source == "cpu_allocator" and f.total is None:
-        out_notes.append("The CPU allocator's message gives only the request size.")
+        out_notes.append(
+            "The CPU allocator's message gives only the request size, and the machine's memory is not known."
+        )
+    if f.machine is not None and f.machine.read_here:
+        out_notes.append(
+            "The CPU allocator's message gives only the request size: the machine's memory was read on "
+            "this machine. If the message comes from another machine, judge it against that one's RAM."
+        )
     causes.sort(key=lambda c: -c.score)
     # a cause that explains everything makes weaker ones secondary; keep them (ranked) but drop duplicates
     fixes: list[Fix] = []
@@ -1035,6 +1123,7 @@ def diagnose(
         fragmentation=frag,
         settings=settings,
         notes=tuple(dict.fromkeys(out_notes)),
+        machine=f.machine,
     )
 
 
@@ -1086,7 +1175,11 @@ def _too_large(f: _Figures, settings: Mapping[str, str], batch_size: int | None)
     limit_set = f.source == "torchmem_cap" or (
         f.limit is not None and f.total is not None and f.limit < f.total
     )
-    if r > ceiling:
+    if r > ceiling and f.machine is not None:
+        what = f.machine.what
+        summary = f"The single request of {fmt_bytes(r)} is larger than {what}, {fmt_bytes(ceiling)}."
+        ev.extend(f.machine.evidence())
+    elif r > ceiling:
         what = (
             f"the cap set by {f.cap_owner or 'torchmem'}"
             if f.source == "torchmem_cap"
@@ -1116,6 +1209,17 @@ def _too_large(f: _Figures, settings: Mapping[str, str], batch_size: int | None)
     ]
     if limit_set:
         fixes.insert(0, _limit_fix(f))
+    m = f.machine
+    if m is not None and m.limited_by_cgroup and (m.physical is None or r <= m.physical):
+        fixes.insert(
+            0,
+            Fix(
+                "limit",
+                "The request would fit in the machine's RAM but not under the container's memory limit: "
+                "raise the limit (docker run --memory, Kubernetes resources.limits.memory) if the machine "
+                "can spare it.",
+            ),
+        )
     return Cause("too_large", summary, tuple(ev), r - most, "high", tuple(fixes), score=10.0)
 
 
@@ -1395,10 +1499,13 @@ def _working_set(
         if r is None:
             return None
         # CPU / bare messages: only the request is known
+        ev0 = [f"requested: {fmt_bytes(r)}"]
+        if f.machine is not None:
+            ev0.extend(f.machine.evidence())
         return Cause(
             "working_set",
             f"The allocation of {fmt_bytes(r)} did not fit in what was left; the message gives no breakdown.",
-            (f"requested: {fmt_bytes(r)}",),
+            tuple(ev0),
             r,
             "low",
             (_batch_fix(batch_size, None, "the usual lever"), _amp(f.backend), _NO_GRAD),
@@ -1605,6 +1712,7 @@ __all__ = [
     "Fix",
     "LeakCulprit",
     "LeakTrend",
+    "MachineMemory",
     "OOMDiagnosis",
     "ParsedOOM",
     "PinnedTensor",

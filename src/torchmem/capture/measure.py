@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import gc
 import inspect
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any
@@ -154,6 +155,61 @@ def _make_optimizer(spec: OptimizerSpec, user: torch.nn.Module, model: torch.nn.
     )
 
 
+class _SavedForBackward:
+    """Counts the bytes autograd saves for backward while it is entered (``saved_tensors_hooks``).
+
+    Each storage counts once, whatever views of it were saved; the storages in ``exclude`` (the model's
+    parameters and buffers) do not count. :meth:`held` is what is still saved: a branch of the graph that
+    dies during forward frees what it saved. The pack hook stores a detached alias (never the tensor itself,
+    which would make a reference cycle through its ``grad_fn``), so nothing is copied and nothing is kept
+    longer than autograd keeps it.
+    """
+
+    def __init__(self, exclude: set[int]) -> None:
+        self._exclude = exclude
+        self._saved: dict[int, tuple[int, list[weakref.ref[torch.Tensor]]]] = {}
+        self.problem: str | None = None
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        packed = t.detach()
+        try:
+            st = t.untyped_storage()
+            key = int(st._cdata)
+            if key not in self._exclude and st.device.type != "meta":
+                entry = self._saved.get(key)
+                if entry is None or not any(r() is not None for r in entry[1]):  # new, or an address reused
+                    entry = (int(st.nbytes()), [])
+                    self._saved[key] = entry
+                entry[1].append(weakref.ref(packed))
+        except Exception as exc:  # a tensor without storage (sparse, a subclass): the figure is unknown
+            self.problem = f"{type(exc).__name__}: {exc}"
+        return packed
+
+    @staticmethod
+    def _unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        try:
+            hooks.__enter__()
+        except Exception as exc:  # e.g. inside disable_saved_tensors_hooks()
+            self.problem = f"saved-tensor hooks unavailable ({type(exc).__name__}: {exc})"
+            yield
+            return
+        try:
+            yield
+        finally:
+            hooks.__exit__(None, None, None)
+
+    def held(self) -> int | None:
+        """Bytes of the storages still saved for backward; ``None`` when they could not all be seen."""
+        if self.problem is not None:
+            return None
+        return sum(nb for nb, refs in self._saved.values() if any(r() is not None for r in refs))
+
+
 @contextmanager
 def _phase(dev: torch.device, out: dict[str, int | None], key: str) -> Iterator[None]:
     tracker = Tracker(dev, survivors=False)
@@ -190,12 +246,15 @@ def _measure_training(
 ) -> dict[str, int | None]:
     figures: dict[str, int | None] = {}
     model.train()
+    own = {int(t.untyped_storage()._cdata) for t in [*model.parameters(), *model.buffers()]}
     for measured in (False, True):  # the first step creates optimizer state and workspaces
         f: dict[str, int | None] = figures if measured else {}
-        with _phase(dev, f, "forward"), autocast():
+        saved = _SavedForBackward(own)
+        with _phase(dev, f, "forward"), saved.counting(), autocast():
             out = _call(model, inputs)
             loss = loss_fn(out)
-        del out
+        f["saved"] = saved.held()  # at the end of forward, while the graph holds them
+        del out, saved
         with _phase(dev, f, "backward"):
             loss.backward()
         del loss
@@ -223,6 +282,7 @@ def _measurement(
         step_peak=rel(tr.get("step_peak")),
         inference_peak=rel(inf.get("inference_peak")),
         before_inference=rel(inf.get("inference_before")),
+        saved_for_backward=tr.get("saved"),
     )
 
 
@@ -247,7 +307,11 @@ def estimate(
     ``inference_mode``) — on CUDA with the caching allocator's peak like :func:`torchmem.track` (torch's
     peak counters are reset at each phase), on the CPU with the exact ledger — after a first warm-up
     step, so optimizer state and library workspaces are in the figures. Each phase's peak is fitted
-    linearly in the batch size and extrapolated; the training peak is the largest phase.
+    linearly in the batch size and extrapolated; the training peak is the largest phase. Activations are
+    the bytes autograd saves for backward in the measured forward (``saved_tensors_hooks``: each storage
+    once, the model's parameters and buffers excluded, the input batch included when a layer saves it):
+    exact at the measured sizes, fitted linearly elsewhere, and reported in every training row, also where
+    the optimizer step holds the peak (they are freed by then; see :class:`EstimateRow`).
 
     The copy needs room for itself and a small step; nothing of the user's changes: the model's
     parameters, gradients, buffers and training/eval mode, an optimizer passed in (a fresh one of the same

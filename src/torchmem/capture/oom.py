@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 import types
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +21,10 @@ from typing import Any
 import torch
 
 from torchmem._errors import TorchmemError
+from torchmem._warn import emit_warning
 from torchmem.analysis.fragmentation import AllocatorState, OtherProcess
 from torchmem.analysis.oom import (
+    MachineMemory,
     OOMDiagnosis,
     PinnedTensor,
     WorkingSetItem,
@@ -185,7 +186,7 @@ def _report_once(key: str, message: str) -> None:
         if key in _registry["reported"]:
             return
         _registry["reported"].add(key)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    emit_warning(message)  # the user's line; never raises, even with warnings as errors
 
 
 def _on_oom(device: int, requested: int, limit_or_total: int, device_free: int) -> None:
@@ -500,6 +501,10 @@ def explain_oom(
     conf = (
         alloc_conf if alloc_conf is not None else (state.alloc_conf if state is not None else al.alloc_conf())
     )
+    machine = None
+    if parsed.source == "cpu_allocator" and parsed.device_total is None:
+        # the CPU allocator's message gives only the request: judge it against this machine's memory
+        machine = machine_memory(read_here=not this_process)
     return diagnose(
         parsed,
         state,
@@ -510,6 +515,37 @@ def explain_oom(
         batch_size=batch_size,
         grad_enabled=None if state is None else state.grad_enabled,
         notes=notes,
+        machine=machine,
+    )
+
+
+def machine_memory(*, read_here: bool = False) -> MachineMemory | None:
+    """This machine's memory as :func:`~torchmem.analysis.oom.diagnose` takes it: total RAM, the cgroup
+    (container) limit when one is set, what is available; ``None`` when none of it can be read.
+
+    ``read_here``: the figures are for a pasted message, which may come from another machine (a note says
+    so in the diagnosis).
+
+    Example:
+        >>> m = machine_memory()
+        >>> m is None or (m.total or 1) > 0
+        True
+    """
+    from torchmem.devices._host import host_memory
+
+    try:
+        h = host_memory()
+    except Exception:  # reading the OS must never turn an OOM explanation into another error
+        return None
+    if h.physical is None and h.cgroup_limit is None:
+        return None
+    return MachineMemory(
+        physical=h.physical,
+        physical_source=h.physical_source,
+        cgroup_limit=h.cgroup_limit,
+        cgroup_source=h.cgroup_source,
+        available=h.available,
+        read_here=read_here,
     )
 
 

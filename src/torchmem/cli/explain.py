@@ -47,7 +47,8 @@ def _read(args: argparse.Namespace) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchmem.analysis.oom import diagnose, parse_oom_message
+    from torchmem.analysis.oom import parse_oom_message
+    from torchmem.capture.oom import explain_oom
     from torchmem.devices._allocator import alloc_conf
 
     if args.batch_size is not None and args.batch_size < 1:
@@ -74,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
             )
         return NO_OOM
     conf = args.alloc_conf if args.alloc_conf is not None else alloc_conf()
-    d = diagnose(parsed, alloc_conf=conf, batch_size=args.batch_size)
+    # the same path as torchmem.explain_oom(message): a CPU OOM is judged against this machine's memory
+    d = explain_oom(text, alloc_conf=conf, batch_size=args.batch_size)
     if args.json:
         print(json.dumps(d.to_dict(), indent=2, default=str))
     else:

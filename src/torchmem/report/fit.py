@@ -47,13 +47,24 @@ def render_estimate(e: MemoryEstimate) -> str:
         f"  parameters {fmt_bytes(e.parameters)}, gradients {fmt_bytes(e.gradients)}, "
         f"optimizer state {fmt_bytes(e.optimizer_state)}",
         f"  {'batch':>8} {'mode':<9} {'peak':>11} {'params':>11} {'grads':>11} {'optim':>11} "
-        f"{'activations':>11} {'temporaries':>11}",
+        f"{'activations':>12} {'temporaries':>11}  peak in",
     ]
+    freed = False
     for row in e.rows:
+        acts = fmt_bytes(row.activations)
+        if row.mode == "training" and not row.activations_in_peak:
+            acts += "*"
+            freed = True
+        else:
+            acts += " "
         lines.append(
             f"  {row.batch_size:>8} {row.mode:<9} {fmt_bytes(row.peak):>11} {fmt_bytes(row.parameters):>11} "
             f"{fmt_bytes(row.gradients):>11} {fmt_bytes(row.optimizer_state):>11} "
-            f"{fmt_bytes(row.activations):>11} {fmt_bytes(row.temporaries):>11}"
+            f"{acts:>12} {fmt_bytes(row.temporaries):>11}  {row.phase}"
+        )
+    if freed:
+        lines.append(
+            "  * activations are freed before the optimizer step, which holds the peak: not a part of it"
         )
     for n in e.notes:
         lines.append(f"  note: {n}")

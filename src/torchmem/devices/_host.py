@@ -1,0 +1,181 @@
+"""The host machine's memory: total RAM, a container's memory limit (cgroup v2 or v1) and what is available.
+
+This is what a CPU out-of-memory is measured against: the CPU allocator's message gives only the size of
+the request. Everything is read from the OS when asked (nothing at import); a figure that cannot be read is
+``None`` and says so, it is never a guess.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+from torchmem.devices._cpu import physical_memory
+
+MEMINFO = "/proc/meminfo"
+CGROUP_ROOT = "/sys/fs/cgroup"
+SELF_CGROUP = "/proc/self/cgroup"
+
+# cgroup v1 writes "no limit" as PAGE_COUNTER_MAX pages (9223372036854771712 with 4 KiB pages); v2 as "max".
+_UNLIMITED = 1 << 62
+
+
+class HostMemory(NamedTuple):
+    """The host's memory, in bytes, and where each figure was read.
+
+    Attributes:
+        physical: Total RAM of the machine (``MemTotal``), ``None`` when it cannot be read.
+        physical_source: Where ``physical`` came from (``"MemTotal in /proc/meminfo"``, or
+            ``"sysconf(SC_PHYS_PAGES) x sysconf(SC_PAGE_SIZE)"`` where there is no ``/proc``).
+        cgroup_limit: The tightest memory limit of this process's cgroup and its ancestors, ``None`` when
+            none is set (or there are no cgroups).
+        cgroup_source: The file ``cgroup_limit`` was read from.
+        available: ``MemAvailable`` now (``None`` where there is no ``/proc/meminfo``).
+    """
+
+    physical: int | None
+    physical_source: str | None
+    cgroup_limit: int | None = None
+    cgroup_source: str | None = None
+    available: int | None = None
+
+    @property
+    def limited_by_cgroup(self) -> bool:
+        """The cgroup limit is below the RAM (or the RAM is unknown): the limit is the ceiling."""
+        if self.cgroup_limit is None:
+            return False
+        return self.physical is None or self.cgroup_limit < self.physical
+
+    @property
+    def total(self) -> int | None:
+        """What this process can have at most: the cgroup limit where it binds, else the RAM."""
+        return self.cgroup_limit if self.limited_by_cgroup else self.physical
+
+
+def meminfo(path: str = MEMINFO) -> dict[str, int]:
+    """``/proc/meminfo`` as bytes by field name (``{}`` where it cannot be read).
+
+    Example:
+        >>> info = meminfo()
+        >>> info.get("MemTotal", 1) > 0
+        True
+    """
+    out: dict[str, int] = {}
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                parts = rest.split()
+                if not parts:
+                    continue
+                try:
+                    value = int(parts[0])
+                except ValueError:
+                    continue
+                unit = parts[1].lower() if len(parts) > 1 else ""
+                out[name.strip()] = value * 1024 if unit == "kb" else value
+    except (OSError, UnicodeDecodeError):
+        return {}
+    return out
+
+
+def _read_limit(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text or text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if 0 < value < _UNLIMITED else None
+
+
+def _candidates(base: str, path: str) -> list[str]:
+    """The cgroup directory of this process under ``base`` and its ancestors up to ``base``.
+
+    Without a cgroup namespace, ``/proc/self/cgroup`` may name a path that this mount does not show (a
+    container sees its own cgroup as the mount's root): then only ``base`` itself is read.
+    """
+    rel = path.strip().strip("/")
+    if not rel:
+        return [base]
+    here = os.path.join(base, rel)
+    if not os.path.isdir(here):
+        return [base]
+    out = []
+    parts = rel.split("/")
+    for i in range(len(parts), -1, -1):
+        out.append(os.path.join(base, *parts[:i]))
+    return out
+
+
+def cgroup_memory_limit(root: str = CGROUP_ROOT, self_cgroup: str = SELF_CGROUP) -> tuple[int, str] | None:
+    """The tightest memory limit on this process from its cgroup and their ancestors, with the file it
+    came from: ``memory.max`` (cgroup v2) or ``memory.limit_in_bytes`` (cgroup v1). ``None``: no limit set,
+    or no cgroups (not Linux).
+
+    Example:
+        >>> found = cgroup_memory_limit()
+        >>> found is None or found[0] > 0
+        True
+    """
+    try:
+        with open(self_cgroup, encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    files: list[str] = []
+    for line in lines:
+        fields = line.split(":", 2)
+        if len(fields) != 3:
+            continue
+        hier, controllers, path = fields
+        if hier == "0" and controllers == "":  # cgroup v2 (unified)
+            for base in (root, os.path.join(root, "unified")):
+                if os.path.exists(os.path.join(base, "cgroup.controllers")):
+                    files += [os.path.join(d, "memory.max") for d in _candidates(base, path)]
+                    break
+        elif "memory" in controllers.split(","):  # cgroup v1
+            base = os.path.join(root, controllers)
+            if not os.path.isdir(base):
+                base = os.path.join(root, "memory")
+            files += [os.path.join(d, "memory.limit_in_bytes") for d in _candidates(base, path)]
+    best: tuple[int, str] | None = None
+    for name in files:
+        value = _read_limit(name)
+        if value is not None and (best is None or value < best[0]):
+            best = (value, name)
+    return best
+
+
+def host_memory(
+    meminfo_path: str = MEMINFO, cgroup_root: str = CGROUP_ROOT, self_cgroup: str = SELF_CGROUP
+) -> HostMemory:
+    """Read the host's memory now: total RAM, the cgroup limit (if one is set) and what is available.
+
+    Example:
+        >>> h = host_memory()
+        >>> h.total is None or h.total > 0
+        True
+    """
+    info = meminfo(meminfo_path)
+    physical: int | None = info.get("MemTotal")
+    source: str | None = f"MemTotal in {meminfo_path}" if physical else None
+    if not physical:
+        physical = physical_memory()
+        source = "sysconf(SC_PHYS_PAGES) x sysconf(SC_PAGE_SIZE)" if physical else None
+    cg = cgroup_memory_limit(cgroup_root, self_cgroup)
+    return HostMemory(
+        physical=physical or None,
+        physical_source=source,
+        cgroup_limit=None if cg is None else cg[0],
+        cgroup_source=None if cg is None else cg[1],
+        available=info.get("MemAvailable"),
+    )
+
+
+__all__ = ["HostMemory", "cgroup_memory_limit", "host_memory", "meminfo"]
