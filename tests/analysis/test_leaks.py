@@ -16,6 +16,7 @@ from torchmem.analysis.leaks import (
     holder_name,
     holder_pattern,
     site_growth,
+    suggested_threshold,
 )
 
 MiB = 1 << 20
@@ -75,6 +76,67 @@ def test_below_the_threshold_is_not_a_leak() -> None:
     ys = [i * 1024 for i in range(10)]
     assert not detect_growth(_steps(10), ys).leaking
     assert detect_growth(_steps(10), ys, min_bytes_per_step=512).leaking
+
+
+def test_steady_growth_below_the_threshold_is_said_with_the_threshold_that_reports_it() -> None:
+    ys = [10 * MiB + i * 64 * 1024 for i in range(12)]
+    g = detect_growth(_steps(12), ys)
+    assert not g.leaking and g.bytes_per_step == 0
+    assert g.verdict == "below_threshold" and g.trend_per_step == 64 * 1024
+    assert g.reason == (
+        "memory grows by 64.00 KiB/step, below the reporting threshold of 256.00 KiB/step "
+        "(min_bytes_per_step=262144): pass min_bytes_per_step=32768 to report it as a leak and name its "
+        "allocation site and holder"
+    )
+    again = detect_growth(_steps(12), ys, min_bytes_per_step=suggested_threshold(g.trend_per_step))
+    assert again.leaking and again.bytes_per_step == 64 * 1024
+
+
+def test_noisy_growth_below_the_threshold_is_found_by_the_robust_test() -> None:
+    rng = random.Random(3)
+    ys = [50 * MiB + i * 64 * 1024 + rng.randint(0, 256 * 1024) for i in range(32)]
+    g = detect_growth(_steps(32), ys)
+    assert not g.leaking and g.verdict == "below_threshold"
+    assert 48 * 1024 < g.trend_per_step < 80 * 1024
+
+
+@pytest.mark.parametrize(
+    ("ys", "verdict", "words"),
+    [
+        ([MiB] * 12, "flat", "flat: the figure stayed within 0 B"),
+        ([MiB, 40 * MiB] + [40 * MiB] * 10, "flat", "after a one-time rise of 39.00 MiB"),
+        ([i * MiB for i in range(4)] + [4 * MiB] * 12, "flat", "flat for the last 12 readings"),
+        ([MiB if i % 4 else 30 * MiB for i in range(24)], "noisy", "no sustained growth"),
+        ([MiB * (i % 5) for i in range(9)], "noisy", "the noise-robust test needs 16 readings, there were 9"),
+        ([MiB * 100 - i * MiB for i in range(12)], "shrinking", "1.00 MiB/step"),
+        ([MiB, 2 * MiB, 3 * MiB], "too_few", "only 3 readings: steady growth is judged on 5"),
+    ],
+)
+def test_every_no_leak_verdict_says_why(ys: list[int], verdict: str, words: str) -> None:
+    g = detect_growth(_steps(len(ys)), ys)
+    assert not g.leaking
+    assert g.verdict == verdict and words in g.reason, g.reason
+
+
+def test_noise_is_never_called_growth_below_the_threshold() -> None:
+    rng = random.Random(1)
+    for amp in (8 * MiB, MiB, 256 * 1024):
+        for _ in range(100):
+            ys = [50 * MiB + rng.randint(0, amp) for _ in range(32)]
+            for k in range(5, 33):
+                g = detect_growth(_steps(k), ys[:k])
+                assert g.verdict in ("flat", "noisy"), (amp, k, g.reason)
+
+
+def test_without_explain_only_the_verdict_is_computed() -> None:
+    g = detect_growth(_steps(12), [i * 64 * 1024 for i in range(12)], explain=False)
+    assert not g.leaking and g.verdict == "" and g.trend_per_step == 0
+
+
+def test_suggested_threshold_leaves_a_margin() -> None:
+    assert suggested_threshold(64 * 1024) == 32 * 1024
+    assert suggested_threshold(100_000) == 32 * 1024
+    assert suggested_threshold(3) == 1 and suggested_threshold(0.5) == 1
 
 
 def test_mismatched_lengths_are_an_error() -> None:

@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from torchmem._format import fmt_bytes
+
 # Culprit kinds, each with the one-line fix printed for it.
 RETAINED_GRAPH = "retained_graph"
 GRAPH_CHAIN = "graph_chain"
@@ -53,7 +55,14 @@ class Growth:
         method: ``"steady"`` (every recent step grew by a similar amount), ``"robust"`` (a long window whose
             floors rise in each third, beyond the noise), or ``"none"``.
         samples: Samples after the warm-up that were considered.
-        reason: Why it is or is not a leak, in words.
+        reason: Why it is or is not a leak, in words, with what to do next when nothing was found.
+        verdict: ``"leak"``; or why nothing was reported: ``"below_threshold"`` (real, steady growth, smaller
+            than ``min_bytes_per_step``), ``"too_few"`` (not enough readings to judge), ``"flat"``,
+            ``"shrinking"``, ``"noisy"`` (the figure moves, with no sustained upward trend); ``""`` where the
+            series was not explained (``explain=False``).
+        trend_per_step: The growth per step that was measured, also when it is below the threshold
+            (``bytes_per_step`` stays 0 unless leaking).
+        min_bytes_per_step: The reporting threshold the series was judged against.
     """
 
     leaking: bool
@@ -62,12 +71,20 @@ class Growth:
     method: str
     samples: int
     reason: str
+    verdict: str = ""
+    trend_per_step: float = 0.0
+    min_bytes_per_step: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 _NO = Growth(False, 0.0, 0.0, "none", 0, "")
+
+# The least growth called growth when a series below the threshold is described (bytes per step).
+_SMALL = 1.0
+# Readings the noise-robust test needs.
+ROBUST_SAMPLES = 16
 
 
 def _concordance(xs: Sequence[float], ys: Sequence[float]) -> float:
@@ -100,6 +117,153 @@ def _median(v: Sequence[float]) -> float:
     return 0.0 if n == 0 else (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
 
 
+def _steady_rate(xs: Sequence[int], ys: Sequence[int], k: int) -> float | None:
+    """The per-step rise when each of the last ``k`` readings rose by a similar amount to a new high."""
+    n = len(ys)
+    if n < k or not all(ys[i] > ys[i - 1] for i in range(n - k + 1, n)):
+        return None
+    tx, ty = xs[-k:], ys[-k:]
+    rates = [(ty[i + 1] - ty[i]) / (tx[i + 1] - tx[i]) for i in range(k - 1) if tx[i + 1] > tx[i]]
+    if len(rates) != k - 1:
+        return None
+    med = _median(rates)
+    agree = all(0.8 * med <= r <= 1.25 * med for r in rates)
+    # ... and reach a new high: noise that happens to rise five times stays below its earlier peaks.
+    new_high = n == k or ty[-1] >= max(ys[:-k]) + med * (tx[-1] - tx[-2])
+    return med if agree and new_high else None
+
+
+def _robust_rate(xs: Sequence[int], ys: Sequence[int], threshold: float) -> tuple[float, float] | None:
+    """``(Theil–Sen slope, concordance)`` when the noise-robust test finds growth of ``threshold`` or more."""
+    n = len(ys)
+    q = n // 4
+    bounds = [0, q, 2 * q, 3 * q, n]
+    floors = [min(ys[bounds[i] : bounds[i + 1]]) for i in range(4)]
+    # Cheap pre-check: the last reading must be above the first quarter's floor by the minimum rate.
+    if ys[-1] - floors[0] < threshold * (xs[-1] - xs[0]) / 2:
+        return None
+    slope = _theil_sen(xs, ys)
+    span = (xs[-1] - xs[0]) / 4
+    trend = [ys[i] - slope * (xs[i] - xs[0]) for i in range(n)]
+    mid = _median(trend)
+    noise = _median([abs(t - mid) for t in trend])
+    conf = _concordance(xs, ys)
+    rising = all(floors[i + 1] - floors[i] >= 0.5 * slope * span for i in range(3))
+    # Mann–Kendall: the upward trend must be significant (z > 4.5, p < 4e-6 one-sided), so that noise read
+    # at every step of a long run does not fire by chance.
+    s_stat = conf * n * (n - 1) / 2
+    z = (s_stat - 1) / math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    if slope >= threshold and rising and floors[3] - floors[0] > 3 * noise and z > 4.5:
+        return slope, conf
+    return None
+
+
+def suggested_threshold(bytes_per_step: float) -> int:
+    """A ``min_bytes_per_step`` that reports growth of ``bytes_per_step`` with a margin: the largest power
+    of two at most half of it.
+
+    Example:
+        >>> suggested_threshold(64 * 1024)
+        32768
+    """
+    half = max(1, int(bytes_per_step / 2))
+    return 1 << (half.bit_length() - 1)
+
+
+def _below_threshold(rate: float, threshold: float) -> str:
+    thr = int(threshold)
+    return (
+        f"memory grows by {fmt_bytes(rate)}/step, below the reporting threshold of {fmt_bytes(thr)}/step "
+        f"(min_bytes_per_step={thr}): pass min_bytes_per_step={suggested_threshold(rate)} to report it as a "
+        "leak and name its allocation site and holder"
+    )
+
+
+def _explain(
+    xs: Sequence[int], ys: Sequence[int], threshold: float, steady_samples: int, robust_samples: int
+) -> Growth:
+    """Why a series that is not a leak is not one: growth below the threshold, too few readings, flat,
+    shrinking or noisy — each with what to do next."""
+    n = len(ys)
+
+    def no(verdict: str, reason: str, trend: float = 0.0, conf: float = 0.0) -> Growth:
+        return Growth(False, 0.0, conf, "none", n, reason, verdict, trend, threshold)
+
+    if n < 2:
+        return no("too_few", f"{n} reading(s): steady growth is judged on {steady_samples} readings")
+    conf = _concordance(xs, ys)
+    # Real growth, only smaller than the threshold: the same tests with any positive rate.
+    rate = _steady_rate(xs, ys, steady_samples)
+    if rate is None and n >= robust_samples:
+        found = _robust_rate(xs, ys, _SMALL)
+        rate = found[0] if found else None
+    if rate is not None and 0 < rate < threshold:
+        return no("below_threshold", _below_threshold(rate, threshold), rate, conf)
+    slope = _theil_sen(xs, ys)
+    lo, hi = min(ys), max(ys)
+    span = f"{fmt_bytes(lo)}..{fmt_bytes(hi)}"
+    if n < steady_samples:
+        return no(
+            "too_few",
+            f"only {n} readings: steady growth is judged on {steady_samples} readings; run more steps",
+            slope,
+            conf,
+        )
+    if hi - lo < threshold:
+        return no(
+            "flat",
+            f"flat: the figure stayed within {fmt_bytes(hi - lo)} ({span}) over the last {n} readings",
+            slope,
+            conf,
+        )
+    # How long has it been flat? A one-time rise (optimizer state, a cache that filled up) is not a leak.
+    m = 1
+    while m < n and max(ys[-m - 1 :]) - min(ys[-m - 1 :]) < threshold:
+        m += 1
+    before, tail = ys[:-m], ys[-m:]
+    one_sided = all(y < min(tail) for y in before) or all(y > max(tail) for y in before)
+    if m >= steady_samples and one_sided:
+        change = ys[-m] - ys[0]
+        what = f"a one-time {'rise' if change > 0 else 'fall'} of {fmt_bytes(abs(change))}"
+        return no(
+            "flat",
+            f"flat for the last {m} readings (since step {xs[-m]}), after {what} before it: not a leak",
+            slope,
+            conf,
+        )
+    # Shrinking: the growth tests, mirrored (a steady or significant fall).
+    neg = [-y for y in ys]
+    fall = _steady_rate(xs, neg, steady_samples)
+    if fall is None and n >= robust_samples:
+        found = _robust_rate(xs, neg, _SMALL)
+        fall = found[0] if found else None
+    if fall is not None:
+        return no(
+            "shrinking",
+            f"shrinking: the figure fell from {fmt_bytes(ys[0])} to {fmt_bytes(ys[-1])} over the last {n} "
+            f"readings ({fmt_bytes(fall)}/step): memory is being freed, not kept",
+            -fall,
+            conf,
+        )
+    moves = f"the figure moves within {span} over the last {n} readings with no sustained growth"
+    if n < robust_samples:
+        return no(
+            "noisy",
+            f"noisy: {moves}; the noise-robust test needs {robust_samples} readings, there were {n}: run "
+            "more steps",
+            slope,
+            conf,
+        )
+    return no(
+        "noisy",
+        f"noisy: {moves} (trend {fmt_bytes(slope, signed=True)}/step, floors not rising in every quarter): "
+        "no leak of min_bytes_per_step or more; for slower growth pass a smaller min_bytes_per_step, or "
+        "mode='deep' to list the allocation sites that keep growing",
+        slope,
+        conf,
+    )
+
+
 def detect_growth(
     steps: Sequence[int],
     values: Sequence[int],
@@ -107,6 +271,7 @@ def detect_growth(
     min_bytes_per_step: float = 256 * 1024,
     steady_samples: int = 5,
     window: int = 32,
+    explain: bool = True,
 ) -> Growth:
     """Decide whether ``values`` (a memory figure read at step boundaries, after warm-up) grows steadily.
 
@@ -126,11 +291,19 @@ def detect_growth(
     One-time jumps (optimizer state, lazily built buffers, workspaces), a bounded cache that stopped growing,
     periodic spikes and noise fail both tests.
 
+    When it is not a leak, ``explain=True`` (the default) says why in ``verdict`` and ``reason``: steady
+    growth *below* ``min_bytes_per_step`` (the same tests with any positive rate; ``trend_per_step`` gives
+    it, and the reason the threshold that would report it), too few readings, flat, shrinking or noisy.
+    ``explain=False`` skips that (a watcher's per-step call; it explains when asked for its report).
+
     Example:
         >>> detect_growth(range(8), [100 + 2**20 * i for i in range(8)]).leaking
         True
         >>> detect_growth(range(8), [100, 5000, 5000, 5000, 5000, 5000, 5000, 5000]).leaking
         False
+        >>> g = detect_growth(range(8), [2**16 * i for i in range(8)])  # 64 KiB/step: below 256 KiB/step
+        >>> g.leaking, g.verdict, g.trend_per_step
+        (False, 'below_threshold', 65536.0)
     """
     xs = list(steps)
     ys = list(values)
@@ -139,47 +312,34 @@ def detect_growth(
     if len(ys) > window:
         xs, ys = xs[-window:], ys[-window:]
     n = len(ys)
+    thr = min_bytes_per_step
+
+    def not_leaking(reason: str) -> Growth:
+        if explain:
+            return _explain(xs, ys, thr, steady_samples, ROBUST_SAMPLES)
+        return Growth(False, 0.0, 0.0, "none", n, reason, "", 0.0, thr)
+
     if n < 2:
-        return Growth(False, 0.0, 0.0, "none", n, "not enough steps yet")
+        return not_leaking("not enough steps yet")
     # Steady: the last k readings each rose by a similar amount (checked only when they all rose).
-    k = min(steady_samples, n)
-    if k >= steady_samples and all(ys[i] > ys[i - 1] for i in range(n - k + 1, n)):
-        tx, ty = xs[-k:], ys[-k:]
-        rates = [(ty[i + 1] - ty[i]) / (tx[i + 1] - tx[i]) for i in range(k - 1) if tx[i + 1] > tx[i]]
-        if len(rates) == k - 1:
-            med = _median(rates)
-            agree = all(0.8 * med <= r <= 1.25 * med for r in rates)
-            # ... and reach a new high: noise that happens to rise five times stays below its earlier peaks.
-            new_high = n == k or ty[-1] >= max(ys[:-k]) + med * (tx[-1] - tx[-2])
-            if med >= min_bytes_per_step and agree and new_high:
-                return Growth(
-                    True,
-                    med,
-                    _concordance(tx, ty),
-                    "steady",
-                    n,
-                    f"grew by {med:.0f} B/step on each of the last {k - 1} readings",
-                )
-    if n < 16:
-        return Growth(False, 0.0, 0.0, "none", n, f"{n} readings after warm-up, no steady growth yet")
-    # Cheap pre-check: the last reading must be above the first quarter's floor by the minimum rate.
-    q = n // 4
-    bounds = [0, q, 2 * q, 3 * q, n]
-    floors = [min(ys[bounds[i] : bounds[i + 1]]) for i in range(4)]
-    if ys[-1] - floors[0] < min_bytes_per_step * (xs[-1] - xs[0]) / 2:
-        return Growth(False, 0.0, 0.0, "none", n, "no growth over the window")
-    slope = _theil_sen(xs, ys)
-    span = (xs[-1] - xs[0]) / 4
-    trend = [ys[i] - slope * (xs[i] - xs[0]) for i in range(n)]
-    mid = _median(trend)
-    noise = _median([abs(t - mid) for t in trend])
-    conf = _concordance(xs, ys)
-    rising = all(floors[i + 1] - floors[i] >= 0.5 * slope * span for i in range(3))
-    # Mann–Kendall: the upward trend must be significant (z > 4.5, p < 4e-6 one-sided), so that noise read
-    # at every step of a long run does not fire by chance.
-    s_stat = conf * n * (n - 1) / 2
-    z = (s_stat - 1) / math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
-    if slope >= min_bytes_per_step and rising and floors[3] - floors[0] > 3 * noise and z > 4.5:
+    med = _steady_rate(xs, ys, steady_samples)
+    if med is not None and med >= thr:
+        return Growth(
+            True,
+            med,
+            _concordance(xs[-steady_samples:], ys[-steady_samples:]),
+            "steady",
+            n,
+            f"grew by {med:.0f} B/step on each of the last {steady_samples - 1} readings",
+            "leak",
+            med,
+            thr,
+        )
+    if n < ROBUST_SAMPLES:
+        return not_leaking(f"{n} readings after warm-up, no steady growth yet")
+    found = _robust_rate(xs, ys, thr)
+    if found is not None:
+        slope, conf = found
         return Growth(
             True,
             slope,
@@ -187,8 +347,11 @@ def detect_growth(
             "robust",
             n,
             f"the floor rose in each quarter of the last {n} readings, {slope:.0f} B/step (Theil–Sen)",
+            "leak",
+            slope,
+            thr,
         )
-    return Growth(False, 0.0, conf, "none", n, "no sustained growth")
+    return not_leaking("no sustained growth")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -507,11 +670,18 @@ class LeakReport:
         confidence: 0..1 (see :class:`Growth`).
         detected_at: The step at which growth was first detected, if ever.
         stopped_at: The step at which growth detected earlier was no longer seen (a cache that filled up).
-        reason: The detector's verdict in words.
+        reason: The detector's verdict in words; when nothing was reported, why (growth below the threshold,
+            too few steps, flat, shrinking, noisy) and what to do next.
         culprits: Who makes it grow, largest first (filled once growth is found, or in deep mode).
         series: ``(step, bytes)`` readings.
         cycles: Reference cycles holding device tensors found by the scan (type names and bytes).
         notes: Anything the user should know about the figures (sampling stride, errors in hooks).
+        verdict: ``"leak"``, ``"stopped"`` (growth seen earlier stopped), or why nothing is reported:
+            ``"below_threshold"``, ``"no_steps"``, ``"too_few"``, ``"flat"``, ``"shrinking"``, ``"noisy"``
+            (see :class:`Growth`); ``""`` in reports written before it existed.
+        trend_per_step: The measured growth per step, also below the threshold (``bytes_per_step`` stays 0
+            unless leaking).
+        min_bytes_per_step: The reporting threshold the watch used (0: unknown).
     """
 
     device: str
@@ -528,6 +698,9 @@ class LeakReport:
     culprits: tuple[Culprit, ...]
     series: tuple[tuple[int, int], ...]
     notes: tuple[str, ...] = field(default=())
+    verdict: str = ""
+    trend_per_step: float = 0.0
+    min_bytes_per_step: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -553,4 +726,5 @@ __all__ = [
     "holder_name",
     "holder_pattern",
     "site_growth",
+    "suggested_threshold",
 ]

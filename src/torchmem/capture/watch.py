@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from torchmem._errors import TorchmemError
+from torchmem._format import fmt_bytes
 from torchmem._warn import emit_warning
 from torchmem.analysis.leaks import (
     Culprit,
@@ -40,6 +41,9 @@ from torchmem.devices._ledger import Cohort, Site
 
 _log = logging.getLogger("torchmem")
 T = TypeVar("T")
+
+# Readings after the warm-up that the steady test needs (detect_growth's steady_samples).
+STEADY_READINGS = 5
 
 # Active watchers per device; weak, so the registry never keeps a watcher (or what it wraps) alive.
 _active: weakref.WeakValueDictionary[str, Watcher[Any]] = weakref.WeakValueDictionary()
@@ -149,6 +153,7 @@ class Watcher(Generic[T]):
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
         self._window: _Window | None = None
         self._growth: Growth = Growth(False, 0.0, 0.0, "none", 0, "no steps yet")
+        self._explained: tuple[tuple[int, int], Growth] | None = None
         self._detected_at: int | None = None
         self._stopped_at: int | None = None
         self._culprits: tuple[Culprit, ...] = ()
@@ -330,7 +335,8 @@ class Watcher(Generic[T]):
             return
         steps = list(self._post_steps)
         values = list(self._post_values)
-        self._growth = detect_growth(steps, values, min_bytes_per_step=self.min_bytes_per_step)
+        # Per step, only the verdict; report() explains a series that is not a leak (it costs O(n²)).
+        self._growth = detect_growth(steps, values, min_bytes_per_step=self.min_bytes_per_step, explain=False)
         if self._growth.leaking:
             if self._detected_at is None:
                 self._detected_at = n
@@ -518,10 +524,10 @@ class Watcher(Generic[T]):
         self._warned = True
         rep = self.report()
         top = rep.culprits[0] if rep.culprits else None
-        msg = f"torchmem: device memory grows by {rep.bytes_per_step / 2**20:.2f} MiB/step on {rep.device}"
+        msg = f"torchmem: device memory grows by {fmt_bytes(rep.bytes_per_step)}/step on {rep.device}"
         if top is not None:
             msg += f"; {top.site or '?'} held by {top.holder or '?'}: {top.fix}"
-        exc = emit_warning(msg, LeakWarning, stacklevel=4, log_level=logging.INFO, warn=self._warn)
+        exc = emit_warning(msg, LeakWarning, log_level=logging.INFO, warn=self._warn)
         if exc is not None:  # warnings configured as errors: never break the step
             self._report_error("warning", exc)
         if self._on_leak is not None:
@@ -543,14 +549,59 @@ class Watcher(Generic[T]):
         """Whether memory grows steadily as of the last reading."""
         return self._growth.leaking
 
-    def report(self) -> LeakReport:
-        """The current verdict, culprits and readings (a frozen :class:`LeakReport`)."""
+    def _verdict(self) -> tuple[str, str, float, float]:
+        """``(verdict, reason, growth per step, confidence)``: never a bare "no leak"; always why."""
+        stride = self._stride_fixed or self._stride
+        first = self.warmup + STEADY_READINGS * stride  # the step of the first possible verdict
+        reads = f"{STEADY_READINGS} readings" + (f", one every {stride} steps" if stride > 1 else "")
         if self.steps == 0:
-            reason = "no steps were recorded (the loop ran 0 times, or step() was never called)"
-        elif self.steps <= self.warmup:
-            reason = f"{self.steps} step(s), all within the {self.warmup}-step warm-up: not enough to judge"
-        else:
-            reason = self._growth.reason
+            return (
+                "no_steps",
+                "no steps were recorded (the loop ran 0 times, or step() was never called): wrap the loop "
+                "(`for batch in torchmem.watch(loader)`), call `w.step()` at the end of each step, or, with "
+                "optimizer_steps=True, check that `optimizer.step()` runs on the thread that started the "
+                "watch",
+                0.0,
+                0.0,
+            )
+        if self.steps <= self.warmup:
+            return (
+                "too_few",
+                f"{self.steps} step(s), all within the {self.warmup}-step warm-up: not enough to judge; the "
+                f"first verdict needs {first} steps (warm-up {self.warmup} + {reads}): run more steps, or "
+                "pass a smaller warmup=",
+                0.0,
+                0.0,
+            )
+        g = self._growth
+        if g.leaking:
+            return "leak", g.reason, g.bytes_per_step, g.confidence
+        if len(self._post_values) < STEADY_READINGS:
+            return (
+                "too_few",
+                f"{self.steps} steps, {len(self._post_values)} reading(s) after the {self.warmup}-step "
+                f"warm-up: not enough to judge; the first verdict needs {first} steps (warm-up "
+                f"{self.warmup} + {reads}): run more steps",
+                0.0,
+                g.confidence,
+            )
+        key = (self.steps, len(self._post_values))
+        if self._explained is None or self._explained[0] != key:
+            g = detect_growth(
+                list(self._post_steps), list(self._post_values), min_bytes_per_step=self.min_bytes_per_step
+            )
+            self._explained = (key, g)
+        g = self._explained[1]
+        verdict = "stopped" if self._stopped_at is not None else g.verdict
+        return verdict, g.reason, g.trend_per_step, g.confidence
+
+    def report(self) -> LeakReport:
+        """The current verdict, culprits and readings (a frozen :class:`LeakReport`).
+
+        When nothing is reported, ``reason`` says why — growth below ``min_bytes_per_step`` (with the value
+        that would report it), too few steps (how many are needed), flat, shrinking or noisy — and what to do.
+        """
+        verdict, reason, trend, confidence = self._verdict()
         notes = list(self._notes)
         if self.source == "ledger":
             notes.append(
@@ -564,13 +615,16 @@ class Watcher(Generic[T]):
             warmup=self.warmup,
             leaking=self._growth.leaking,
             bytes_per_step=self._growth.bytes_per_step,
-            confidence=self._growth.confidence,
+            confidence=confidence,
             detected_at=self._detected_at,
             stopped_at=self._stopped_at,
             reason=reason,
             culprits=self._culprits,
             series=tuple(self._series),
             notes=tuple(notes),
+            verdict=verdict,
+            trend_per_step=trend,
+            min_bytes_per_step=self.min_bytes_per_step,
         )
 
 
@@ -667,7 +721,9 @@ def watch(
         mode: ``"light"``: one cheap reading per step boundary, attribution only once memory grows;
             ``"deep"``: also an attribution window every ``every`` steps.
         warmup: Steps ignored by the detector (optimizer state, lazily built buffers, workspaces).
-        min_bytes_per_step: Smallest growth per step reported as a leak.
+        min_bytes_per_step: Smallest growth per step reported as a leak (default 256 KiB). Steady growth
+            below it is not reported as a leak, but the report says so: ``reason`` gives the growth per
+            step and the ``min_bytes_per_step`` that would report it (docs/leaks.md).
         window: Steps an attribution window records allocation sites for.
         every: In deep mode, steps between attribution windows.
         stride: Read every ``stride``-th step; ``None`` chooses from the warm-up: every step, or every

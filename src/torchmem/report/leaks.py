@@ -27,6 +27,12 @@ def render_leak_report(r: LeakReport) -> str:
             f"no leak now on {r.device}: growth seen at step {r.detected_at} stopped at step {r.stopped_at} "
             f"({r.steps} steps)"
         )
+    elif r.verdict == "below_threshold":
+        head = f"growth below the leak threshold on {r.device} over {r.steps} steps: {r.reason}"
+    elif r.verdict in ("no_steps", "too_few"):
+        head = f"not enough steps to judge on {r.device}: {r.reason}"
+    elif r.verdict == "noisy":
+        head = f"no steady growth on {r.device} over {r.steps} steps: {r.reason}"
     else:
         head = f"no leak on {r.device} over {r.steps} steps: {r.reason}"
     lines = [head]
@@ -38,6 +44,8 @@ def render_leak_report(r: LeakReport) -> str:
         )
     if r.leaking:
         lines.append(f"  {r.reason}")
+    elif r.stopped_at is not None and r.reason:
+        lines.append(f"  now: {r.reason}")
     for i, c in enumerate(r.culprits, 1):
         lines.append(f"  [{i}] {c.kind}: {_rate(c.bytes_per_step)} born at {c.site or 'an unknown site'}")
         if c.holder:
