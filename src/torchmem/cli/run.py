@@ -528,7 +528,7 @@ def _summary(result: Any, err: TextIO) -> None:
     if leak is not None and (leak.leaking or leak.detected_at is not None):
         lines.append(str(leak))
     elif leak is not None and result.steps:
-        lines.append(f"no leak: {leak.reason}")
+        lines.append(str(leak))
     if no_steps:
         lines.append(f"no leak verdict: 0 steps: {no_steps}")
     elif children:

@@ -104,6 +104,9 @@ def leak_report_of(d: Mapping[str, Any] | None) -> LeakReport | None:
             culprits=culprits,
             series=tuple((int(s), int(b)) for s, b in d.get("series") or ()),
             notes=tuple(str(n) for n in d.get("notes") or ()),
+            verdict=str(d.get("verdict") or ""),
+            trend_per_step=float(d.get("trend_per_step") or 0.0),
+            min_bytes_per_step=int(d.get("min_bytes_per_step") or 0),
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None

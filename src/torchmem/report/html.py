@@ -283,6 +283,13 @@ def _leaks(cap: Capture, leak: LeakReport | None) -> str:
             f'<p class="verdict">Growth seen at step {_e(leak.detected_at)} stopped at step '
             f"{_e(leak.stopped_at)} ({leak.steps} steps).</p>"
         )
+    elif leak.verdict == "below_threshold":
+        head = (
+            f'<p class="verdict">Growth below the leak threshold over {leak.steps} steps: '
+            f"{_e(leak.reason)}</p>"
+        )
+    elif leak.verdict in ("too_few", "no_steps", "noisy"):
+        head = f'<p class="verdict">No verdict over {leak.steps} steps: {_e(leak.reason)}</p>'
     else:
         head = f'<p class="verdict good">No leak over {leak.steps} steps: {_e(leak.reason)}</p>'
     out = [head]
