@@ -609,3 +609,74 @@ def test_result_objects_render_and_serialise() -> None:
     assert f"[0] {p}" in text
     assert "[1] no holder found" in text or "[1] " in text
     assert find_holders([]).paths == ()
+
+
+# -- issue 10: values everything holds, and readable printing ---------------------------------------------
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (None, "None is a singleton"),
+        (True, "True is a singleton"),
+        (False, "False is a singleton"),
+        (..., "Ellipsis is a singleton"),
+        (NotImplemented, "NotImplemented is a singleton"),
+        (0, "small ints (-5 to 256) are cached"),
+        (256, "every 256 in the program is this same object"),
+        (-5, "small ints"),
+        ((), "the empty tuple"),
+        ("", "the empty string"),
+        ("a", "one-character strings are cached"),
+        (b"", "bytes objects are cached"),
+    ],
+)
+def test_values_the_whole_interpreter_shares_are_refused_with_a_reason(value: object, why: str) -> None:
+    from torchmem import TorchmemError
+    from torchmem.analysis.holders import HoldersTargetError
+
+    with pytest.raises(HoldersTargetError) as info:
+        holders(value)
+    err = info.value
+    assert isinstance(err, TorchmemError) and isinstance(err, ValueError)
+    assert err.message.startswith(f"holders() cannot explain {value!r}: ")
+    assert why in err.message and "arbitrary" in err.message
+    assert "a tensor, module, optimizer or container" in err.hint
+    with pytest.raises(HoldersTargetError, match=r"\(argument 2\)"):
+        holders(torch.zeros(1), value)
+    with pytest.raises(HoldersTargetError, match=r"find_holders\(\) .*\(targets\[0\]\)"):
+        find_holders([value])
+
+
+def test_values_that_are_not_shared_are_still_searched(put: Callable[[str, Any], None]) -> None:
+    put("BIG", 10**40)
+    put("WORD", "a long string nobody else holds " * 3)
+    put("PAIR", (torch.zeros(1), 1))
+    assert f"{MOD}.BIG" in texts(holders(THIS.BIG))
+    assert f"{MOD}.WORD" in texts(holders(THIS.WORD))
+    assert f"{MOD}.PAIR" in texts(holders(THIS.PAIR))
+
+
+def test_printing_the_result_shows_readable_paths(
+    put: Callable[[str, Any], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torchmem.analysis.holders import HolderPaths
+
+    put("LOSSES", [torch.zeros(2)])
+    put("ALIAS", {"again": THIS.LOSSES[0]})
+    paths = holders(THIS.LOSSES[0])
+    assert isinstance(paths, list) and isinstance(paths, HolderPaths)
+    assert texts(paths) == [f"{MOD}.ALIAS['again']", f"{MOD}.LOSSES[0]"] or texts(paths) == [
+        f"{MOD}.LOSSES[0]",
+        f"{MOD}.ALIAS['again']",
+    ]
+    assert paths[0] in paths and paths == list(paths) and len(paths[:1]) == 1
+    # The interactive repr reads like the README: the paths, in brackets, no dataclass fields.
+    assert repr(paths) == "[" + ", ".join(texts(paths)) + "]"
+    assert repr(paths[0]) == str(paths[0]) and "HolderPath(" not in repr(paths)
+    # print(): one path per line.
+    print(paths)
+    assert capsys.readouterr().out == "\n".join(texts(paths)) + "\n"
+    # Several objects: one readable list each.
+    both = holders(THIS.LOSSES[0], THIS.ALIAS)
+    assert isinstance(both, list) and all(isinstance(p, list) for p in both)
+    assert repr(both) == f"[{paths!r}, [{MOD}.ALIAS]]"
+    assert str(HolderPaths()) == "no holders found" and repr(HolderPaths()) == "[]"

@@ -267,7 +267,7 @@ def recover(
         for tb in tbs:
             frames += _count_finished(tb)
             _clear_frames(tb)
-        actions.append(f"cleared {frames} finished frame(s) of the exception")
+        actions.append(f"cleared {frames} finished frame{'' if frames == 1 else 's'} of the exception")
     except Exception as e:
         errors.append(f"clearing frames: {type(e).__name__}: {e}")
     tbs.clear()

@@ -140,34 +140,108 @@ _UNIT = {
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*|%)\s*$")
 
 
-def _parse(value: object, what: str) -> tuple[int | None, float | None]:
-    """``(bytes, None)`` or ``(None, fraction)`` from an int, a float in (0, 1], or ``"2GiB"``/``"50%"``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+_MAX_BYTES = (1 << 63) - 1  # what allocators count in: more than any device can have
+_UNITS_TEXT = "B, KB, MB, GB, TB (powers of 1000); KiB, MiB, GiB, TiB (powers of 1024); % (of the device)"
+
+
+def _examples(budget: bool) -> str:
+    """Examples that parse (a test checks every quoted one), and how to have no cap at all."""
+    if budget:
+        return (
+            "Pass the memory the block may add to what was allocated when it began: bytes as an int or a "
+            "size string (1 << 30, '512MiB', '2GB') or a share of the device (0.25, '25%'). A block with "
+            "no budget is simply not wrapped in torchmem.budget()."
+        )
+    return (
+        "Pass bytes as an int or a size string (8 << 30, '8GiB', '512MB') or a share of the device (0.5, "
+        "'50%'); torchmem.limit(None) lifts the limit."
+    )
+
+
+def _parse(value: object, what: str, *, for_budget: bool = False) -> tuple[int | None, float | None]:
+    """``(bytes, None)`` or ``(None, fraction)`` from an int, a float in (0, 1], or ``"2GiB"``/``"50%"``.
+
+    ``what`` names the argument in messages (``"The limit"``); ``for_budget`` picks the hint that fits
+    :func:`budget` (which has no ``None``).
+    """
+    hint = _examples(for_budget)
+    if value is None and for_budget:
         raise LimitError(
-            f"{what} must be a number of bytes, a fraction or a size string, not {value!r}.",
-            "Use e.g. 8 << 30, 0.5, '8GiB' or '50%'.",
+            "The budget cannot be None: a budget() block is always measured against a size.", hint
+        )
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        kind = "a bool" if isinstance(value, bool) else f"a {type(value).__name__}"
+        raise LimitError(
+            f"{what} must be a number of bytes (int), a fraction of the device's memory (float in (0, 1]) "
+            f"or a size string; got {value!r} ({kind}).",
+            hint,
         )
     if isinstance(value, int):
-        if value <= 0:
-            raise LimitError(f"{what} must be positive, got {value}.", "Use limit(None) to remove a limit.")
-        return value, None
+        return _check_bytes(value, what, None, hint), None
     if isinstance(value, float):
-        if not (0.0 < value <= 1.0) or math.isnan(value):
-            raise LimitError(
-                f"A float {what} is a fraction of the device's memory and must be in (0, 1], got {value}.",
-                "Pass an int for a number of bytes, e.g. 8 << 30.",
-            )
-        return None, value
+        return None, _check_fraction(value, what, None, hint)
     m = _SIZE.match(value)
-    unit = m.group(2).lower() if m else ""
-    if m is None or (unit not in _UNIT and unit != "%"):
+    if m is None:
+        stripped = value.strip()
+        if stripped.startswith("-"):
+            raise LimitError(f"{what} cannot be negative; got {value!r}.", hint)
+        if re.match(r"^[0-9]*\.?[0-9]+[eE][+-]?[0-9]+", stripped):
+            raise LimitError(
+                f"Cannot read {value!r} as a size: scientific notation is not accepted in a size string; "
+                "write the number out, pass an int, or use a unit (8GB rather than 8e9).",
+                hint,
+            )
+        bad_unit = re.match(r"^[0-9]*\.?[0-9]+\s*(\S+)$", stripped)
+        if bad_unit is not None:
+            raise LimitError(
+                f"Cannot read {value!r} as a size: unknown unit {bad_unit.group(1)!r}. Units: {_UNITS_TEXT}.",
+                hint,
+            )
         raise LimitError(
-            f"Cannot read {value!r} as a size.", "Use e.g. '8GiB', '512MB', '1000000000' or '50%'."
+            f"Cannot read {value!r} as a size: write a number and an optional unit. Units: {_UNITS_TEXT}.",
+            hint,
+        )
+    unit = m.group(2).lower()
+    if unit not in _UNIT and unit != "%":
+        raise LimitError(
+            f"Cannot read {value!r} as a size: unknown unit {m.group(2)!r}. Units: {_UNITS_TEXT}.", hint
         )
     number = float(m.group(1))
     if unit == "%":
-        return _parse(number / 100.0, what)
-    return _parse(int(number * _UNIT[unit]), what)
+        return None, _check_fraction(number / 100.0, what, value, hint)
+    return _check_bytes(int(number * _UNIT[unit]), what, value, hint), None
+
+
+def _check_bytes(n: int, what: str, text: str | None, hint: str) -> int:
+    source = f" ({text!r})" if text is not None else ""
+    if n <= 0:
+        raise LimitError(f"{what} must be a positive number of bytes; got {n}{source}.", hint)
+    if n > _MAX_BYTES:
+        raise LimitError(
+            f"{what} of {n} bytes{source} is more memory than any device has (at most 2**63 - 1 bytes).", hint
+        )
+    return n
+
+
+def _check_fraction(f: float, what: str, text: str | None, hint: str) -> float:
+    if 0.0 < f <= 1.0:
+        return f
+    if text is not None:  # a percentage string
+        raise LimitError(
+            f"{what} {text!r} is out of range: a percentage of the device's memory must be in (0, 100].", hint
+        )
+    if math.isnan(f):
+        raise LimitError(f"{what} must be a size; got nan (not a number).", hint)
+    if math.isinf(f):
+        raise LimitError(f"{what} must be a finite size; got {f}.", hint)
+    why = f"{what} is the float {f}, read as a fraction of the device's memory, which must be in (0, 1]"
+    if 1.0 < f <= 100.0 and f.is_integer():
+        why += f"; for {f:g}% of the device pass {f / 100:g} or '{f:g}%'"
+    elif 1.0 < f <= 100.0:
+        why += f"; {f:g} would be {f * 100:g}% of the device, more than it has"
+    elif f > 1.0 and f.is_integer() and f <= _MAX_BYTES:
+        why += f"; for {int(f)} bytes pass the int {int(f)}"
+    raise LimitError(why + ".", hint)
 
 
 def _fraction_for(nbytes: int, total: int) -> float:
@@ -329,6 +403,13 @@ def limit(bytes_or_fraction: int | float | str | None, device: DeviceLike = None
                         "Pass a number of bytes.",
                     )
                 nbytes = int(cast(float, fraction) * total)
+            if total is not None and nbytes > total:
+                raise LimitError(
+                    f"The limit of {fmt_bytes(nbytes)} is more than this machine's memory "
+                    f"({fmt_bytes(total)}): it could never be reached.",
+                    f"Pass at most {total} bytes, a fraction such as 0.5, or torchmem.limit(None, 'cpu') "
+                    "to lift the limit.",
+                )
             fraction = None if total is None else nbytes / total
             prev = _cpu_current()
             _set_cpu(nbytes)
@@ -338,8 +419,10 @@ def limit(bytes_or_fraction: int | float | str | None, device: DeviceLike = None
             nbytes = int(cast(float, fraction) * total)
         if nbytes > total:
             raise LimitError(
-                f"{fmt_bytes(nbytes)} is more than {dev} has ({fmt_bytes(total)}).",
-                "Pass at most the device's total, or a fraction.",
+                f"The limit of {fmt_bytes(nbytes)} is more than {dev} has ({fmt_bytes(total)}): it could "
+                "never be reached.",
+                f"Pass at most {total} bytes, a fraction such as 0.9, or torchmem.limit(None) to lift the "
+                "limit.",
             )
         fraction = _fraction_for(nbytes, total)
         prev_fraction = ops.get_cuda_memory_fraction(dev)
@@ -557,7 +640,7 @@ def budget(
         >>> b.used
         4194304
     """
-    nbytes, fraction = _parse(bytes, "The budget")
+    nbytes, fraction = _parse(bytes, "The budget", for_budget=True)
     if nbytes is None:
         dev = resolve(device)
         total = ops.cuda_total_memory(dev) if dev.type == "cuda" else ops.cpu_total_memory()
@@ -565,5 +648,8 @@ def budget(
             raise LimitError("The device's memory size is unknown.", "Pass a number of bytes.")
         nbytes = int(cast(float, fraction) * total)
     if top < 0:
-        raise LimitError(f"top must be 0 or more, got {top}.", "")
+        raise LimitError(
+            f"top (how many storages the working set lists) must be 0 or more; got {top}.",
+            "Leave it at its default of 5, or pass 0 to list none.",
+        )
     return Budget(nbytes, device, hard, top)

@@ -8,7 +8,7 @@ import sys
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -31,10 +31,15 @@ from torchmem.analysis.release_plan import (
 from torchmem.capture.snapshot import process_usage
 from torchmem.devices import DeviceLike, backend, resolve
 from torchmem.devices import _ops as ops
+from torchmem.report.text import count
 
 
 class ReleasedError(TorchmemError):
-    """A module or optimizer was used after :func:`torchmem.release` emptied it."""
+    """A module or optimizer was used after :func:`torchmem.release` emptied it.
+
+    Also raised by the ``step()`` of an optimizer that was not passed to ``release()`` but trains parameters
+    it emptied: such a step would otherwise silently skip them.
+    """
 
 
 class ReleaseError(TorchmemError):
@@ -115,14 +120,102 @@ class ReleaseReport:
 _RELEASED_ATTR = "_torchmem_released"
 
 
-def _raise_released(what: str) -> Callable[..., Any]:
+def _raise_released(what: str, message: str | None = None, hint: str | None = None) -> Callable[..., Any]:
+    text = message or f"{what} was emptied by torchmem.release(); its tensors are gone."
+    advice = hint or "Rebuild or reload it, or release with offload=True to keep it usable on the CPU."
+
     def hook(*_args: Any, **_kwargs: Any) -> Any:
-        raise ReleasedError(
-            f"{what} was emptied by torchmem.release(); its tensors are gone.",
-            "Rebuild or reload it, or release with offload=True to keep it usable on the CPU.",
-        )
+        raise ReleasedError(text, advice)
 
     return hook
+
+
+@dataclass
+class _Bystander:
+    """An optimizer that was *not* passed to ``release()`` but trains parameters that it empties (or moves).
+
+    Left alone, its next ``step()`` would silently skip those parameters (their gradients are gone) while
+    its state for them kept the old tensors alive. Its state for them is released with the rest, and its
+    ``step()`` raises :class:`ReleasedError` (with ``offload``, it keeps working on the new device).
+    """
+
+    opt: torch.optim.Optimizer
+    name: str  # its holder path, e.g. "__main__.opt" (or "AdamW at 0x..." when no path is found)
+    params: list[PlannedTensor]  # the released parameters it refers to
+    state: list[PlannedTensor]  # its state tensors for them, released with the rest
+
+
+def _bystander_optimizers(
+    plan: ReleasePlan, work: list[PlannedTensor], target: torch.device | None, off_dev: torch.device | None
+) -> list[_Bystander]:
+    """Optimizers not in the release set whose ``param_groups`` hold a parameter about to be released.
+
+    One pass over the gc-tracked objects, only when parameters are released; a holder search names each
+    optimizer found (at most 1 s).
+    """
+    params = {id(pt.tensor): pt for pt in work if pt.role == PARAMETER}
+    if not params:
+        return []
+    mine = {id(o) for _, o in plan.optimizers}
+    # Every optimizer class there is, so that the heap pass is one set lookup an object. type() rather than
+    # isinstance(): some objects warn or raise when __class__ is read.
+    kinds: set[type] = {torch.optim.Optimizer}
+    todo: list[type] = [torch.optim.Optimizer]
+    while todo:
+        subs: list[type] = todo.pop().__subclasses__()
+        for sub in subs:
+            if sub not in kinds:
+                kinds.add(sub)
+                todo.append(sub)
+    opts = [o for o in gc.get_objects() if type(o) in kinds and id(o) not in mine]
+    found: list[_Bystander] = []
+    seen: set[int] = set()
+    for o in opts:
+        held: list[PlannedTensor] = []
+        for group in o.param_groups:
+            held.extend(params[id(p)] for p in group.get("params", ()) if id(p) in params)
+        if not held:
+            continue
+        state: list[PlannedTensor] = []
+        for pt in held:
+            entry = o.state.get(pt.tensor)  # .get: the state is a defaultdict, do not add entries
+            if not isinstance(entry, dict):
+                continue
+            for k, v in list(entry.items()):
+                if (
+                    isinstance(v, torch.Tensor)
+                    and id(v) not in plan.tensors
+                    and id(v) not in seen
+                    and v.layout == torch.strided
+                    and v.device.type != "meta"
+                    and (target is None or v.device == target)
+                    and not (off_dev is not None and v.device == off_dev)
+                ):
+                    seen.add(id(v))
+                    state.append(
+                        PlannedTensor(v, OPTIMIZER_STATE, f"state[{pt.name}][{k!r}]", o, (pt.tensor, k))
+                    )
+        found.append(_Bystander(o, "", held, state))
+    opts.clear()
+    if found:
+        _name_bystanders(found)
+    return found
+
+
+def _name_bystanders(found: list[_Bystander]) -> None:
+    from torchmem.analysis.holders import find_holders
+
+    targets = [b.opt for b in found]
+    try:
+        search = find_holders(targets, max_paths=1, time_limit=1.0, exclude=[found, targets])
+        paths: list[tuple[Any, ...]] = list(search.paths)
+    except Exception:  # naming is a nicety: never let it stop a release
+        paths = [() for _ in found]
+    targets.clear()
+    for b, ps in zip(found, paths):
+        b.name = str(ps[0]) if ps else f"{type(b.opt).__name__} at {id(b.opt):#x}"
+        for st in b.state:
+            st.name = f"{b.name}.{st.name}"
 
 
 def _name_in(scopes: list[dict[str, Any]], obj: Any) -> str | None:
@@ -260,6 +353,11 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
       device (identity, dtype and ``requires_grad`` kept; gradients and optimizer state move too), and the
       objects keep working there.
 
+    An optimizer you did not pass that trains parameters being emptied (``release(model)`` while ``opt``
+    still refers to ``model``'s parameters) has its state for those parameters released too, and its next
+    ``step()`` raises :class:`ReleasedError` instead of silently skipping them (with ``offload``, that state
+    moves with the parameters and it keeps working); the report names it by its holder path.
+
     A parameter or buffer that an ``nn.Module`` you did not pass also holds (tied or shared weights) is left
     untouched and listed in ``remaining``. Then the traps are cleared — ``sys.last_traceback`` /
     ``last_value`` / ``last_exc`` and the current exception's frames if they hold tensors on the released
@@ -324,6 +422,10 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
         for pt in plan.tensors.values()
         if id(pt.tensor) not in protected and not (off_dev is not None and pt.tensor.device == off_dev)
     ]
+    # Optimizers the caller did not pass that train parameters about to be released: release their state
+    # for those parameters too, so that a later step() cannot silently skip them (see _Bystander).
+    bystanders = _bystander_optimizers(plan, work, target_dev, off_dev)
+    work.extend(st for b in bystanders for st in b.state)
     # Exception-frame tensors are freed by clearing the frames, never emptied: others may still use them.
     frame_only = [pt for pt in work if pt.role == EXCEPTION_LOCAL]
     work = [pt for pt in work if pt.role != EXCEPTION_LOCAL]
@@ -355,7 +457,7 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
     # 2. Empty (or move) every tensor in place.
     progress = [0]
     try:
-        _apply(plan, work, copies, off_dev, actions, progress)
+        _apply(plan, work, copies, off_dev, actions, progress, bystanders)
     except Exception as exc:  # report exactly what was done; never leave the caller guessing
         errors.append(f"stopped after {progress[0]} tensors: {type(exc).__name__}: {exc}")
     released = progress[0]
@@ -365,6 +467,7 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
     frame_only.clear()
     pt = None  # the loops above must not keep their last tensor alive past the cleared frames
     copies.clear()
+    bystanders.clear()
 
     # 3. Traps that pin device memory outside the objects.
     released_devices = {str(d) for d in devices}
@@ -432,6 +535,7 @@ def _apply(
     off_dev: torch.device | None,
     actions: list[str],
     progress: list[int],
+    bystanders: Sequence[_Bystander] = (),
 ) -> None:
     by_role: dict[str, int] = {}
     try:
@@ -439,9 +543,57 @@ def _apply(
     finally:
         for role in (PARAMETER, GRADIENT, BUFFER, OPTIMIZER_STATE, TENSOR):
             if by_role.get(role):
-                verb = f"moved to {off_dev}" if off_dev is not None else "emptied"
-                actions.append(f"{verb}: {by_role[role]} {role} tensor(s)")
+                what = count(by_role[role], _ROLE_NOUN[role])
+                actions.append(f"moved {what} to {off_dev}" if off_dev is not None else f"emptied {what}")
     _mark_released(plan, off_dev, actions, work)
+    _mark_bystanders(bystanders, off_dev, actions)
+
+
+# How the report counts each role: "emptied 1 parameter", "emptied 3 optimizer state tensors".
+_ROLE_NOUN = {
+    PARAMETER: "parameter",
+    GRADIENT: "gradient",
+    BUFFER: "buffer",
+    OPTIMIZER_STATE: "optimizer state tensor",
+    TENSOR: "tensor",
+}
+
+
+def _mark_bystanders(
+    bystanders: Sequence[_Bystander], off_dev: torch.device | None, actions: list[str]
+) -> None:
+    """Say what happened to the optimizers nobody passed; without ``offload``, make their step() raise."""
+    for b in bystanders:
+        kind = type(b.opt).__name__
+        names = ", ".join(pt.name for pt in b.params[:4]) + (", ..." if len(b.params) > 4 else "")
+        params = count(len(b.params), "parameter")
+        state = count(len(b.state), "tensor")
+        if off_dev is not None:
+            moved = f"moved its state for them to {off_dev} too ({state}); " if b.state else ""
+            actions.append(
+                f"optimizer {b.name} ({kind}) was not passed but refers to {params} moved here ({names}): "
+                f"{moved}it keeps working there"
+            )
+            continue
+        for pt in b.params:
+            b.opt.state.pop(pt.tensor, None)
+        freed = f"released its state for them ({state})" if b.state else "it held no state for them"
+        actions.append(
+            f"optimizer {b.name} ({kind}) was not passed but refers to {params} emptied here ({names}): "
+            f"{freed}; its step() now raises ReleasedError instead of silently skipping them"
+        )
+        if not getattr(b.opt, _RELEASED_ATTR, False) and hasattr(b.opt, "register_step_pre_hook"):
+            b.opt.register_step_pre_hook(
+                _raise_released(
+                    f"Optimizer {b.name!r}",
+                    f"Optimizer {b.name} ({kind}) trains {params} that torchmem.release() emptied ({names}); "
+                    "a step would silently skip them, so it raises instead (its state for them was "
+                    "released).",
+                    "Pass the optimizer to torchmem.release() together with the model, or build a new "
+                    "optimizer over the parameters you still train.",
+                )
+            )
+            setattr(b.opt, _RELEASED_ATTR, True)
 
 
 def _empty(
@@ -509,7 +661,7 @@ def _mark_released(
             opt.register_step_pre_hook(_raise_released(f"Optimizer {name!r} ({type(opt).__name__})"))
             setattr(opt, _RELEASED_ATTR, True)
     if cleared:
-        actions.append(f"cleared the state of {cleared} optimizer(s)")
+        actions.append(f"cleared the state of {count(cleared, 'optimizer')}")
 
 
 def _holds_tensor_on(obj: Any, devices: set[str], depth: int = 3) -> bool:
@@ -584,7 +736,7 @@ def _clear_traps(plan: ReleasePlan, devices: set[str], actions: list[str], error
             _clear_frames(tb)
         if plan.exceptions or plan.tracebacks:
             actions.append(
-                f"cleared the frames of {len(plan.exceptions) or len(plan.tracebacks)} exception(s)"
+                f"cleared the frames of {count(len(plan.exceptions) or len(plan.tracebacks), 'exception')}"
             )
         _clear_ipython(devices, actions)
         compiled = any(
@@ -595,7 +747,7 @@ def _clear_traps(plan: ReleasePlan, devices: set[str], actions: list[str], error
         for g in plan.graphs:
             g.reset()
         if plan.graphs:
-            actions.append(f"reset {len(plan.graphs)} CUDA graph(s)")
+            actions.append(f"reset {count(len(plan.graphs), 'CUDA graph')}")
     except Exception as exc:
         errors.append(f"clearing traps: {type(exc).__name__}: {exc}")
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from torchmem._errors import TrackingError
+from torchmem._format import fmt_bytes
 from torchmem.actions._survivors import holders_of_storages
 from torchmem.actions.release import Remaining
 from torchmem.analysis.live import graph_tensors, tensor_parts
@@ -20,6 +21,7 @@ from torchmem.analysis.release_plan import plan_release
 from torchmem.devices import _ops as ops
 from torchmem.devices import ledger
 from torchmem.devices._ledger import Cohort
+from torchmem.report.text import count
 
 _log = logging.getLogger("torchmem")
 
@@ -75,8 +77,62 @@ class Scope:
         self._stack: ExitStack | None = None
         self._cohort: Cohort | None = None
         self._kept: list[Any] = []
+        self._kept_desc: list[str] = []  # what keep() was given, as text: outlives the objects
         self._max_paths = max_paths
         self.report: ScopeReport | None = None
+
+    @property
+    def state(self) -> str:
+        """``"not entered"``, ``"active"`` (inside the block) or ``"finished"`` (``report`` is set)."""
+        if self._stack is not None:
+            return "active"
+        return "finished" if self.report is not None else "not entered"
+
+    def _summary(self) -> str:
+        state = self.state
+        parts: list[str] = []
+        cohort = self._cohort
+        if state == "active" and cohort is not None:
+            devices = ", ".join(sorted(cohort.devices)) or "no device yet"
+            parts.append(f"{fmt_bytes(cohort.born_bytes)} allocated inside so far")
+        elif state == "finished" and self.report is not None:
+            devices = ", ".join(self.report.devices) or "no device"
+        else:
+            devices = ""
+        head = f"torchmem.scope {state}" + (f" ({devices})" if devices else "")
+        n = len(self._kept_desc)
+        if n:
+            shown = ", ".join(self._kept_desc[:3]) + (", ..." if n > 3 else "")
+            parts.append(f"kept {count(n, 'object')} ({shown})")
+        else:
+            parts.append("kept nothing")
+        r = self.report
+        if state == "finished" and r is not None:
+            parts.append(
+                f"{fmt_bytes(r.born_bytes)} allocated inside, {fmt_bytes(r.kept_bytes)} kept, "
+                f"{fmt_bytes(r.survived_bytes)} still alive without being kept"
+                + (f" in {count(len(r.survivors), 'storage')}" if r.survivors else "")
+            )
+            if r.errors:
+                parts.append(count(len(r.errors), "error"))
+        return f"{head}: " + "; ".join(parts)
+
+    def __repr__(self) -> str:
+        """One line: state, devices, what was kept and, once finished, the figures.
+
+        Example:
+            >>> import torchmem
+            >>> torchmem.scope()
+            <torchmem.scope not entered: kept nothing>
+        """
+        return f"<{self._summary()}>"
+
+    def __str__(self) -> str:
+        """The one-line summary; once finished, followed by what survived and who holds it."""
+        if self.state == "finished" and self.report is not None:
+            lines = str(self.report).splitlines()[1:]  # the report's first line repeats the figures
+            return "\n".join([self._summary(), *lines])
+        return self._summary()
 
     def keep(self, *objs: Any) -> Any:
         """Mark objects as the block's results: their tensors are expected to outlive it.
@@ -87,6 +143,7 @@ class Scope:
         Returns the single object passed (or the tuple), so ``out = sc.keep(model(x))`` reads naturally.
         """
         self._kept.extend(objs)
+        self._kept_desc.extend(_describe_kept(o) for o in objs)
         return objs[0] if len(objs) == 1 else objs
 
     def __enter__(self) -> Scope:
@@ -96,6 +153,8 @@ class Scope:
         led = stack.enter_context(ledger().enabled())
         self._cohort = led.open_cohort(None)
         self._stack = stack
+        if self.report is not None:  # entered again: what the previous block kept is gone
+            self._kept_desc = [_describe_kept(o) for o in self._kept]
         self.report = None
         return self
 
@@ -203,6 +262,16 @@ def _kept_storages(kept: list[Any], keys: set[int]) -> None:
         for _, _, key in tensor_parts(t) or ():
             keys.add(key)
     roots.clear()
+
+
+def _describe_kept(obj: Any) -> str:
+    """A short label of a kept object that holds no reference to it: ``"tensor float32[8, 4]"``."""
+    if isinstance(obj, torch.Tensor):
+        return f"tensor {str(obj.dtype).replace('torch.', '')}[{', '.join(str(d) for d in obj.shape)}]"
+    if isinstance(obj, (list, tuple, dict, set)):
+        n = len(obj)
+        return f"{type(obj).__name__} of {count(n, 'item')}"
+    return type(obj).__name__
 
 
 def _describe(storage: Any) -> str:

@@ -66,7 +66,9 @@ from typing import Any, overload
 
 import torch
 
-__all__ = ["HolderPath", "HolderSearch", "find_holders", "holders"]
+from torchmem._errors import TorchmemError
+
+__all__ = ["HolderPath", "HolderPaths", "HolderSearch", "HoldersTargetError", "find_holders", "holders"]
 
 _log = logging.getLogger("torchmem")
 
@@ -101,8 +103,43 @@ class HolderPath:
     def __str__(self) -> str:
         return "".join(self.steps)
 
+    def __repr__(self) -> str:
+        # The readable path, so that a list of paths reads as the README shows it:
+        # [__main__.losses[17].grad_fn -> saved tensor of AddmmBackward0 (_saved_mat1)]
+        return str(self)
+
     def to_dict(self) -> dict[str, Any]:
         return {"root": self.root, "path": str(self), "steps": list(self.steps), "depth": self.depth}
+
+
+class HolderPaths(list[HolderPath]):
+    """The holder paths of one object, as :func:`holders` returns them: a plain ``list`` of
+    :class:`HolderPath` whose ``str()`` puts one readable path on each line.
+
+    ``repr()`` is the list's (``[__main__.cache['w'], ...]``); indexing, ``len()``, ``==`` with a list and
+    ``isinstance(paths, list)`` work as for any list.
+
+    Example:
+        >>> paths = HolderPaths([HolderPath("module", ("__main__", ".cache", "['w']"), 2)])
+        >>> print(paths)
+        __main__.cache['w']
+        >>> paths
+        [__main__.cache['w']]
+    """
+
+    def __str__(self) -> str:
+        if not self:
+            return "no holders found"
+        return "\n".join(str(p) for p in self)
+
+
+class HoldersTargetError(TorchmemError, ValueError):
+    """:func:`holders` was asked about a value the whole interpreter shares (``None``, ``True``, ``0``, ...).
+
+    Such a value is one object that every module, function and frame refers to, so its "holders" are
+    arbitrary paths (``sys.pycache_prefix``, ``__main__.__doc__``) that explain nothing. Also a
+    ``ValueError``.
+    """
 
 
 @dataclass(frozen=True)
@@ -184,22 +221,76 @@ def holders(
         time_limit: Seconds the search may take before it stops with what it found.
 
     Returns:
-        For one object, its paths; for several, one list of paths per object. ``str(path)`` is the
-        readable path.
+        For one object, its paths as a :class:`HolderPaths` (a ``list``; ``print()`` shows one path per
+        line, the interactive ``repr`` the readable paths in brackets); for several, one such list per
+        object. ``str(path)`` (and ``repr(path)``) is the readable path.
+
+    Raises:
+        HoldersTargetError: ``obj`` is a value the whole interpreter shares (``None``, ``True``,
+            ``False``, ``Ellipsis``, ``NotImplemented``, a small int, the empty tuple or string, a
+            one-character string): everything holds it, so its paths would mean nothing.
 
     Example:
         >>> import torch, torchmem
         >>> cache = {"w": torch.zeros(3)}
-        >>> [str(p) for p in torchmem.holders(cache["w"])]  # doctest: +SKIP
-        ["__main__.cache['w']"]
+        >>> torchmem.holders(cache["w"])  # doctest: +SKIP
+        [__main__.cache['w']]
+        >>> print(torchmem.holders(cache["w"]))  # doctest: +SKIP
+        __main__.cache['w']
     """
     targets = (obj, *more)
+    for i, t in enumerate(targets):
+        _check_target(t, "holders", f"argument {i + 1}" if more else "")
     search = find_holders(targets, max_paths=max_paths, time_limit=time_limit, exclude=(more,))
     if search.truncated:
         _log.debug("holders(): search truncated (%s)", search.reason)
     if not more:
-        return list(search.paths[0])
-    return [list(p) for p in search.paths]
+        return HolderPaths(search.paths[0])
+    each: list[list[HolderPath]] = [HolderPaths(p) for p in search.paths]
+    return each
+
+
+# Values the interpreter shares between all code: their holders are everything, which says nothing.
+_SINGLETONS: tuple[tuple[object, str], ...] = (
+    (None, "None"),
+    (True, "True"),
+    (False, "False"),
+    (Ellipsis, "Ellipsis"),
+    (NotImplemented, "NotImplemented"),
+)
+
+
+def _shared_value(obj: object) -> str | None:
+    """Why ``obj`` is one object the whole interpreter shares, or ``None`` when it is not."""
+    for value, name in _SINGLETONS:
+        if obj is value:
+            return f"{name} is a singleton"
+    t = type(obj)
+    if t is int and -5 <= obj <= 256:  # type: ignore[operator]
+        return f"small ints (-5 to 256) are cached: every {obj} in the program is this same object"
+    if t is tuple and not obj:
+        return "the empty tuple is a single shared object"
+    if t is str and not obj:
+        return "the empty string is a single shared object"
+    if t is str and len(obj) == 1 and ord(obj) < 256:  # type: ignore[arg-type]
+        return f"one-character strings are cached: every {obj!r} in the program is this same object"
+    if t is bytes and len(obj) <= 1:  # type: ignore[arg-type]
+        return "empty and one-byte bytes objects are cached and shared by all code"
+    return None
+
+
+def _check_target(obj: object, fn: str, where: str) -> None:
+    why = _shared_value(obj)
+    if why is None:
+        return
+    at = f" ({where})" if where else ""
+    raise HoldersTargetError(
+        f"{fn}() cannot explain {obj!r}{at}: {why}, referred to by every module, function and frame that "
+        "uses it, so its holder paths would be arbitrary (sys.pycache_prefix, __main__.__doc__, ...).",
+        "Pass the object whose memory you want explained: a tensor, module, optimizer or container, e.g. "
+        "torchmem.holders(model.fc.weight). If a variable you expected to hold a tensor is None, the tensor "
+        "was never assigned to it (or was already dropped).",
+    )
 
 
 def find_holders(
@@ -233,6 +324,8 @@ def find_holders(
         >>> [str(p) for p in r.paths[1]]  # doctest: +SKIP
         ["<stdin>:1 in <module>(), local 'box'[1]['b']", ...]
     """
+    for i, t in enumerate(targets):
+        _check_target(t, "find_holders", f"targets[{i}]")
     if max_paths < 1:
         raise ValueError(f"max_paths must be at least 1, got {max_paths}")
     if time_limit <= 0:

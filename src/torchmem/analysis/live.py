@@ -357,7 +357,8 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         rounding=rounding if device.type == "cuda" else None,
         truncated=truncated,
         unreadable=tuple(
-            f"{len(ids)} {layout} tensor(s): memory not readable, not counted in total"
+            f"{len(ids)} {layout} {'tensor' if len(ids) == 1 else 'tensors'}: memory not readable, "
+            "not counted in total"
             for layout, ids in sorted(unreadable.items())
         ),
     )

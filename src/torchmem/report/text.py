@@ -51,6 +51,16 @@ def _n(v: int | None) -> str:
     return "n/a" if v is None else str(v)
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun agreeing with it: ``count(1, "tensor")`` is ``"1 tensor"``, 2 gives ``"2 tensors"``.
+
+    Example:
+        >>> count(1, "storage"), count(3, "storage"), count(0, "live tensor storage")
+        ('1 storage', '3 storages', '0 live tensor storages')
+    """
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"
+
+
 def render_stats(s: MemoryStats) -> str:
     title = f"{s.device}" + (f" ({s.name})" if s.name else "")
     width = max(len(k) for k, _ in stats_rows(s))
@@ -99,14 +109,15 @@ def render_track(r: TrackResult) -> str:
         f"peak {fmt_bytes(r.peak)} ({fmt_bytes(r.peak_delta, signed=True)} over start)",
     ]
     if r.survived is not None:
-        parts.append(f"survived {fmt_bytes(r.survived)} in {r.survived_tensors} tensor(s)")
+        n = r.survived_tensors
+        parts.append(f"survived {fmt_bytes(r.survived)}" + ("" if n is None else f" in {count(n, 'tensor')}"))
     parts.append(f"{r.seconds * 1000:.1f} ms")
     return ", ".join(parts)
 
 
 def render_release(r: ReleaseReport) -> str:
     lines = [
-        f"released {r.released_tensors} tensor(s): freed {fmt_bytes(r.freed_bytes)} of tensor storage"
+        f"released {count(r.released_tensors, 'tensor')}: freed {fmt_bytes(r.freed_bytes)} of tensor storage"
         + (f", moved {fmt_bytes(r.offloaded_bytes)}" if r.offloaded_bytes else "")
         + f" in {r.seconds * 1000:.0f} ms"
     ]
@@ -119,7 +130,7 @@ def render_release(r: ReleaseReport) -> str:
     for a in r.actions:
         lines.append(f"  done: {a}")
     if r.remaining:
-        lines.append(f"  still alive: {fmt_bytes(r.remaining_bytes)} in {len(r.remaining)} storage(s)")
+        lines.append(f"  still alive: {fmt_bytes(r.remaining_bytes)} in {count(len(r.remaining), 'storage')}")
         for rem in r.remaining:
             lines.append(f"    {rem.name} ({fmt_bytes(rem.bytes)} on {rem.device}): {rem.reason}")
             for p in rem.paths:
@@ -134,7 +145,7 @@ def render_release(r: ReleaseReport) -> str:
 
 
 def render_live(r: LiveTensorReport, top: int = 20) -> str:
-    lines = [f"{r.device}: {len(r.tensors)} live tensor storage(s), {fmt_bytes(r.total)}"]
+    lines = [f"{r.device}: {count(len(r.tensors), 'live tensor storage')}, {fmt_bytes(r.total)}"]
     for cat, n in r.by_category.items():
         lines.append(f"  {cat:<20} {fmt_bytes(n):>12}")
     if r.allocated is not None:
