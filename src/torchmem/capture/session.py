@@ -52,8 +52,10 @@ class _StatusAwareStream:
         self._tm_session = session
 
     def write(self, text: str) -> int:
-        self._tm_session._before_program_write(text)
-        return int(self._tm_stream.write(text))
+        # Under the status lock: the sampler cannot draw between the clearing and the program's text.
+        with self._tm_session._status_lock:
+            self._tm_session._before_program_write(text)
+            return int(self._tm_stream.write(text))
 
     def writelines(self, lines: Any) -> None:
         for line in lines:
@@ -121,7 +123,7 @@ class Session:
         self._saved_start: Any = None
         self._streams: list[tuple[str, Any]] = []
         self._user_line_open = False
-        self._status_lock = threading.Lock()
+        self._status_lock = threading.RLock()
         self._other_thread_steps = 0
 
     # -- start -----------------------------------------------------------------------------------
@@ -282,11 +284,12 @@ class Session:
             self._status_len = 0
 
     def _before_program_write(self, text: str) -> None:
+        """Called with the status lock held, before the program's ``text`` is written."""
         try:
-            with self._status_lock:
+            if self._status_len:
                 self._clear_status_locked()
-                if text:
-                    self._user_line_open = not text.endswith("\n")
+            if text:
+                self._user_line_open = not text.endswith("\n")
         except Exception:  # never break the program's output
             pass
 

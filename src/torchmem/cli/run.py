@@ -525,15 +525,14 @@ def _summary(result: Any, err: TextIO) -> None:
     leak = result.leak
     no_steps = getattr(result, "no_steps", None)
     children = getattr(result, "children", ())
-    if leak is not None and (leak.leaking or leak.detected_at is not None):
-        lines.append(str(leak))
-    elif leak is not None and result.steps:
+    if leak is not None and (leak.leaking or leak.detected_at is not None or result.steps):
         lines.append(str(leak))
     if no_steps:
         lines.append(f"no leak verdict: 0 steps: {no_steps}")
     elif children:
         lines.append(
-            f"note: the program started {len(children)} process(es) ({', '.join(children[:3])}); "
+            f"note: the program started {len(children)} process{'es' if len(children) > 1 else ''} "
+            f"({', '.join(children[:3])}); "
             "their memory is not in this capture."
         )
     if result.oom is not None:
