@@ -40,30 +40,29 @@ from torchmem.actions.limit import (
     limit,
 )
 from torchmem.actions.release import (
-    DeviceFigures,
     ReleasedError,
     ReleaseError,
-    ReleaseReport,
-    Remaining,
     release,
 )
 from torchmem.actions.scope import Scope, ScopeReport, scope
 from torchmem.analysis.estimate import EstimateRow, FitArgumentError, MemoryEstimate
 from torchmem.analysis.holders import HolderPath, HolderSearch, find_holders, holders
 from torchmem.analysis.leaks import Culprit, LeakReport
-from torchmem.analysis.live import LiveTensor, LiveTensorReport
 from torchmem.analysis.oom import Cause, Fix, OOMDiagnosis, is_oom
 from torchmem.analysis.profile import ModuleProfile, ProfileReconciliation, ProfileReport
-from torchmem.analysis.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
 from torchmem.capture.cpu import CpuTracking, cpu_tracking
 from torchmem.capture.file import Capture, CaptureError, read_capture
 from torchmem.capture.measure import estimate
 from torchmem.capture.oom import OOMInputError, OOMObserver, attach_oom_observer, explain_oom
 from torchmem.capture.profile import ProfileError, Profiler, profile
 from torchmem.capture.read import counters, live_tensors, reset_peak, stats
-from torchmem.capture.track import Tracker, TrackResult, track
+from torchmem.capture.track import Tracker, track
 from torchmem.capture.watch import LeakWarning, Watcher, WatchError, watch
 from torchmem.devices import HotReading
+from torchmem.results.live import LiveTensor, LiveTensorReport
+from torchmem.results.release import DeviceFigures, ReleaseReport, Remaining
+from torchmem.results.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
+from torchmem.results.track import TrackResult
 
 __all__ = [
     "BatchSizeError",

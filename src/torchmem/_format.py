@@ -22,3 +22,13 @@ def fmt_bytes(n: int | float | None, signed: bool = False) -> str:
 
 def fmt_ratio(r: float | None) -> str:
     return "n/a" if r is None else f"{r:.1%}"
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """``n`` and the noun agreeing with it: ``count(1, "tensor")`` is ``"1 tensor"``, 2 gives ``"2 tensors"``.
+
+    Example:
+        >>> count(1, "storage"), count(3, "storage"), count(0, "live tensor storage")
+        ('1 storage', '3 storages', '0 live tensor storages')
+    """
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"

@@ -178,7 +178,7 @@ def test_track_and_scope_texts_agree_in_number() -> None:
 
 
 def test_count_helper() -> None:
-    from torchmem.report.text import count
+    from torchmem._format import count
 
     assert [count(n, "tensor") for n in (0, 1, 2)] == ["0 tensors", "1 tensor", "2 tensors"]
     assert (

@@ -28,6 +28,7 @@ from typing import IO, Any, TypeVar, cast
 
 import torch
 
+from torchmem._exceptions import clear_frames
 from torchmem._format import fmt_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -262,11 +263,9 @@ def recover(
     storages: dict[int, tuple[weakref.ref[Any], int, str]] = {}
     try:
         storages = _frame_storages(tbs)
-        from torchmem.actions.release import _clear_frames
-
         for tb in tbs:
             frames += _count_finished(tb)
-            _clear_frames(tb)
+            clear_frames(tb)
         actions.append(f"cleared {frames} finished frame{'' if frames == 1 else 's'} of the exception")
     except Exception as e:
         errors.append(f"clearing frames: {type(e).__name__}: {e}")

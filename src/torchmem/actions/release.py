@@ -9,12 +9,14 @@ import time
 import types
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from torchmem._errors import TorchmemError
+from torchmem._exceptions import clear_frames
+from torchmem._format import count
 from torchmem.actions._survivors import holders_of_storages
 from torchmem.analysis.release_plan import (
     BUFFER,
@@ -31,7 +33,7 @@ from torchmem.analysis.release_plan import (
 from torchmem.capture.snapshot import process_usage
 from torchmem.devices import DeviceLike, backend, resolve
 from torchmem.devices import _ops as ops
-from torchmem.report.text import count
+from torchmem.results.release import DeviceFigures, ReleaseReport, Remaining
 
 
 class ReleasedError(TorchmemError):
@@ -44,77 +46,6 @@ class ReleasedError(TorchmemError):
 
 class ReleaseError(TorchmemError):
     """``release()`` could not start (nothing was changed)."""
-
-
-@dataclass(frozen=True)
-class DeviceFigures:
-    """Allocator and driver figures of one device before and after a release, in bytes."""
-
-    device: str
-    allocated_before: int | None
-    allocated_after: int | None
-    reserved_before: int | None
-    reserved_after: int | None
-    process_before: int | None
-    process_after: int | None
-
-    @property
-    def allocated_freed(self) -> int | None:
-        if self.allocated_before is None or self.allocated_after is None:
-            return None
-        return self.allocated_before - self.allocated_after
-
-
-@dataclass(frozen=True)
-class Remaining:
-    """A tensor storage the released objects used that is still alive, and who holds it."""
-
-    name: str
-    device: str
-    bytes: int
-    reason: str
-    paths: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ReleaseReport:
-    """What :func:`release` did and what it achieved.
-
-    Attributes:
-        freed_bytes: Bytes of tensor storages the objects held that are now freed (exact, every device).
-        released_tensors: Tensors emptied (or moved, with ``offload``).
-        offloaded_bytes: Bytes copied to the offload device.
-        devices: Allocator/driver figures per device, before and after.
-        actions: What was done, in order.
-        remaining: Storages the objects used that are still alive, each with its holder paths.
-        skipped: Arguments that hold nothing, tensors on other devices.
-        errors: Steps that failed (the report says exactly what was done before them).
-        seconds: Wall time.
-    """
-
-    freed_bytes: int
-    released_tensors: int
-    offloaded_bytes: int
-    devices: tuple[DeviceFigures, ...]
-    actions: tuple[str, ...]
-    remaining: tuple[Remaining, ...]
-    skipped: tuple[str, ...]
-    errors: tuple[str, ...]
-    seconds: float
-
-    @property
-    def remaining_bytes(self) -> int:
-        return sum(r.bytes for r in self.remaining)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["remaining_bytes"] = self.remaining_bytes
-        return d
-
-    def __str__(self) -> str:
-        from torchmem.report.text import render_release
-
-        return render_release(self)
 
 
 _RELEASED_ATTR = "_torchmem_released"
@@ -691,35 +622,12 @@ def _tb_holds(tb: types.TracebackType | None, devices: set[str]) -> bool:
     return False
 
 
-def _clear_frames(tb: types.TracebackType | None) -> None:
-    """``traceback.clear_frames``, plus the frames' ``f_locals`` snapshots.
-
-    Before Python 3.13, reading ``frame.f_locals`` of a finished frame (which the plan and ``_tb_holds`` do)
-    leaves a dict on the frame that ``frame.clear()`` does not empty: it would keep every local alive until
-    someone reads ``f_locals`` again — after ``empty_cache()``, too late. Reading it once more after the clear
-    re-syncs the snapshot, which drops the cleared names.
-    """
-    frame: types.FrameType | None = None
-    while tb is not None:
-        frame = tb.tb_frame
-        try:
-            frame.clear()
-        except RuntimeError:  # still executing: its locals are the program's, not the exception's
-            pass
-        else:
-            if sys.version_info < (3, 13):
-                with contextlib.suppress(Exception):
-                    frame.f_locals  # noqa: B018 - the read re-syncs the snapshot
-        tb = tb.tb_next
-    del frame
-
-
 def _clear_traps(plan: ReleasePlan, devices: set[str], actions: list[str], errors: list[str]) -> None:
     try:
         # The interpreter's record of the last uncaught exception (what a notebook or REPL keeps).
         last_tb = getattr(sys, "last_traceback", None)
         if last_tb is not None and _tb_holds(last_tb, devices):
-            _clear_frames(last_tb)
+            clear_frames(last_tb)
             for attr in ("last_traceback", "last_value", "last_type", "last_exc"):
                 if hasattr(sys, attr):
                     setattr(sys, attr, None)
@@ -727,13 +635,13 @@ def _clear_traps(plan: ReleasePlan, devices: set[str], actions: list[str], error
         # The exception being handled right now, if release() runs in an except block.
         current = sys.exc_info()[1]
         if current is not None and _tb_holds(current.__traceback__, devices):
-            _clear_frames(current.__traceback__)
+            clear_frames(current.__traceback__)
             actions.append("cleared the locals of the current exception's finished frames")
         for exc in plan.exceptions:
             if exc.__traceback__ is not None:
-                _clear_frames(exc.__traceback__)
+                clear_frames(exc.__traceback__)
         for tb in plan.tracebacks:
-            _clear_frames(tb)
+            clear_frames(tb)
         if plan.exceptions or plan.tracebacks:
             actions.append(
                 f"cleared the frames of {count(len(plan.exceptions) or len(plan.tracebacks), 'exception')}"

@@ -13,15 +13,14 @@ from typing import Any
 import torch
 
 from torchmem._errors import TrackingError
-from torchmem._format import fmt_bytes
+from torchmem._format import count, fmt_bytes
 from torchmem.actions._survivors import holders_of_storages
-from torchmem.actions.release import Remaining
 from torchmem.analysis.live import graph_tensors, tensor_parts
 from torchmem.analysis.release_plan import plan_release
 from torchmem.devices import _ops as ops
 from torchmem.devices import ledger
 from torchmem.devices._ledger import Cohort
-from torchmem.report.text import count
+from torchmem.results.release import Remaining
 
 _log = logging.getLogger("torchmem")
 

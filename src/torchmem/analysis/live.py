@@ -4,84 +4,26 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-PARAMETER = "parameter"
-GRADIENT = "gradient"
-OPTIMIZER_STATE = "optimizer state"
-BUFFER = "buffer"
-SAVED = "saved for backward"
-OTHER = "other"
-CATEGORIES = (PARAMETER, GRADIENT, OPTIMIZER_STATE, BUFFER, SAVED, OTHER)
+from torchmem.results.live import (
+    BUFFER,
+    CATEGORIES,
+    GRADIENT,
+    OPTIMIZER_STATE,
+    OTHER,
+    PARAMETER,
+    SAVED,
+    LiveTensor,
+    LiveTensorReport,
+)
+
 # When one storage plays several roles, the first wins: a parameter that autograd saved is a parameter, an
 # input the program holds and autograd saved is "saved for backward" (its holder path names the program's
 # reference).
 _PRECEDENCE = (PARAMETER, GRADIENT, OPTIMIZER_STATE, BUFFER, SAVED, OTHER)
-
-
-@dataclass(frozen=True)
-class LiveTensor:
-    """One live storage on the device (views share it and are counted once)."""
-
-    bytes: int
-    shape: tuple[int, ...]
-    dtype: str
-    category: str
-    name: str | None  # parameter/buffer path, or what autograd saved it for
-    holder: str | None  # shortest readable holder path
-    views: int  # Python tensors sharing the storage
-    layout: str = "strided"  # "sparse_coo", "sparse_csr", ...: the storage is one part of a sparse tensor
-    part: str | None = None  # which part of a sparse tensor: "values", "indices", "crow_indices", ...
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class LiveTensorReport:
-    """The device's live tensors, largest first, with totals that reconcile with the allocator.
-
-    Attributes:
-        device: The device.
-        tensors: One entry per storage, largest first.
-        by_category: Bytes per category (parameter, gradient, optimizer state, buffer, saved for
-            backward, other).
-        by_module: Bytes of parameters, buffers and gradients per top-level module, by its holder path.
-        total: Sum of the storages' bytes.
-        allocated: The allocator's allocated bytes at the same moment (``None`` where unknown).
-        unexplained: ``allocated - total``: memory no live tensor explains (cuBLAS workspaces, allocator
-            rounding, tensors only C++ code holds). Never hidden; ``None`` where ``allocated`` is unknown.
-        rounding: Part of ``unexplained`` that is the allocator's 512-byte block rounding (CUDA).
-        truncated: The holder search hit a limit (some ``holder`` fields are ``None``).
-        unreadable: Live tensors on the device whose memory torchmem cannot read (a layout without a
-            storage it knows, e.g. MKL-DNN), one line per layout with a count. They are not in ``total``:
-            their bytes stay in ``unexplained``.
-
-    Sparse tensors (COO, CSR, CSC, BSR, BSC) are counted by their parts: one entry per storage of their
-    indices and values, with ``layout`` and ``part`` set, the sparse tensor's shape, and its holder.
-    """
-
-    device: str
-    tensors: tuple[LiveTensor, ...]
-    by_category: dict[str, int] = field(default_factory=dict)
-    by_module: dict[str, int] = field(default_factory=dict)
-    total: int = 0
-    allocated: int | None = None
-    unexplained: int | None = None
-    rounding: int | None = None
-    truncated: bool = False
-    unreadable: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        from torchmem.report.text import render_live
-
-        return render_live(self)
 
 
 def saved_tensors(fn: Any) -> Iterator[tuple[str, torch.Tensor]]:

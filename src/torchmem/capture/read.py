@@ -6,10 +6,11 @@ from typing import Any
 
 import torch
 
-from torchmem.analysis.live import LiveTensorReport, collect_live
-from torchmem.analysis.stats import MemoryStats
+from torchmem.analysis.live import collect_live
 from torchmem.capture.snapshot import read_stats
 from torchmem.devices import Backend, DeviceLike, HotReading, backend, resolve
+from torchmem.results.live import LiveTensorReport
+from torchmem.results.stats import MemoryStats
 
 _backends: dict[Any, Backend] = {}
 

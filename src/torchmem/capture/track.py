@@ -7,53 +7,14 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
 from typing import Any, TypeVar, cast
 
 from torchmem._errors import TrackingError
 from torchmem.devices import Backend, CpuBackend, DeviceLike, backend, ledger
 from torchmem.devices._ledger import Cohort, Watermark
+from torchmem.results.track import TrackResult
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class TrackResult:
-    """What one tracked block did to a device's memory, in bytes.
-
-    Attributes:
-        device: The device measured.
-        allocated_before / allocated_after: allocated bytes at entry and exit.
-        delta: ``allocated_after - allocated_before``.
-        peak: Highest allocated bytes while the block ran (absolute), ``None`` if the device has no peaks.
-        peak_delta: ``peak - allocated_before``: the extra memory the block needed at its worst.
-        reserved_before / reserved_after: the allocator's reserved bytes (``None`` on CPU).
-        born: Bytes of tensor storages created inside the block (``None`` with ``survivors=False``).
-        survived: Bytes of those storages still alive at exit — what the block left behind.
-        survived_tensors: How many storages survived.
-        seconds: Wall time of the block.
-    """
-
-    device: str
-    allocated_before: int | None
-    allocated_after: int | None
-    delta: int | None
-    peak: int | None
-    peak_delta: int | None
-    reserved_before: int | None
-    reserved_after: int | None
-    born: int | None
-    survived: int | None
-    survived_tensors: int | None
-    seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        from torchmem.report.text import render_track
-
-        return render_track(self)
 
 
 class _Frame:

@@ -8,9 +8,9 @@ import sys
 import time
 from typing import Any
 
-from torchmem.analysis.stats import MemoryStats
 from torchmem.capture.snapshot import read_stats
 from torchmem.devices import cuda_available, resolve, visible_devices
+from torchmem.results.stats import MemoryStats
 
 
 def add_parser(sub: Any) -> None:

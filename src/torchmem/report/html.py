@@ -30,8 +30,8 @@ from torchmem.report.summary import (
 
 if TYPE_CHECKING:
     from torchmem.analysis.leaks import LeakReport
-    from torchmem.analysis.stats import BreakdownRow
     from torchmem.capture.file import Capture, Sample
+    from torchmem.results.stats import BreakdownRow
 
 _MAX_POINTS = 2000  # per series drawn; longer timelines keep each bucket's min and max
 
@@ -247,7 +247,7 @@ def _reconciliation(cap: Capture) -> str:
             block.append(_table(["", "bytes", "note"], rows, "reconcile", num=[1]))
             block += [f'<p class="note">{_e(n)}</p>' for n in bd.notes]
         if st is not None:
-            from torchmem.report.text import stats_rows
+            from torchmem.results.stats import stats_rows
 
             block.append(
                 "<details><summary>All figures</summary>"

@@ -10,8 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from torchmem._format import fmt_bytes
-from torchmem.analysis.stats import BreakdownRow, MemoryStats
-from torchmem.report.text import stats_rows
+from torchmem.results.stats import BreakdownRow, MemoryStats, stats_rows
 
 
 def console_for(file: IO[str] | None = None, width: int | None = None) -> Console:
