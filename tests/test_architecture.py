@@ -24,6 +24,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "torchmem._format",
             "torchmem._warn",
             "torchmem._outputs",
+            "torchmem._decorate",
         ),
     ),
     ("devices", ("torchmem.devices",)),

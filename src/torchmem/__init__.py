@@ -29,7 +29,7 @@ from torchmem.actions.batch_size import (
     Trial,
     find_batch_size,
 )
-from torchmem.actions.guard import OOMGuard, OOMRecovery, install, oom_guard, uninstall
+from torchmem.actions.guard import OOMGuard, OOMRecovery, oom_guard
 from torchmem.actions.limit import (
     Budget,
     BudgetExceededError,
@@ -59,6 +59,7 @@ from torchmem.capture.read import counters, live_tensors, reset_peak, stats
 from torchmem.capture.track import Tracker, track
 from torchmem.capture.watch import LeakWarning, Watcher, WatchError, watch
 from torchmem.devices import HotReading
+from torchmem.integrations.excepthook import install, uninstall
 from torchmem.results.live import LiveTensor, LiveTensorReport
 from torchmem.results.release import DeviceFigures, ReleaseReport, Remaining
 from torchmem.results.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory

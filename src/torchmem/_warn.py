@@ -16,6 +16,7 @@ import sys
 import sysconfig
 import warnings
 from types import FrameType
+from typing import IO
 
 _log = logging.getLogger("torchmem")
 
@@ -150,3 +151,12 @@ def emit_warning(
     finally:
         del caller, frame
     return None
+
+
+def print_safely(text: str, file: IO[str] | None, default: IO[str]) -> None:
+    """Print ``text`` to ``file`` (else ``default``) and flush; a closed or broken stream is ignored, so
+    reporting never turns a recovery into a new error."""
+    try:
+        print(text, file=file if file is not None else default, flush=True)
+    except Exception:
+        pass

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import torchmem
-from torchmem.actions.guard import find_oom, install, oom_guard, uninstall
+from torchmem.actions.guard import find_oom, oom_guard
 from torchmem.actions.limit import limit
+from torchmem.integrations.excepthook import install, uninstall
 
 MiB = 1 << 20
 

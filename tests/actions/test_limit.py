@@ -115,7 +115,7 @@ def test_autograd_saved_activations_count_against_the_limit() -> None:
         (1024, (1024, None)),
         (0.5, (None, 0.5)),
         ("2GiB", (2 << 30, None)),
-        ("512MB", (512_000_000, None)),
+        ("512MB", (512 << 20, None)),  # binary, as in torch's messages (one unit table)
         ("1.5 KiB", (1536, None)),
         ("25%", (None, 0.25)),
         ("1e3", None),
@@ -271,3 +271,20 @@ def test_the_size_hint_only_gives_examples_that_parse() -> None:
     assert examples
     for example in examples:
         _parse(example, "x")  # the hint's own examples must be accepted
+
+
+def test_one_unit_table_gb_means_what_torch_messages_mean() -> None:
+    """limit("20GB") and an OOM message's "20.00 GB" are the same number of bytes (one binary table)."""
+    from torchmem._units import parse_size
+    from torchmem.actions.limit import _parse
+    from torchmem.analysis.oom import parse_oom_message
+
+    assert _parse("20GB", "The limit") == (20 << 30, None)
+    assert _parse("20GB", "The limit") == _parse("20GiB", "The limit")
+    assert _parse("512MB", "The limit") == (512 << 20, None)
+    assert parse_size("20GB") == parse_size("20.00 GiB") == 20 << 30
+    parsed = parse_oom_message(
+        "MPS backend out of memory (MPS allocated: 1.20 GB, other allocations: 2.00 MB, "
+        "max allowed: 18.13 GB). Tried to allocate 20.00 GB on private pool."
+    )
+    assert parsed is not None and parsed.requested == _parse("20GB", "The limit")[0]

@@ -210,7 +210,7 @@ def _quoted_examples_parse(hint: str) -> None:
         (math.nan, ["got nan (not a number)"]),
         (math.inf, ["finite size", "got inf"]),
         (-math.inf, ["finite size", "got -inf"]),
-        ("abc", ["Cannot read 'abc' as a size", "Units: B, KB"]),
+        ("abc", ["Cannot read 'abc' as a size", "Units: B, KiB/KB"]),
         ("10 XB", ["unknown unit 'XB'", "KiB, MiB, GiB, TiB"]),
         ("1e3", ["scientific notation"]),
         (True, ["got True (a bool)"]),

@@ -208,8 +208,11 @@ def test_transformer_encoder_layer() -> None:
     assert r.row("self_attn").forward_peak is not None and r.row("self_attn").forward_peak > 0
     assert r.row("self_attn.out_proj").calls == 0  # MultiheadAttention uses its weights directly
     assert r.row("self_attn.out_proj").forward_peak is None
-    rows = r.to_dict()["rows"]
+    rows = [row.to_row() for row in r.rows]  # the capture file's "modules" columns
     assert [list(row) for row in rows] == [list(ROW_KEYS)] * len(rows)
+    full = r.to_dict()["rows"]
+    assert all(set(ROW_KEYS) <= set(row) for row in full)
+    assert type(r).from_dict(r.to_dict()) == r
 
 
 # -- hooks are removed -------------------------------------------------------------------------------

@@ -16,20 +16,20 @@ Nothing in this path creates a tensor, so it cannot itself run out of device mem
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
-import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any, TypeVar, cast
+from typing import IO, Any, TypeVar
 
 import torch
 
-from torchmem._exceptions import clear_frames
+from torchmem._decorate import ContextDecorator
+from torchmem._exceptions import clear_frames, exception_chain
 from torchmem._format import fmt_bytes
+from torchmem._warn import print_safely
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -37,39 +37,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 def find_oom(exc: BaseException | None) -> BaseException | None:
     """The out-of-memory error in ``exc`` or its ``__cause__``/``__context__`` chain, if any.
 
-    By type (``torch.OutOfMemoryError``) first; where the diagnosis module is present, also the memory
-    errors torch raises as a plain ``RuntimeError`` (old torch, ROCm, the driver).
+    By type (``torch.OutOfMemoryError``) first; also the memory errors torch raises as a plain
+    ``RuntimeError`` (old torch, ROCm, the driver), by their text
+    (:func:`torchmem.analysis.oom.oom_exception`).
     """
     if exc is None:
         return None
-    try:
-        from torchmem.analysis.oom import oom_exception
-    except ImportError:  # pragma: no cover - the diagnosis module ships with torchmem
-        pass
-    else:
-        return oom_exception(exc)
-    seen: set[int] = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, torch.OutOfMemoryError):
-            return cur
-        seen.add(id(cur))
-        cur = cur.__cause__ if cur.__cause__ is not None else cur.__context__
-    return None
+    from torchmem.analysis.oom import oom_exception
 
-
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        for nxt in (e.__cause__, e.__context__):
-            if nxt is not None:
-                stack.append(nxt)
+    return oom_exception(exc)
 
 
 # -- the result ---------------------------------------------------------------------------------------
@@ -258,7 +234,7 @@ def recover(
         before = _hot(devices[0]) if devices else (None, None)
     diagnosis = _diagnose(oom, exc, errors) if diagnose else None
 
-    tbs = [e.__traceback__ for e in _chain(exc) if e.__traceback__ is not None]
+    tbs = [e.__traceback__ for e in exception_chain(exc) if e.__traceback__ is not None]
     frames = 0
     storages: dict[int, tuple[weakref.ref[Any], int, str]] = {}
     try:
@@ -321,15 +297,8 @@ def _count_finished(tb: types.TracebackType | None) -> int:
     return n
 
 
-def _emit(text: str, file: IO[str] | None, default: IO[str]) -> None:
-    try:
-        print(text, file=file if file is not None else default, flush=True)
-    except Exception:  # a closed stream must not turn recovery into a new error
-        pass
-
-
 # -- the guard ------------------------------------------------------------------------------------------
-class OOMGuard:
+class OOMGuard(ContextDecorator):
     """Context manager and decorator returned by :func:`oom_guard`.
 
     Attributes:
@@ -362,17 +331,8 @@ class OOMGuard:
         result = recover(ev, reraised=not swallow, diagnose=self.diagnose)
         self.oom = result
         if not self.quiet:
-            _emit(str(result), self.file, sys.stderr)
+            print_safely(str(result), self.file, sys.stderr)
         return swallow
-
-    def __call__(self, fn: F) -> F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return fn(*args, **kwargs)
-            return None  # only reached when an OOM was swallowed (reraise=False)
-
-        return cast(F, wrapper)
 
 
 def oom_guard(
@@ -417,97 +377,3 @@ def oom_guard(
         (4194304, 0)
     """
     return OOMGuard(reraise=reraise, file=file, quiet=quiet, diagnose=diagnose)
-
-
-# -- install ------------------------------------------------------------------------------------------------
-class _Installed:
-    def __init__(self) -> None:
-        self.previous_hook: Callable[..., Any] | None = None
-        self.hook: Callable[..., Any] | None = None
-        self.file: IO[str] | None = None
-        self.quiet = False
-        self.shell: Any = None
-        self.shell_saved: tuple[Any, Any] | None = None
-
-
-_state = _Installed()
-_tls = threading.local()
-
-
-def _excepthook(etype: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
-    # Reinstalled under a hook that wraps an earlier torchmem hook, the chain reaches this function twice:
-    # the inner call prints the usual traceback and stops the loop.
-    if getattr(_tls, "active", False):
-        sys.__excepthook__(etype, value, tb)
-        return
-    _tls.active = True
-    try:
-        _handle(etype, value, tb)
-    finally:
-        _tls.active = False
-
-
-def _handle(etype: type[BaseException], value: BaseException, tb: types.TracebackType | None) -> None:
-    previous = _state.previous_hook or sys.__excepthook__
-    if _state.hook is None or not isinstance(value, Exception) or find_oom(value) is None:
-        previous(etype, value, tb)
-        return
-    try:
-        previous(etype, value, tb)  # the usual traceback first (it reads source lines, not locals)
-        del tb
-        result = recover(value, reraised=True)
-    except Exception as e:  # the hook must never fail
-        _emit(f"torchmem: OOM recovery failed: {type(e).__name__}: {e}", _state.file, sys.stderr)
-        return
-    if not _state.quiet:
-        _emit(str(result), _state.file, sys.stderr)
-
-
-def install(*, file: IO[str] | None = None, quiet: bool = False, ipython: bool = True) -> None:
-    """Recover from every uncaught OOM: a ``sys.excepthook``, and the IPython hook when IPython runs.
-
-    The excepthook prints the usual traceback, then the diagnosis, then frees what the traceback's
-    finished frames held (``sys.last_traceback`` keeps them alive in a REPL). It chains to the hook that
-    was installed before; calling ``install()`` again changes the options only. In IPython/Jupyter, an OOM
-    in a cell shows its traceback followed by the diagnosis, and the memory pinned by the traceback and by
-    output history (``Out``, ``_``) entries holding tensors on the failing device comes back. Other
-    exceptions are left to the usual handlers. :func:`uninstall` undoes it.
-
-    Args:
-        file: Where to print (default: ``sys.stderr``; the cell's output in IPython).
-        quiet: Recover without printing.
-        ipython: Also install the IPython hook when an IPython shell is running.
-
-    Example:
-        >>> import torchmem
-        >>> torchmem.install()       # doctest: +SKIP
-    """
-    _state.file = file
-    _state.quiet = quiet
-    if sys.excepthook is not _excepthook:
-        _state.previous_hook = sys.excepthook
-        sys.excepthook = _excepthook
-    _state.hook = _excepthook
-    if ipython:
-        from torchmem.integrations.ipython import install_ipython
-
-        install_ipython(_state)
-
-
-def uninstall() -> None:
-    """Undo :func:`install`: restore the previous ``sys.excepthook`` and IPython handler (idempotent).
-
-    If another hook was installed on top of torchmem's since, torchmem's stays in the chain but only
-    passes exceptions on.
-
-    Example:
-        >>> import torchmem
-        >>> torchmem.uninstall()     # doctest: +SKIP
-    """
-    if sys.excepthook is _excepthook:
-        sys.excepthook = _state.previous_hook or sys.__excepthook__
-        _state.previous_hook = None
-    _state.hook = None
-    from torchmem.integrations.ipython import uninstall_ipython
-
-    uninstall_ipython(_state)

@@ -9,7 +9,6 @@ block with :class:`BudgetExceededError` and its working set when the peak is ove
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 import threading
@@ -21,9 +20,11 @@ from typing import Any, TypeVar, cast
 
 import torch
 
+from torchmem._decorate import ContextDecorator
 from torchmem._errors import TorchmemError, UnsupportedDeviceError
 from torchmem._format import fmt_bytes
-from torchmem.devices import DeviceLike, backend, ledger, resolve
+from torchmem._units import UNITS_TEXT, unit_bytes
+from torchmem.devices import DeviceLike, backend, cuda_initialized, ledger, resolve
 from torchmem.devices import _ops as ops
 from torchmem.devices._ledger import Cap
 
@@ -121,27 +122,11 @@ class BudgetExceededError(TorchmemError):
 
 
 # -- sizes ----------------------------------------------------------------------------------------------
-_UNIT = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-}
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*|%)\s*$")
 
 
 _MAX_BYTES = (1 << 63) - 1  # what allocators count in: more than any device can have
-_UNITS_TEXT = "B, KB, MB, GB, TB (powers of 1000); KiB, MiB, GiB, TiB (powers of 1024); % (of the device)"
+_UNITS_TEXT = UNITS_TEXT + "; % (of the device)"
 
 
 def _examples(budget: bool) -> str:
@@ -202,14 +187,16 @@ def _parse(value: object, what: str, *, for_budget: bool = False) -> tuple[int |
             hint,
         )
     unit = m.group(2).lower()
-    if unit not in _UNIT and unit != "%":
+    scale = unit_bytes(unit) if unit != "%" else None
+    if scale is None and unit != "%":
         raise LimitError(
             f"Cannot read {value!r} as a size: unknown unit {m.group(2)!r}. Units: {_UNITS_TEXT}.", hint
         )
     number = float(m.group(1))
     if unit == "%":
         return None, _check_fraction(number / 100.0, what, value, hint)
-    return _check_bytes(int(number * _UNIT[unit]), what, value, hint), None
+    assert scale is not None
+    return _check_bytes(int(number * scale), what, value, hint), None
 
 
 def _check_bytes(n: int, what: str, text: str | None, hint: str) -> int:
@@ -303,7 +290,7 @@ def _set_cpu(nbytes: int | None) -> None:
 def _set_cuda(dev: torch.device, fraction: float, nbytes: int | None) -> None:
     label = str(dev)
     if label not in _cuda_original:
-        current = ops.get_cuda_memory_fraction(dev) if torch.cuda.is_initialized() else None
+        current = ops.get_cuda_memory_fraction(dev) if cuda_initialized() else None
         _cuda_original[label] = 1.0 if current is None else current
     ops.set_cuda_memory_fraction(dev, fraction, nbytes)
 
@@ -366,7 +353,9 @@ def limit(bytes_or_fraction: int | float | str | None, device: DeviceLike = None
 
     Args:
         bytes_or_fraction: Bytes (``int``), a fraction of the device's total (``float`` in (0, 1]), a
-            size string (``"8GiB"``, ``"512MB"``, ``"50%"``) or ``None`` to lift the cap.
+            size string (``"8GiB"``, ``"512MB"``, ``"50%"``) or ``None`` to lift the cap. Units are binary,
+            as in torch's own messages: ``"20GB"`` is ``20 * 2**30`` bytes, the same as ``"20GiB"``, so a
+            size copied from an OOM message means what it said (``torchmem._units``).
         device: The device (default: the current accelerator, else CPU).
 
     Returns:
@@ -498,7 +487,7 @@ class _Open:
         self.ws: tuple[WorkingSetEntry, ...] | None = None
 
 
-class Budget:
+class Budget(ContextDecorator):
     """Context manager and decorator returned by :func:`budget`.
 
     After the block, :attr:`used` is its peak above the memory allocated when it began and :attr:`peak`
@@ -586,14 +575,6 @@ class Budget:
         if self.used is not None and self.used > self.budget:
             ws = o.ws if o.ws is not None else _working_set_live(dev, self.top)
             raise BudgetExceededError(str(dev), self.budget, self.used, self.peak, self.hard, ws)
-
-    def __call__(self, fn: F) -> F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return fn(*args, **kwargs)
-
-        return cast(F, wrapper)
 
 
 def budget(

@@ -8,7 +8,7 @@ import torch
 
 from torchmem.analysis.live import collect_live
 from torchmem.capture.snapshot import read_stats
-from torchmem.devices import Backend, DeviceLike, HotReading, backend, resolve
+from torchmem.devices import Backend, DeviceLike, HotReading, backend, current_cuda_index, resolve
 from torchmem.results.live import LiveTensorReport
 from torchmem.results.stats import MemoryStats
 
@@ -39,7 +39,7 @@ def stats(device: DeviceLike = None) -> MemoryStats:
 
 def _cached_backend(device: DeviceLike) -> Backend:
     if device is None:
-        key: Any = ("default", torch.cuda.current_device() if torch.cuda.is_initialized() else None)
+        key: Any = ("default", current_cuda_index())
     elif isinstance(device, (str, int, torch.device)) and not isinstance(device, bool):
         key = (type(device).__name__, device)
     else:

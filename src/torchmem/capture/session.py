@@ -21,7 +21,7 @@ from torchmem._format import fmt_bytes
 from torchmem.analysis.leaks import LeakReport
 from torchmem.capture.read import counters
 from torchmem.capture.watch import Watcher, watch
-from torchmem.devices import DeviceLike, resolve
+from torchmem.devices import DeviceLike, cuda_initialized, resolve
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,7 @@ class Session:
                 self._write("leak", report=w.report().to_dict())
             if self.modules and not self._profiled:
                 self._module_profile_step()
-            if self._observer is None and self.device.type == "cuda" and torch.cuda.is_initialized():
+            if self._observer is None and self.device.type == "cuda" and cuda_initialized():
                 from torchmem.capture.oom import attach_oom_observer
 
                 self._observer = attach_oom_observer()
@@ -226,8 +226,8 @@ class Session:
         self._profiled = True
         prof.__exit__(None, None, None)
         rep = prof.report()
-        d = rep.to_dict()
-        self._write("modules", rows=d.get("rows", []), notes=list(d.get("notes", [])))
+        # The capture's "modules" record keeps its documented columns (ROW_KEYS), one row per module.
+        self._write("modules", rows=[r.to_row() for r in rep.rows], notes=list(rep.notes))
 
     # -- sampling and status ---------------------------------------------------------------------
     def _sample_loop(self) -> None:

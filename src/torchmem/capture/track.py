@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any, TypeVar, cast
 
+from torchmem._decorate import ContextDecorator
 from torchmem._errors import TrackingError
 from torchmem.devices import Backend, CpuBackend, DeviceLike, backend, ledger
 from torchmem.devices._ledger import Cohort, Watermark
@@ -34,7 +34,7 @@ _open: dict[str, list[_Frame]] = {}
 _open_lock = threading.Lock()
 
 
-class Tracker:
+class Tracker(ContextDecorator):
     """Context manager and decorator returned by :func:`track`.
 
     After a block ends, :attr:`result` holds its :class:`TrackResult`, and the attributes ``delta``,
@@ -182,14 +182,6 @@ class Tracker:
             self.results.append(result)
         if self._on_exit is not None:
             self._on_exit(result)
-
-    def __call__(self, fn: F) -> F:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return fn(*args, **kwargs)
-
-        return cast(F, wrapper)
 
 
 def track(

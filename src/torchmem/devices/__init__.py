@@ -34,6 +34,24 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def cuda_initialized() -> bool:
+    """Whether this process has initialised CUDA (reading it never initialises it)."""
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:
+        return False
+
+
+def current_cuda_index() -> int | None:
+    """The current CUDA device's index once CUDA is initialised, else ``None`` (never initialises CUDA)."""
+    if not cuda_initialized():
+        return None
+    try:
+        return int(torch.cuda.current_device())
+    except Exception:
+        return None
+
+
 def cuda_count() -> int:
     return int(torch.cuda.device_count()) if cuda_available() else 0
 
@@ -207,6 +225,8 @@ __all__ = [
     "Ledger",
     "backend",
     "cuda_available",
+    "cuda_initialized",
+    "current_cuda_index",
     "default_device",
     "ledger",
     "resolve",

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from torchmem._warn import print_safely
+
 
 def _shell() -> Any:
     ipy = sys.modules.get("IPython")
@@ -30,7 +32,7 @@ def _make_handler(state: Any, previous: Any, previous_types: tuple[type[BaseExce
         tb: types.TracebackType | None,
         tb_offset: int | None = None,
     ) -> list[str]:
-        from torchmem.actions.guard import _emit, find_oom, recover
+        from torchmem.actions.guard import find_oom, recover
 
         if state.hook is None or find_oom(value) is None:
             # IPython matches custom exceptions like an except clause: by isinstance
@@ -45,7 +47,7 @@ def _make_handler(state: Any, previous: Any, previous_types: tuple[type[BaseExce
         del tb
         result = recover(value, reraised=True, ipython=shell)
         if not state.quiet:
-            _emit(str(result), state.file, sys.stdout)
+            print_safely(str(result), state.file, sys.stdout)
         return []
 
     handler._torchmem = True  # type: ignore[attr-defined]
