@@ -181,7 +181,10 @@ class _Saved:
 
 
 @dataclass
-class _Window:
+class _PhaseWindow:
+    """One module phase (forward, backward) or the optimizer step being measured: where it started and the
+    highest allocated bytes seen inside it."""
+
     row: int
     kind: str  # "forward", "backward", "step"
     start: int
@@ -196,14 +199,14 @@ class _Call:
 
     def __init__(self, row: int) -> None:
         self.row = row
-        self.bw: _Window | None = None
+        self.bw: _PhaseWindow | None = None
         self.done = False
 
 
 class _Fwd:
     __slots__ = ("recompute", "row", "saved", "window")
 
-    def __init__(self, row: int, window: _Window | None, recompute: bool) -> None:
+    def __init__(self, row: int, window: _PhaseWindow | None, recompute: bool) -> None:
         self.row = row
         self.window = window
         self.recompute = recompute
@@ -416,7 +419,7 @@ class Profiler:
         self._grad_handles: list[Any] = []
         self._restore: list[tuple[torch.Tensor, str]] = []
         self._fwd: list[_Fwd] = []
-        self._open_w: list[_Window] = []
+        self._open_w: list[_PhaseWindow] = []
         self._pass: dict[int, dict[int, int]] = {}
         self._outside: dict[int, int] = {}
         self._saved_outside = 0
@@ -559,12 +562,12 @@ class Profiler:
     def _set_snap(self) -> None:
         self._snap = (self._level, self._grads.bytes, self._ostate.bytes, self._act.bytes, self._where())
 
-    def _open_window(self, row: int, kind: str, task: int = -1) -> _Window:
-        w = _Window(row, kind, self._level, self._level, task)
+    def _open_window(self, row: int, kind: str, task: int = -1) -> _PhaseWindow:
+        w = _PhaseWindow(row, kind, self._level, self._level, task)
         self._open_w.append(w)
         return w
 
-    def _close_window(self, w: _Window) -> None:
+    def _close_window(self, w: _PhaseWindow) -> None:
         if w in self._open_w:
             self._open_w.remove(w)
         if not self._measure or (self._tframe is None and not self._cpu):
