@@ -16,13 +16,11 @@ from torchmem.actions.batch_size import (
     BatchSizeError,
     BatchSizeResult,
     FitArgumentError,
-    _left_behind,
-    _Meter,
-    _Outcome,
-    _Search,
     find_batch_size,
     is_oom,
 )
+from torchmem.actions.batch_size.model import BoundaryModel
+from torchmem.actions.batch_size.trials import Outcome, TrialMeter, left_behind
 from torchmem.actions.limit import limit
 from torchmem.devices import ledger
 
@@ -255,6 +253,40 @@ def test_batch_size_one_running_out_is_a_clear_error() -> None:
     assert isinstance(e, torchmem.TorchmemError)
 
 
+def test_a_search_that_runs_out_at_every_size_explains_the_oom() -> None:
+    # Was always None: the diagnosis was looked up in torchmem.analysis.oom, where explain_oom is not.
+    model = torch.nn.Linear(1024, 1024)
+
+    def step(bs: int) -> None:
+        model(torch.randn(bs, 1024)).sum().backward()  # the 4 MiB weight gradient passes the 1 MiB cap
+
+    with limit(1 << 20, "cpu"), pytest.raises(BatchSizeError) as info:
+        find_batch_size(step, device="cpu", start=4)
+    d = info.value.diagnosis
+    assert isinstance(d, torchmem.OOMDiagnosis)
+    assert d.is_oom and d.parsed is not None and d.parsed.requested == 4 << 20
+    assert d.kinds[0] == "too_large"
+    cause = d.causes[0]
+    assert cause.confidence == "high" and "torchmem.limit()" in cause.summary
+    assert any(f.kind == "limit" for f in cause.fixes)
+    assert model.weight.grad is None
+
+
+def test_the_decorator_form_explains_the_oom_at_its_smallest_size() -> None:
+    model = torch.nn.Linear(1024, 1024)
+
+    @find_batch_size(starting_batch_size=1)
+    def train(batch_size: int) -> None:
+        model(torch.randn(batch_size, 1024)).sum().backward()
+
+    with limit(1 << 20, "cpu"), pytest.raises(BatchSizeError) as info:
+        train()
+    e = info.value
+    assert [t.batch_size for t in e.trials] == [1] and e.trials[0].oom
+    assert isinstance(e.diagnosis, torchmem.OOMDiagnosis)
+    assert e.diagnosis.kinds[0] == "too_large"
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -336,12 +368,12 @@ def test_only_the_call_that_creates_optimizer_state_is_a_warm_up() -> None:
 def test_the_meter_measures_state_on_live_tensors() -> None:
     model = _mlp()
     step = _train_step(model)
-    meter = _Meter(torch.device("cpu"))
+    meter = TrialMeter(torch.device("cpu"))
     first, second = meter.call(step, 16), meter.call(step, 16)
     assert first.status == second.status == "ok"
     n_params = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert _left_behind(first) >= 2 * n_params  # exp_avg and exp_avg_sq
-    assert _left_behind(second) == 0
+    assert left_behind(first) >= 2 * n_params  # exp_avg and exp_avg_sq
+    assert left_behind(second) == 0
 
 
 # -- the pure decision, fed with a real H100 run (torch 2.11, 4 GiB torchmem.limit, the transformer
@@ -354,8 +386,8 @@ GPU_PEAK_41 = round(2.31 * (1 << 30))  # reserved peak of the trial at 41 ("2.31
 GPU_TRUE_MAX = 82  # bisection with real out-of-memory errors
 
 
-def _gpu_search(left8: int = 0, left41: int = 0) -> _Search:
-    s = _Search(start=8, max_size=1 << 16, min_size=1, tolerance=0.02)
+def _gpu_search(left8: int = 0, left41: int = 0) -> BoundaryModel:
+    s = BoundaryModel(start=8, max_size=1 << 16, min_size=1, tolerance=0.02)
     s.record(8, True, False, GPU_PEAK_8, left8)
     s.record(41, True, False, GPU_PEAK_41, left41)
     return s
@@ -366,7 +398,7 @@ def test_reserved_bytes_the_cache_kept_are_not_state() -> None:
     # step's freed segments (reserved ~346 MiB -> ~2.3 GiB) though no tensor survived; that retained
     # cache was counted as state, added to the peak, and doubled the fitted slope.
     alloc = 300 * MiB
-    out = _Outcome(
+    out = Outcome(
         "ok",
         GPU_PEAK_41,
         GPU_BASELINE,
@@ -376,8 +408,8 @@ def test_reserved_bytes_the_cache_kept_are_not_state() -> None:
         allocated_before=alloc,
         allocated_after=alloc,
     )
-    assert _left_behind(out) == 0
-    warm = _Outcome(
+    assert left_behind(out) == 0
+    warm = Outcome(
         "ok",
         GPU_PEAK_8,
         GPU_BASELINE,
@@ -386,8 +418,8 @@ def test_reserved_bytes_the_cache_kept_are_not_state() -> None:
         allocated_before=alloc,
         allocated_after=alloc + 152 * MiB,
     )
-    assert _left_behind(warm) == 152 * MiB
-    assert _left_behind(_Outcome("oom", None, GPU_BASELINE, GPU_BASELINE, 0.1)) == 0
+    assert left_behind(warm) == 152 * MiB
+    assert left_behind(Outcome("oom", None, GPU_BASELINE, GPU_BASELINE, 0.1)) == 0
 
 
 def test_real_gpu_trials_lead_up_towards_the_true_maximum() -> None:
@@ -424,7 +456,7 @@ def _decide(
     trials: int,
 ) -> list[tuple[int, bool]]:
     """The search's own decisions over given curves of peaks (the pure decision logic only)."""
-    s = _Search(start=8, max_size=1 << 16, min_size=1, tolerance=0.02)
+    s = BoundaryModel(start=8, max_size=1 << 16, min_size=1, tolerance=0.02)
     size: int | None = 8
     seen: list[tuple[int, bool]] = []
     while size is not None and len(seen) < trials:

@@ -8,140 +8,20 @@ two measured batch sizes, extrapolates to the sizes asked for, and splits each p
 parameters, gradients, optimizer state, activations and temporaries, as they are live in the phase that
 holds the peak. Activations (bytes saved for backward) are fitted the same way and reported in every training
 row, also when the optimizer step holds the peak: they are freed by then, so they are not a part of that peak.
+
+Pure arithmetic: a least-squares line per phase over the few measurements, then one row per batch size and
+mode; no device is touched. The result types (:class:`StepMeasurement`, :class:`EstimateRow`,
+:class:`MemoryEstimate`) live in :mod:`torchmem.results.fit` and are re-exported here.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
 from torchmem._errors import TorchmemError
+from torchmem.results.fit import EstimateRow, MemoryEstimate, StepMeasurement
 
 
 class FitArgumentError(TorchmemError, ValueError):
     """``find_batch_size()`` or ``estimate()`` was given an argument it cannot use."""
-
-
-@dataclass(frozen=True)
-class StepMeasurement:
-    """The figures of one measured step at one batch size, in bytes above the figure before the model
-    copy existed (so parameters, optimizer state and workspaces the step created are all included).
-
-    Attributes:
-        batch_size: The batch size measured.
-        forward_peak: Peak during forward and loss (training mode, autograd on).
-        after_forward: Figure at the end of forward: persistent state + saved activations + outputs.
-        before_forward: Figure at the start of forward (persistent state only).
-        backward_peak: Peak during ``loss.backward()``.
-        step_peak: Peak during ``optimizer.step()`` (``None`` without an optimizer).
-        inference_peak: Peak of a forward in eval mode under ``torch.inference_mode()``.
-        before_inference: Figure before that forward.
-        saved_for_backward: Bytes autograd saved for backward and still held at the end of forward (each
-            storage once, the model's parameters and buffers excluded); ``None`` when not measured, and then
-            the growth over forward (``after_forward - before_forward``) stands in for it.
-    """
-
-    batch_size: int
-    forward_peak: int | None
-    after_forward: int | None
-    before_forward: int | None
-    backward_peak: int | None
-    step_peak: int | None
-    inference_peak: int | None
-    before_inference: int | None
-    saved_for_backward: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class EstimateRow:
-    """The predicted peak of one mode at one batch size, and what it is made of (bytes).
-
-    ``activations`` is what the step saves for backward at this batch size (0 for inference). Where the
-    forward or backward holds the peak, ``parameters + gradients + optimizer_state + activations +
-    temporaries == peak``: the parts live in that phase, attributed in that order (gradients and activations
-    overlap in time during backward; temporaries is what is left). Where the optimizer step holds it, the
-    activations were freed before it (``activations_in_peak`` is ``False``) and ``parameters + gradients +
-    optimizer_state + temporaries == peak``.
-
-    Attributes:
-        batch_size: The batch size.
-        mode: ``"training"`` or ``"inference"``.
-        peak: Predicted peak.
-        phase: The phase that holds it: ``"forward"``, ``"backward"``, ``"optimizer"`` or ``"inference"``.
-        measured: Whether this batch size was measured rather than extrapolated.
-    """
-
-    batch_size: int
-    mode: str
-    peak: int
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    activations: int
-    temporaries: int
-    phase: str
-    measured: bool
-
-    @property
-    def activations_in_peak(self) -> bool:
-        """Whether ``activations`` are a part of ``peak`` (not when the optimizer step holds it)."""
-        return self.phase in ("forward", "backward")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["activations_in_peak"] = self.activations_in_peak
-        return out
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """What :func:`torchmem.estimate` predicts.
-
-    Attributes:
-        model: The model's class name.
-        device: The device the estimate is for (and was measured on).
-        measured_on: Where the small steps ran.
-        measured_at: The batch sizes measured.
-        parameters / gradients / optimizer_state: Batch-independent sizes, in bytes.
-        activations_per_sample: Bytes saved for backward per sample (fitted slope of
-            :attr:`StepMeasurement.saved_for_backward`).
-        rows: One :class:`EstimateRow` per batch size and mode (training first, then inference).
-        measurements: The raw measured steps.
-        weights_only: The figure weights-only estimators report (parameters and buffers, no optimizer,
-            no activations), for comparison.
-        notes: Caveats in words.
-    """
-
-    model: str
-    device: str
-    measured_on: str
-    measured_at: tuple[int, ...]
-    parameters: int
-    gradients: int
-    optimizer_state: int
-    activations_per_sample: float
-    rows: tuple[EstimateRow, ...]
-    measurements: tuple[StepMeasurement, ...]
-    weights_only: int
-    notes: tuple[str, ...] = ()
-
-    def peak(self, batch_size: int, mode: str = "training") -> int | None:
-        """The predicted peak of ``mode`` at ``batch_size`` (a size in ``rows``), else ``None``."""
-        for r in self.rows:
-            if r.batch_size == batch_size and r.mode == mode:
-                return r.peak
-        return None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        from torchmem.report.fit import render_estimate
-
-        return render_estimate(self)
 
 
 def _line(points: list[tuple[int, float | None]]) -> tuple[float, float] | None:

@@ -5,6 +5,11 @@ caching allocator's peaks there (measured like :func:`torchmem.track`), the exac
 kernel workspaces, allocator rounding and library temporaries are in the figures, not guessed.
 The user's model, its gradients, any optimizer passed in, the training/eval mode and the RNG state are
 left as they were.
+
+Cost: one deep copy of the model (and a fresh optimizer for it) on the target device, and per probe size one
+inference forward plus two training steps (a warm-up and the measured one), each phase under a tracker. The
+fit itself is :func:`torchmem.analysis.estimate.build_estimate`; the result is a
+:class:`torchmem.results.fit.MemoryEstimate`.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ from typing import Any
 
 import torch
 
-from torchmem.analysis.estimate import FitArgumentError, MemoryEstimate, StepMeasurement, build_estimate
+from torchmem.analysis.estimate import FitArgumentError, build_estimate
 from torchmem.capture.track import Tracker
 from torchmem.devices import DeviceLike, backend, ledger, resolve
 from torchmem.devices import _ops as ops
+from torchmem.results.fit import MemoryEstimate, StepMeasurement
 
 OptimizerSpec = str | type | torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None
 
