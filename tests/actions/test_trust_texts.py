@@ -211,7 +211,7 @@ def _quoted_examples_parse(hint: str) -> None:
         (math.inf, ["finite size", "got inf"]),
         (-math.inf, ["finite size", "got -inf"]),
         ("abc", ["Cannot read 'abc' as a size", "Units: B, KiB/KB"]),
-        ("10 XB", ["unknown unit 'XB'", "KiB, MiB, GiB, TiB"]),
+        ("10 XB", ["unknown unit 'XB'", "KiB/KB, MiB/MB, GiB/GB, TiB/TB"]),
         ("1e3", ["scientific notation"]),
         (True, ["got True (a bool)"]),
         ([1], ["got [1] (a list)"]),

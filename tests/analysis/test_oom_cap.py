@@ -13,7 +13,7 @@ import torch
 import torchmem
 from torchmem.actions.limit import budget, limit
 from torchmem.analysis.oom import diagnose, is_oom, parse_oom_message
-from torchmem.report.oom import render_diagnosis
+from torchmem.results.oom import render_diagnosis
 
 MiB = 1 << 20
 

@@ -105,3 +105,22 @@ def test_observer_and_capture_degrade_without_cuda() -> None:
     h.detach()
     s = capture_state("cpu")
     assert s.segments is None and s.notes
+
+
+def test_device_reads_go_through_the_device_layer() -> None:
+    """capture.oom reads the device count and UUID through torchmem.devices._allocator (CPU build: none)."""
+    from torchmem.capture.oom import _oom_device
+    from torchmem.devices import _allocator as al
+
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        assert al.device_count() == count
+        assert _oom_device(None, count + 5) == torch.device("cuda", torch.cuda.current_device())
+        assert _oom_device(None, 0) == torch.device("cuda", 0)
+        uuid = al.device_uuid(0)
+        assert uuid is None or uuid.startswith(("GPU-", "MIG-"))
+        return
+    assert al.device_count() == 0
+    assert al.device_uuid(0) is None
+    assert _oom_device(None, 0) is None  # no CUDA: a message's GPU index names no device of this process
+    assert _oom_device("cpu", 3) == torch.device("cpu")

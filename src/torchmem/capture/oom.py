@@ -1,10 +1,13 @@
-"""OOM capture: the allocator state at the moment of an OOM, the process-wide OOM observer, and the public
-:func:`explain_oom`, which gathers what is known live and hands it to the pure
+"""OOM capture: the allocator state at the moment of an OOM, the process-wide OOM observer, memory pinned by
+old exceptions, and the public :func:`explain_oom`, which gathers what is known live and hands it to the pure
 :func:`torchmem.analysis.oom.diagnose`.
 
-torch cannot detach an allocator OOM observer, so torchmem attaches **one** per process, on first request,
-and dispatches to the callbacks registered with :func:`attach_oom_observer`; :meth:`OOMObserver.detach`
-unregisters a callback (the torch-side observer stays, doing nothing but a cheap capture).
+Every device read goes through the device layer (:mod:`torchmem.devices._allocator` for the caching
+allocator's segments, counters and observer; :mod:`torchmem.devices._nvml` for other processes;
+:mod:`torchmem.devices._host` for the host's memory). torch cannot detach an allocator OOM observer, so
+torchmem attaches **one** per process, on first request, and dispatches to the callbacks registered with
+:func:`attach_oom_observer`; :meth:`OOMObserver.detach` unregisters a callback (the torch-side observer
+stays, doing nothing but a cheap capture: segment sizes and states, no stack frames).
 """
 
 from __future__ import annotations
@@ -21,18 +24,19 @@ from typing import Any
 import torch
 
 from torchmem._errors import TorchmemError
+from torchmem._exceptions import exception_chain
 from torchmem._warn import emit_warning
-from torchmem.analysis.fragmentation import AllocatorState, OtherProcess
-from torchmem.analysis.oom import (
+from torchmem.analysis.oom import diagnose, oom_exception, parse_oom_message
+from torchmem.devices import DeviceLike, cuda_available, resolve
+from torchmem.devices import _allocator as al
+from torchmem.results.oom import (
+    AllocatorState,
     MachineMemory,
     OOMDiagnosis,
+    OtherProcess,
     PinnedTensor,
     WorkingSetItem,
-    diagnose,
-    oom_exception,
-    parse_oom_message,
 )
-from torchmem.devices import DeviceLike, resolve
 
 
 class OOMInputError(TorchmemError):
@@ -62,8 +66,6 @@ def capture_state(
         >>> s.segments is None
         True
     """
-    from torchmem.devices import _allocator as al
-
     dev = resolve(device)
     notes: list[str] = []
     if dev.type != "cuda":
@@ -118,16 +120,7 @@ def capture_state(
 def _processes(idx: int) -> tuple[int | None, tuple[OtherProcess, ...] | None]:
     from torchmem.devices import _nvml
 
-    uuid = None
-    try:
-        props = torch.cuda.get_device_properties(idx)
-        raw = getattr(props, "uuid", None)
-        if raw is not None:
-            text = str(raw)
-            uuid = text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-    except Exception:
-        uuid = None
-    nv = _nvml.device(idx, uuid)
+    nv = _nvml.device(idx, al.device_uuid(idx))
     if nv is None or nv.processes is None:
         return None, None
     me = os.getpid()
@@ -192,8 +185,6 @@ def _report_once(key: str, message: str) -> None:
 def _on_oom(device: int, requested: int, limit_or_total: int, device_free: int) -> None:
     """torch calls this after an allocation failed, before raising (the allocator lock is released)."""
     try:
-        from torchmem.devices import _allocator as al
-
         with _lock:
             handles = list(_registry["callbacks"])
         snap_file = None
@@ -246,8 +237,6 @@ def attach_oom_observer(
         >>> obs = attach_oom_observer(lambda state: print(state.requested))   # doctest: +SKIP
         >>> obs.detach()                                                      # doctest: +SKIP
     """
-    from torchmem.devices import _allocator as al
-
     handle = OOMObserver(callback, snapshot_dir)
     with _lock:
         attached = _registry["attached"]
@@ -339,28 +328,17 @@ def pinned_tensors(
         if total:
             out.append(PinnedTensor(where, total))
 
-    excluded: set[int] = set()
-    todo: list[BaseException] = [] if exclude is None else [exclude]
-    while todo:  # the whole chain, causes and contexts: every part of it is the OOM being explained
-        cur = todo.pop()
-        if id(cur) in excluded:
-            continue
-        excluded.add(id(cur))
-        todo.extend(e for e in (cur.__cause__, cur.__context__) if e is not None)
+    # the whole chain, causes and contexts: every part of it is the OOM being explained
+    excluded = {id(e) for e in exception_chain(exclude)}
     last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     tbs: list[types.TracebackType] = []
     if last is not None:
         # the old exception and its cause/context chain: a wrapped OOM's frames are in its __cause__
-        old: list[BaseException] = [last]
-        walked: set[int] = set()
-        while old:
-            e = old.pop()
-            if id(e) in walked or id(e) in excluded:
-                continue
-            walked.add(id(e))
-            if e.__traceback__ is not None:
-                tbs.append(e.__traceback__)
-            old.extend(x for x in (e.__cause__, e.__context__) if x is not None)
+        tbs.extend(
+            e.__traceback__
+            for e in exception_chain(last)
+            if id(e) not in excluded and e.__traceback__ is not None
+        )
     else:
         last_tb = getattr(sys, "last_traceback", None)
         if last_tb is not None:
@@ -427,7 +405,7 @@ def explain_oom(
             the environment).
 
     Returns:
-        An :class:`~torchmem.analysis.oom.OOMDiagnosis`; ``is_oom`` is ``False`` (and nothing else is set)
+        An :class:`~torchmem.results.oom.OOMDiagnosis`; ``is_oom`` is ``False`` (and nothing else is set)
         when the input is not an out-of-memory error.
 
     Raises:
@@ -440,8 +418,6 @@ def explain_oom(
         >>> d.causes[0].kind                                               # doctest: +SKIP
         'too_large'
     """
-    from torchmem.devices import _allocator as al
-
     live_exc: BaseException | None = None
     if isinstance(exc_or_message, str):
         text = exc_or_message
@@ -556,10 +532,12 @@ def _same_request(a: int | None, b: int | None) -> bool:
 
 
 def _oom_device(device: DeviceLike, index: int | None) -> torch.device | None:
+    """The device of the OOM: the one given, else the CUDA device the message names when this process sees
+    it, else the current one; ``None`` without CUDA."""
     if device is not None:
         return resolve(device)
-    if index is not None and torch.cuda.is_available() and index < torch.cuda.device_count():
+    if not cuda_available():
+        return None
+    if index is not None and index < al.device_count():
         return torch.device("cuda", index)
-    if torch.cuda.is_available():
-        return resolve(None)
-    return None
+    return resolve(None)

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(d.to_dict(), indent=2, default=str))
     else:
-        from torchmem.report.oom import render_diagnosis
+        from torchmem.results.oom import render_diagnosis
 
         print(render_diagnosis(d, fields=True))
     return 0

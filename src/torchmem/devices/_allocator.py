@@ -1,8 +1,11 @@
-"""CUDA caching-allocator internals for OOM diagnosis: segment snapshots, the OOM observer, history dumps.
+"""CUDA caching-allocator internals for OOM diagnosis: segment snapshots, the OOM observer, history dumps,
+and the device facts the OOM capture needs (device count, UUID for NVML, driver free/total).
 
 Every private entry point is looked up with ``getattr`` and falls back to the public one that gives the
 same data (``torch.cuda.memory_snapshot()`` for ``torch._C._cuda_memorySnapshot``). Nothing here
-initialises CUDA except :func:`attach_oom_observer`, which torch itself initialises to attach (documented).
+initialises CUDA except :func:`attach_oom_observer`, which torch itself initialises to attach (documented),
+and the device-property reads (:func:`device_total`, :func:`device_uuid`), which callers make only once CUDA
+is in use. Each read is one call into torch; a segment snapshot costs a walk of the allocator's blocks.
 """
 
 from __future__ import annotations
@@ -130,3 +133,21 @@ def attach_oom_observer(fn: ObserverFn) -> str | None:
     except (RuntimeError, TypeError) as exc:  # cudaMallocAsync backend: not supported
         return f"the allocator refused the observer ({exc})."
     return None
+
+
+def device_count() -> int:
+    """Visible CUDA (or ROCm) devices; 0 without CUDA. Does not initialise CUDA."""
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def device_uuid(index: int) -> str | None:
+    """The UUID of CUDA device ``index`` as NVML names it (``"GPU-…"``, ``"MIG-…"``), ``None`` when torch
+    cannot say. Reads the device properties, which initialises CUDA: call it once CUDA is in use."""
+    try:
+        raw = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    except Exception:  # an old torch, or a device that cannot be queried: NVML matches by index instead
+        return None
+    if raw is None:
+        return None
+    text = str(raw)
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
