@@ -569,6 +569,8 @@ def test_the_search_does_not_report_itself(put: Callable[[str, Any], None]) -> N
         f"{FILE}:{here() - 5} in test_the_search_does_not_report_itself(), local 't'",
         f"{MOD}.SEEN",
     }
+    own = [f"{m}.py:" for m in ("find", "search", "roots", "index", "autograd", "naming", "survivors")]
+    assert not [p for p in got if any(m in p for m in own)]  # the package's modules, by file name
     # What the caller excludes is not a holder either.
     box = [t]
     put("BOXED", box)
@@ -601,7 +603,15 @@ def test_result_objects_render_and_serialise() -> None:
     search = find_holders([x, 3.5j])
     assert isinstance(search, HolderSearch)
     p = search.paths[0][0]
-    assert p.to_dict() == {"root": "frame", "path": str(p), "steps": list(p.steps), "depth": 1}
+    d = p.to_dict()
+    assert {k: d[k] for k in ("root", "path", "steps", "depth")} == {
+        "root": "frame",
+        "path": str(p),
+        "steps": list(p.steps),
+        "depth": 1,
+    }
+    assert [s["kind"] for s in d["typed_steps"]] == ["root", "frame_local"]
+    assert HolderPath.from_dict(d) == p and HolderSearch.from_dict(search.to_dict()) == search
     d = search.to_dict()
     assert d["paths"][0][0]["path"] == str(p) and d["truncated"] is search.truncated
     text = str(search)

@@ -1,11 +1,17 @@
-"""The pure leak analysis: growth detection on series, holder names, per-site growth, culprit kinds."""
+"""The pure leak analysis: growth detection on series, per-site growth, and holder patterns, names and culprit
+kinds decided from the typed steps of real holder paths."""
 
 from __future__ import annotations
 
 import random
+import sys
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
+import torch
 
+from torchmem.analysis.holders import find_holders
 from torchmem.analysis.leaks import (
     KINDS,
     LeakReport,
@@ -18,6 +24,7 @@ from torchmem.analysis.leaks import (
     site_growth,
     suggested_threshold,
 )
+from torchmem.results.holders import HolderPath, HolderStep, StepKind
 
 MiB = 1 << 20
 
@@ -156,87 +163,267 @@ def test_site_growth_keeps_only_rising_sites() -> None:
     assert site_growth(maps[:1]) == {}
 
 
-@pytest.mark.parametrize(
-    ("path", "pattern", "name"),
-    [
-        (
-            "__main__.losses[17].grad_fn -> saved tensor of AddmmBackward0 (_saved_mat1)",
-            "__main__.losses[*]",
-            "losses",
-        ),
-        ("train.py:40 in run(), local 'cache'['k3']", "train.py:40 in run(), local 'cache'[*]", "cache"),
-        ("x.py:9 in f(), local 'trainer'.seen[4]", "x.py:9 in f(), local 'trainer'.seen[*]", "trainer.seen"),
-        (
-            "__main__.model._forward_hooks[0] -> closure 'acts'[3]",
-            "__main__.model._forward_hooks[*] -> closure 'acts'[*]",
-            "acts",
-        ),
-        (
-            "x.py:3 in g(), local 'h'.grad_fn -> saved tensor of TanhBackward0 (_saved_result)",
-            "x.py:3 in g(), local 'h'",
-            "h",
-        ),
-        ("pytest.REGISTRY['a']", "pytest.REGISTRY[*]", "REGISTRY"),
-    ],
-)
-def test_holder_pattern_and_name(path: str, pattern: str, name: str) -> None:
-    assert holder_pattern(path) == pattern
-    assert holder_name(path) == name
+# -- holder paths: typed steps, from real objects --------------------------------------------------------
+K = StepKind
+REGISTRY: dict[str, torch.Tensor] = {}  # a global of an imported module (this one), not of a script
 
 
-def _g(paths: tuple[str, ...], **kw: object) -> SiteGrowth:
+def _path(root: str, *steps: tuple[StepKind, str, str] | tuple[StepKind, str, str, str]) -> HolderPath:
+    """A typed path as the search builds it: (kind, text, name[, key type]) per step."""
+    typed = [HolderStep(k, text, name, "", rest[0] if rest else "") for k, text, name, *rest in steps]
+    return HolderPath.of(root, typed, len(typed) - 1)
+
+
+def _saved(losses: Any, node_type: str = "MmBackward0") -> torch.Tensor:
+    """A tensor an autograd node of ``losses``' graph saved for backward (found through next_functions)."""
+    todo = [losses.grad_fn]
+    while todo:
+        n = todo.pop()
+        if type(n).__name__ == node_type:
+            return n._saved_self  # type: ignore[no-any-return]
+        todo.extend(x for x, _ in n.next_functions if x is not None)
+    raise AssertionError(f"no {node_type} in the graph")
+
+
+def _g(paths: Sequence[HolderPath], **kw: object) -> SiteGrowth:
     base: dict[str, object] = {
         "site": "train.py:12",
         "bytes_per_step": float(MiB),
         "live_bytes": 8 * MiB,
         "storages": 8,
         "storages_per_step": 1.0,
-        "paths": paths,
+        "paths": tuple(paths),
     }
     base.update(kw)
     return SiteGrowth(**base)  # type: ignore[arg-type]
 
 
+def _kind_of(paths: Sequence[HolderPath], **kw: object) -> str:
+    (c,) = attribute([_g(paths, **kw)])
+    assert c.fix and "1.0 MiB" in c.fix and c.site == "train.py:12"
+    return c.kind
+
+
 @pytest.mark.parametrize(
-    ("growth", "kind"),
+    ("path", "pattern", "name"),
     [
         (
-            _g(("x.py:3 in f(), local 'losses'[2].grad_fn -> saved tensor of MulBackward0 (_saved_self)",)),
-            "retained_graph",
+            _path(
+                "module",
+                (K.ROOT, "__main__", "__main__"),
+                (K.MODULE_GLOBAL, ".losses", "losses"),
+                (K.ITEM, "[17]", "17", "int"),
+                (K.GRAD_FN, ".grad_fn", "MeanBackward0"),
+                (K.SAVED_TENSOR, " -> saved tensor of AddmmBackward0 (_saved_mat1)", "_saved_mat1"),
+            ),
+            "__main__.losses[*]",
+            "losses",
         ),
         (
-            _g(("x.py:3 in f(), local 'total'.grad_fn -> saved tensor of MulBackward0 (_saved_self)",)),
-            "graph_chain",
+            _path(
+                "frame",
+                (K.ROOT, "train.py:40 in run()", "train.py:40 in run()"),
+                (K.FRAME_LOCAL, ", local 'cache'", "cache"),
+                (K.ITEM, "['k3']", "'k3'", "str"),
+            ),
+            "train.py:40 in run(), local 'cache'[*]",
+            "cache",
         ),
         (
-            _g(("x.py:3 in f(), local 'errors'[2].__traceback__ -> frame x.py:9 in g() local 'act'",)),
-            "exception",
+            _path(
+                "frame",
+                (K.ROOT, "x.py:9 in f()", "x.py:9 in f()"),
+                (K.FRAME_LOCAL, ", local 'trainer'", "trainer"),
+                (K.ATTRIBUTE, ".seen", "seen"),
+                (K.ITEM, "[4]", "4", "int"),
+            ),
+            "x.py:9 in f(), local 'trainer'.seen[*]",
+            "trainer.seen",
         ),
-        (_g((), in_cycle=True, cycle_types=("Node",)), "cycle"),
-        (_g(("__main__.model._forward_hooks[0] -> closure 'acts'[3]",)), "hook"),
-        (_g(("x.py:3 in f(), local 'cache'",), storages_per_step=0.0), "growing_tensor"),
-        (_g(("pytest.REGISTRY['a']",)), "global_registry"),
-        (_g(("__main__.kept[3]",)), "device_accumulation"),  # a script's variable, not a registry
-        (_g(("x.py:3 in f(), local 'trainer'.cache['b1']",)), "cache"),
-        (_g(("x.py:3 in f(), local 'history'[5]",)), "device_accumulation"),
-        (_g(("x.py:3 in f(), local 'w'",)), "unknown"),
+        (
+            _path(
+                "module",
+                (K.ROOT, "__main__", "__main__"),
+                (K.MODULE_GLOBAL, ".model", "model"),
+                (K.ATTRIBUTE, "._forward_hooks", "_forward_hooks"),
+                (K.HOOK, "[0]", "0", "int"),
+                (K.CLOSURE_CELL, " -> closure 'acts'", "acts"),
+                (K.ITEM, "[3]", "3", "int"),
+            ),
+            "__main__.model._forward_hooks[*] -> closure 'acts'[*]",
+            "acts",
+        ),
+        (
+            _path(
+                "frame",
+                (K.ROOT, "x.py:3 in g()", "x.py:3 in g()"),
+                (K.FRAME_LOCAL, ", local 'h'", "h"),
+                (K.GRAD_FN, ".grad_fn", "TanhBackward0"),
+                (K.SAVED_TENSOR, " -> saved tensor of TanhBackward0 (_saved_result)", "_saved_result"),
+            ),
+            "x.py:3 in g(), local 'h'",
+            "h",
+        ),
+        (
+            _path(
+                "module",
+                (K.ROOT, "pytest", "pytest"),
+                (K.MODULE_GLOBAL, ".REGISTRY", "REGISTRY"),
+                (K.ITEM, "['a']", "'a'", "str"),
+            ),
+            "pytest.REGISTRY[*]",
+            "REGISTRY",
+        ),
     ],
 )
-def test_culprit_kinds_and_fixes(growth: SiteGrowth, kind: str) -> None:
-    (c,) = attribute([growth])
-    assert c.kind == kind
-    assert c.fix and "1.0 MiB" in c.fix
-    assert c.site == "train.py:12"
+def test_holder_pattern_and_name(path: HolderPath, pattern: str, name: str) -> None:
+    assert holder_pattern(path) == pattern
+    assert holder_name(path) == name
+
+
+def test_a_list_of_losses_with_their_graphs_is_a_retained_graph() -> None:
+    w = torch.randn(8, 8, requires_grad=True)
+    losses = [(torch.randn(8, 8) @ w).sum() for _ in range(3)]
+    paths = find_holders([_saved(losses[2])]).paths[0]
+    assert [str(p).split(", ", 1)[1] for p in paths] == [
+        "local 'losses'[2].grad_fn -> saved tensor of MmBackward0 (_saved_self)"
+    ]
+    assert paths[0].kinds[-2:] == (K.GRAD_FN, K.SAVED_TENSOR)
+    assert holder_pattern(paths[0]).endswith("local 'losses'[*]") and holder_name(paths[0]) == "losses"
+    assert _kind_of(paths) == "retained_graph"
+
+
+def test_one_variable_whose_graph_grows_is_a_graph_chain() -> None:
+    w = torch.randn(8, 8, requires_grad=True)
+    total = torch.zeros(())
+    for _ in range(3):
+        total = total + (torch.randn(8, 8) @ w).sum()
+    paths = find_holders([_saved(total)]).paths[0]
+    assert [str(p).split(", ", 1)[1] for p in paths] == [
+        "local 'total'.grad_fn -> saved tensor of MmBackward0 (_saved_self)"
+    ]
+    assert _kind_of(paths) == "graph_chain"
+
+
+def _failing_step(errors: list[BaseException]) -> None:
+    act = torch.ones(4)
+    try:
+        raise ValueError(f"bad batch {act.shape}")
+    except ValueError as e:
+        errors.append(e)
+
+
+def test_stored_exceptions_whose_frames_keep_tensors_are_exceptions() -> None:
+    errors: list[BaseException] = []
+    _failing_step(errors)
+    tb = errors[0].__traceback__
+    assert tb is not None
+    paths = find_holders([tb.tb_frame.f_locals["act"]]).paths[0]
+    del tb
+    texts = [str(p) for p in paths]
+    assert any("local 'errors'[0].__traceback__ -> frame test_leaks.py:" in t for t in texts), texts
+    assert K.TRACEBACK in paths[0].kinds
+    assert _kind_of(paths) == "exception"
+
+
+def test_a_cycle_is_a_cycle() -> None:
+    assert _kind_of((), in_cycle=True, cycle_types=("Node",)) == "cycle"
+
+
+def _attach_recorder(m: torch.nn.Module) -> None:
+    acts: list[torch.Tensor] = []
+    m.register_forward_hook(lambda mod, i, o: acts.append(o.detach()))
+
+
+def test_a_hook_closure_is_a_hook() -> None:
+    lin = torch.nn.Linear(4, 4)
+    _attach_recorder(lin)
+    lin(torch.randn(2, 4))
+    paths = find_holders([next(iter(lin._forward_hooks.values())).__closure__[0].cell_contents[0]]).paths[0]
+    (p,) = paths
+    key = next(iter(lin._forward_hooks))  # the handle's id: a process-wide counter
+    assert str(p).endswith(f"local 'lin'._forward_hooks[{key}] -> closure 'acts'[0]")
+    assert K.HOOK in p.kinds and K.CLOSURE_CELL in p.kinds
+    assert holder_name(p) == "acts"
+    assert _kind_of(paths) == "hook"
+
+
+def test_one_tensor_growing_is_a_growing_tensor() -> None:
+    cache = torch.zeros(3)
+    paths = find_holders([cache]).paths[0]
+    assert _kind_of(paths, storages_per_step=0.0) == "growing_tensor"
+
+
+def test_a_global_of_an_imported_module_is_a_registry() -> None:
+    REGISTRY["a"] = torch.zeros(3)
+    try:
+        paths = find_holders([REGISTRY["a"]]).paths[0]
+        assert [str(p) for p in paths] == [f"{__name__}.REGISTRY['a']"]
+        assert paths[0].kinds == (K.ROOT, K.MODULE_GLOBAL, K.ITEM)
+        assert holder_name(paths[0]) == "REGISTRY"
+        assert _kind_of(paths) == "global_registry"
+    finally:
+        REGISTRY.clear()
+
+
+def test_a_list_of_the_running_script_is_an_accumulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules["__main__"], "kept", [torch.zeros(1) for _ in range(4)], raising=False)
+    paths = find_holders([sys.modules["__main__"].kept[3]]).paths[0]
+    assert [str(p) for p in paths] == ["__main__.kept[3]"]
+    assert _kind_of(paths) == "device_accumulation"  # a script's variable, not a registry
+
+
+class _Trainer:
+    def __init__(self) -> None:
+        self.cache: dict[str, torch.Tensor] = {}
+        self.history: list[torch.Tensor] = []
+
+
+def test_a_dict_keyed_by_name_is_a_cache_and_a_list_an_accumulation() -> None:
+    trainer = _Trainer()
+    trainer.cache["b1"] = torch.zeros(2)
+    trainer.history.append(torch.zeros(3))
+    keyed = find_holders([trainer.cache["b1"]]).paths[0]
+    listed = find_holders([trainer.history[0]]).paths[0]
+    assert [str(p).split(", ", 1)[1] for p in keyed] == ["local 'trainer'.cache['b1']"]
+    assert holder_name(keyed[0]) == "trainer.cache" and holder_name(listed[0]) == "trainer.history"
+    assert _kind_of(keyed) == "cache"
+    assert _kind_of(listed) == "device_accumulation"
+
+
+def test_a_plain_variable_is_unknown() -> None:
+    w = torch.zeros(2)
+    assert _kind_of(find_holders([w]).paths[0]) == "unknown"
+
+
+def test_kinds_never_come_from_the_text_of_a_path() -> None:
+    # Keys that read like autograd hops, hook entries or closures are just keys of a dict (issue 11: the
+    # analysis read the rendered text, so such a cache was called a retained graph or a hook).
+    cache = {
+        ".grad_fn -> saved tensor of AddmmBackward0 (_saved_mat1)": torch.zeros(2),
+        "model._forward_hooks[0] -> closure 'acts'": torch.zeros(3),
+        "x.__traceback__": torch.zeros(4),
+    }
+    for key in cache:
+        paths = find_holders([cache[key]]).paths[0]
+        assert key in str(paths[0])
+        assert _kind_of(paths) == "cache", str(paths[0])
 
 
 def test_sites_of_one_holder_are_one_culprit_and_small_ones_are_dropped() -> None:
-    a = _g(("x.py:3 in f(), local 'losses'[2].grad_fn -> saved tensor of A (_saved_self)",), site="m.py:1")
-    b = _g(("x.py:3 in f(), local 'losses'[5]",), site="m.py:2", bytes_per_step=4.0)
-    c = _g(("x.py:3 in f(), local 'other'[5]",), site="m.py:3", bytes_per_step=10.0)
+    w = torch.randn(8, 8, requires_grad=True)
+    losses = [(torch.randn(8, 8) @ w).sum() for _ in range(3)] + [torch.zeros(1) for _ in range(3)]
+    other = [torch.zeros(1) for _ in range(6)]
+    a = _g(find_holders([_saved(losses[2])]).paths[0], site="m.py:1")
+    b = _g(find_holders([losses[5]]).paths[0], site="m.py:2", bytes_per_step=4.0)
+    c = _g(find_holders([other[5]]).paths[0], site="m.py:3", bytes_per_step=10.0)
     out = attribute([a, b, c], min_bytes_per_step=8)
     assert len(out) == 2
     assert out[0].sites == (("m.py:1", float(MiB)),) or out[0].site == "m.py:1"
     assert [x.kind for x in out] == ["retained_graph", "device_accumulation"]
+    assert out[0].holder is not None and out[0].holder.endswith(
+        "local 'losses'[2].grad_fn -> saved tensor of MmBackward0 (_saved_self)"
+    )
 
 
 def test_every_kind_has_a_fix() -> None:
@@ -245,7 +432,8 @@ def test_every_kind_has_a_fix() -> None:
 
 
 def test_report_renders_and_serialises() -> None:
-    (c,) = attribute([_g(("x.py:3 in f(), local 'history'[5]",))])
+    history = [torch.zeros(1) for _ in range(6)]
+    (c,) = attribute([_g(find_holders([history[5]]).paths[0])])
     r = LeakReport(
         "cpu", "ledger", "light", 20, 3, True, float(MiB), 1.0, 8, None, "grew", (c,), ((1, 0), (2, MiB))
     )
@@ -253,3 +441,4 @@ def test_report_renders_and_serialises() -> None:
     assert "LEAK on cpu: +1.00 MiB/step" in text and "history" in text and "fix:" in text
     d = r.to_dict()
     assert d["culprits"][0]["sites"][0]["site"] == "train.py:12"
+    assert LeakReport.from_dict(d) == r

@@ -1,19 +1,30 @@
 """Leak analysis: is memory growing step over step, and which allocation site and holder make it grow.
 
-Pure functions over numbers and strings captured by :mod:`torchmem.capture.watch`: nothing here reads a
-device or changes an object, so every rule is testable with plain data.
+Pure functions over numbers and typed holder paths captured by :mod:`torchmem.capture.watch`: nothing here
+reads a device or changes an object, so every rule is testable with plain data.
+
+- :func:`detect_growth` judges a per-step series: a steady test (every recent step grew by a similar amount)
+  and a noise-robust one (Theil–Sen slope, rising floors, Mann–Kendall); when it is not a leak it says why.
+- :func:`site_growth` finds the allocation sites whose live bytes keep rising over an attribution window.
+- :func:`attribute` groups growing sites by the holder that keeps them (:func:`holder_pattern`) and decides
+  each group's kind from the *kinds of the steps* of its holder paths (a ``grad_fn`` or ``saved_tensor``
+  step: a retained graph; a ``hook`` entry or ``closure_cell``: a hook; a ``traceback`` step: stored
+  exceptions; items of a module global: a registry; ...), never from the rendered text, then writes the fix.
+
+The result types (:class:`Growth`, :class:`SiteGrowth`, :class:`Culprit`, :class:`LeakReport`) live in
+:mod:`torchmem.results.leaks` and are re-exported here. Cost: O(n²) in the readings of one window (32 at
+most) to explain a series; linear in the paths for the attribution.
 """
 
 from __future__ import annotations
 
 import math
-import re
-import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torchmem._format import fmt_bytes
+from torchmem.results.holders import HolderPath, HolderStep, StepKind
+from torchmem.results.leaks import Culprit, Growth, LeakReport, SiteGrowth
 
 # Culprit kinds, each with the one-line fix printed for it.
 RETAINED_GRAPH = "retained_graph"
@@ -44,41 +55,6 @@ KINDS = (
 # --------------------------------------------------------------------------------------------------
 # Growth detection
 # --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Growth:
-    """The verdict of :func:`detect_growth` on a series of per-step figures.
-
-    Attributes:
-        leaking: Steady growth per step was found.
-        bytes_per_step: Estimated steady-state growth (0 when not leaking).
-        confidence: 0..1: how consistently the figure rises over the window (Kendall's concordance).
-        method: ``"steady"`` (every recent step grew by a similar amount), ``"robust"`` (a long window whose
-            floors rise in each third, beyond the noise), or ``"none"``.
-        samples: Samples after the warm-up that were considered.
-        reason: Why it is or is not a leak, in words, with what to do next when nothing was found.
-        verdict: ``"leak"``; or why nothing was reported: ``"below_threshold"`` (real, steady growth, smaller
-            than ``min_bytes_per_step``), ``"too_few"`` (not enough readings to judge), ``"flat"``,
-            ``"shrinking"``, ``"noisy"`` (the figure moves, with no sustained upward trend); ``""`` where the
-            series was not explained (``explain=False``).
-        trend_per_step: The growth per step that was measured, also when it is below the threshold
-            (``bytes_per_step`` stays 0 unless leaking).
-        min_bytes_per_step: The reporting threshold the series was judged against.
-    """
-
-    leaking: bool
-    bytes_per_step: float
-    confidence: float
-    method: str
-    samples: int
-    reason: str
-    verdict: str = ""
-    trend_per_step: float = 0.0
-    min_bytes_per_step: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 _NO = Growth(False, 0.0, 0.0, "none", 0, "")
 
 # The least growth called growth when a series below the threshold is described (bytes per step).
@@ -357,57 +333,6 @@ def detect_growth(
 # --------------------------------------------------------------------------------------------------
 # Attribution
 # --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Culprit:
-    """One reason memory grows: an allocation site and the object that keeps what it allocates.
-
-    Attributes:
-        kind: One of ``retained_graph`` (a container keeps tensors with their autograd graphs),
-            ``graph_chain`` (one variable's graph grows from step to step: ``total += loss``, a
-            recurrent state not detached), ``exception`` (stored exceptions keep their frames' tensors),
-            ``cycle`` (a reference cycle that only ``gc`` frees), ``hook`` (a hook's closure keeps
-            outputs), ``growing_tensor`` (one tensor re-allocated larger every step, such as ``torch.cat``
-            onto a cache), ``global_registry`` (a module-level container), ``cache`` (a dict that never
-            evicts), ``device_accumulation`` (a list of device tensors), ``unknown``.
-        site: The allocation site that grows most, ``"file.py:42"`` (the user's line, not torch internals).
-        sites: Every growing site of this culprit with its bytes per step.
-        holder: The readable path of the object that keeps the memory (from :func:`torchmem.holders`).
-        bytes: Bytes this culprit retained over the attribution window.
-        bytes_per_step: Growth per step attributed to it.
-        graph_bytes: Bytes of autograd-saved tensors among them (retained graphs), per step.
-        fix: The one-line fix.
-    """
-
-    kind: str
-    site: str | None
-    sites: tuple[tuple[str, float], ...]
-    holder: str | None
-    bytes: int
-    bytes_per_step: float
-    graph_bytes: float
-    fix: str
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["sites"] = [{"site": s, "bytes_per_step": b} for s, b in self.sites]
-        return d
-
-
-@dataclass(frozen=True)
-class SiteGrowth:
-    """Captured facts about one growing allocation site (input of :func:`attribute`)."""
-
-    site: str | None
-    bytes_per_step: float
-    live_bytes: int
-    storages: int
-    storages_per_step: float
-    paths: tuple[str, ...]
-    saved_bytes: int = 0  # bytes of its live storages that autograd saved for backward
-    in_cycle: bool = False
-    cycle_types: tuple[str, ...] = ()
-
-
 def site_growth(series: Sequence[Mapping[Any, tuple[int, int]]]) -> dict[Any, tuple[float, float]]:
     """Per-site growth from per-boundary ``{site: (live bytes, live storages)}`` maps of one window.
 
@@ -440,91 +365,151 @@ def site_growth(series: Sequence[Mapping[Any, tuple[int, int]]]) -> dict[Any, tu
     return out
 
 
-_INDEX = re.compile(r"\[(?:\d+|'[^']*'|\"[^\"]*\"|<[^>]*>|\.\.\.)\]")
-_LOCAL = re.compile(r"local '([^']+)'")
-_CLOSURE = re.compile(r"closure '([^']+)'")
+# Steps that go into an autograd graph: the holder of the memory is what comes before them.
+_GRAPH_HOPS = frozenset({StepKind.GRAD_FN, StepKind.SAVED_TENSOR})
+# Steps into a container: an index or key (generalised to ``[*]`` in a holder pattern).
+_CONTAINER_ITEMS = frozenset({StepKind.ITEM, StepKind.HOOK})
+# Steps that name an attribute-like member: ``.name`` after a module, a class or an object.
+_MEMBERS = frozenset({StepKind.MODULE_GLOBAL, StepKind.CLASS_ATTRIBUTE, StepKind.ATTRIBUTE})
 
 
-def _cut(path: str) -> str:
-    """The path up to the holder: autograd hops (``.grad_fn ->``, ``saved tensor of``) removed."""
-    return path.split(".grad_fn")[0].split(" -> saved tensor")[0]
+def _before(path: HolderPath, kinds: frozenset[StepKind]) -> tuple[HolderStep, ...]:
+    """The steps of ``path`` before the first step of one of ``kinds`` (all of them when there is none)."""
+    for i, s in enumerate(path.typed_steps):
+        if s.kind in kinds:
+            return path.typed_steps[:i]
+    return path.typed_steps
 
 
-def holder_pattern(path: str) -> str:
-    """The holder a path goes through, with item indices generalised and autograd hops cut.
+def _holder_steps(path: HolderPath) -> tuple[HolderStep, ...]:
+    """The path up to the holder: autograd hops (``.grad_fn``, ``saved tensor of``) and what follows cut."""
+    return _before(path, _GRAPH_HOPS)
+
+
+def _has_item(steps: Sequence[HolderStep]) -> bool:
+    return any(s.kind in _CONTAINER_ITEMS for s in steps)
+
+
+def _member_names(steps: Sequence[HolderStep]) -> list[str]:
+    """The names of the attribute-like steps at the start of ``steps`` (``trainer.cache``), up to the first
+    step of another kind or a name that is not an identifier."""
+    names: list[str] = []
+    for s in steps:
+        if s.kind not in _MEMBERS or not s.name.isidentifier():
+            break
+        names.append(s.name)
+    return names
+
+
+def holder_pattern(path: HolderPath) -> str:
+    """The holder a path goes through, with item indices and keys generalised and autograd hops cut.
+
+    Sites whose memory the same holder keeps (``losses[3]``, ``losses[4]``) share one pattern.
 
     Example:
-        >>> holder_pattern("__main__.losses[17].grad_fn -> saved tensor of AddmmBackward0 (_saved_mat1)")
+        >>> from torchmem.results.holders import HolderStep as S, StepKind as K
+        >>> p = HolderPath.of("module", (S(K.ROOT, "__main__", "__main__"),
+        ...     S(K.MODULE_GLOBAL, ".losses", "losses"), S(K.ITEM, "[17]", "17", "list", "int"),
+        ...     S(K.GRAD_FN, ".grad_fn", "MeanBackward0"),
+        ...     S(K.SAVED_TENSOR, " -> saved tensor of AddmmBackward0 (_saved_mat1)", "_saved_mat1")), 4)
+        >>> holder_pattern(p)
         '__main__.losses[*]'
-        >>> holder_pattern("train.py:40 in run(), local 'cache'['k3']")
-        "train.py:40 in run(), local 'cache'[*]"
     """
-    return _INDEX.sub("[*]", _cut(path))
+    parts: list[str] = []
+    for s in _holder_steps(path):
+        key = f"[{s.name}]"
+        if s.kind in _CONTAINER_ITEMS and s.text.endswith(key):
+            parts.append(s.text[: len(s.text) - len(key)] + "[*]")
+        else:
+            parts.append(s.text)
+    return "".join(parts)
 
 
-def holder_name(path: str) -> str:
+def holder_name(path: HolderPath) -> str:
     """The variable a person would recognise in a holder path (``losses``, ``acts``, ``trainer.cache``).
 
+    The last closure variable before the autograd hops; else the last frame local with the attributes after
+    it; else the module global (or class, or other root) with the attributes after it.
+
     Example:
-        >>> holder_name("train.py:40 in run(), local 'trainer'.cache['k3']")
+        >>> from torchmem.results.holders import HolderStep as S, StepKind as K
+        >>> p = HolderPath.of("frame", (S(K.ROOT, "train.py:40 in run()"),
+        ...     S(K.FRAME_LOCAL, ", local 'trainer'", "trainer"), S(K.ATTRIBUTE, ".cache", "cache"),
+        ...     S(K.ITEM, "['k3']", "'k3'", "dict", "str")), 3)
+        >>> holder_name(p)
         'trainer.cache'
-        >>> holder_name("__main__.model._forward_hooks[0] -> closure 'acts'[3]")
-        'acts'
     """
-    head = _cut(path)
-    closures = _CLOSURE.findall(head)
+    steps = _holder_steps(path)
+    closures = [s.name for s in steps if s.kind is StepKind.CLOSURE_CELL and s.name]
     if closures:
-        return str(closures[-1])
-    locals_ = list(_LOCAL.finditer(head))
+        return closures[-1]
+    locals_ = [i for i, s in enumerate(steps) if s.kind is StepKind.FRAME_LOCAL]
     if locals_:
-        m = locals_[-1]
-        attrs = re.match(r"((?:\.[A-Za-z_]\w*)*)", head[m.end() :])
-        return m.group(1) + (attrs.group(1) if attrs else "")
-    head = _INDEX.split(head.split(" -> ")[0])[0]
-    glob = _module_global(head)
-    if glob is not None:
-        return glob
-    for mod in sorted((m for m in sys.modules if head.startswith(m + ".")), key=len, reverse=True)[:1]:
-        head = head[len(mod) + 1 :]
-    return head.split(" ")[-1] or path
+        i = locals_[-1]
+        return ".".join([steps[i].name, *_member_names(steps[i + 1 :])])
+    if not steps:
+        return str(path)
+    first, rest = steps[0], steps[1:]
+    members = _member_names(rest)
+    if path.root == "module" and members:  # the module's name is not what a person calls the variable
+        return ".".join(members)
+    return ".".join([first.name or first.text, *members])
 
 
-def _module_global(container: str, *, scripts: bool = True) -> str | None:
-    """``"REGISTRY"`` when ``container`` (``"pkg.mod.REGISTRY"``) names a global of an imported module.
+def _through_exception(path: HolderPath) -> bool:
+    """The path starts at a stored exception (``sys.last_traceback``, one being handled) or follows one's
+    traceback to the frames it keeps."""
+    return path.root in ("traceback", "exception") or StepKind.TRACEBACK in path.kinds
 
-    With ``scripts=False`` the running script's own globals (``__main__``) do not count: there every variable
-    is a global, and a list there is a variable, not a module-level registry.
-    """
-    mod, _, name = container.rpartition(".")
-    if mod and name.isidentifier() and mod in sys.modules and (scripts or mod != "__main__"):
-        return name
-    return None
+
+def _through_hook(path: HolderPath) -> bool:
+    """The path goes through a hook dict's entry or a variable a function closes over."""
+    return any(
+        s.kind is StepKind.HOOK or (s.kind is StepKind.CLOSURE_CELL and s.name) for s in path.typed_steps
+    )
+
+
+def _in_frame(path: HolderPath, steps: Sequence[HolderStep]) -> bool:
+    return path.root in ("frame", "thread") or any(s.kind is StepKind.FRAME_LOCAL for s in steps)
+
+
+def _module_level_container(path: HolderPath, steps: Sequence[HolderStep]) -> bool:
+    """The first container on the path is a global of an imported module (``pkg.mod.REGISTRY[...]``): not
+    one of the running script (``__main__``: there every variable is a global), nor an attribute of a
+    global object."""
+    if path.root != "module" or not steps or steps[0].name == "__main__":
+        return False
+    between: list[StepKind] = []
+    for s in steps[1:]:
+        if s.kind in _CONTAINER_ITEMS:
+            return bool(between) and all(k is StepKind.MODULE_GLOBAL for k in between)
+        between.append(s.kind)
+    return False
 
 
 def _kind(g: SiteGrowth) -> str:
     paths = g.paths
     if g.in_cycle:
         return CYCLE
-    if any("__traceback__" in p or p.startswith(("sys.last_", "exception ")) for p in paths):
+    if any(_through_exception(p) for p in paths):
         return EXCEPTION
-    graph = g.saved_bytes > 0 or any(".grad_fn" in p or "saved tensor of" in p for p in paths)
-    if any(("_hooks[" in p or "closure '" in p) for p in paths):
+    graph = g.saved_bytes > 0 or any(_GRAPH_HOPS.intersection(p.kinds) for p in paths)
+    if any(_through_hook(p) for p in paths):
         return HOOK
     if graph:
-        # One variable whose graph grows (no container index before the autograd hop), or a container.
-        holders = [p.split(".grad_fn")[0] for p in paths if ".grad_fn" in p]
-        if holders and not any(_INDEX.search(h) for h in holders):
+        # One variable whose graph grows (no container item before the grad_fn hop), or a container.
+        holders = [_before(p, frozenset({StepKind.GRAD_FN})) for p in paths if StepKind.GRAD_FN in p.kinds]
+        if holders and not any(_has_item(h) for h in holders):
             return GRAPH_CHAIN
         return RETAINED_GRAPH
     if g.storages_per_step < 0.5 and g.bytes_per_step > 0:
         return GROWING_TENSOR
-    indexed = [_cut(p) for p in paths if _INDEX.search(_cut(p))]
+    indexed = [(p, h) for p, h in ((p, _holder_steps(p)) for p in paths) if _has_item(h)]
     if not indexed:
         return UNKNOWN
-    head = indexed[0]
-    keyed = bool(re.search(r"\[(?:'|\")", head))
-    in_frame = "local '" in head or re.match(r"^\S+:\d+ in ", head)
-    if not in_frame and _module_global(_INDEX.split(head)[0], scripts=False) is not None:  # not `obj.x[...]`
+    path, head = indexed[0]
+    keyed = any(s.kind in _CONTAINER_ITEMS and s.key_type == "str" for s in head)
+    if not _in_frame(path, head) and _module_level_container(path, head):
         return GLOBAL
     return CACHE if keyed else ACCUMULATION
 
@@ -588,7 +573,7 @@ def fix_for(kind: str, name: str, per_step: float, cycle_types: Sequence[str] = 
     return f"device memory born here is never freed (+{size}/step): find who keeps it with torchmem.holders()"
 
 
-def _main_pattern(paths: Sequence[str]) -> str:
+def _main_pattern(paths: Sequence[HolderPath]) -> str:
     """The holder most sampled storages share (a container beats the loop variable of the last step)."""
     counts: dict[str, int] = {}
     for p in paths:
@@ -603,7 +588,8 @@ def attribute(
     """Group growing sites by the holder that keeps their memory, classify each group, and give its fix.
 
     Sites kept by the same holder (``losses[*]`` keeps both the loss and the activations its graph saved)
-    become one culprit, largest first.
+    become one culprit, largest first. The kind comes from the step kinds of the typed holder paths; the
+    culprit carries the readable path of its holder.
     """
     groups: dict[str, list[SiteGrowth]] = {}
     for g in growth:
@@ -635,7 +621,7 @@ def attribute(
                 kind=kind,
                 site=merged.site,
                 sites=tuple((g.site or "?", g.bytes_per_step) for g in gs),
-                holder=holder
+                holder=str(holder)
                 if holder
                 else (
                     f"unreachable cycle of {', '.join(merged.cycle_types[:3])}" if merged.in_cycle else None
@@ -648,70 +634,6 @@ def attribute(
         )
     culprits.sort(key=lambda c: -c.bytes_per_step)
     return tuple(culprits)
-
-
-# --------------------------------------------------------------------------------------------------
-# The report
-# --------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LeakReport:
-    """What :func:`torchmem.watch` found.
-
-    Attributes:
-        device: The device watched.
-        source: Where the per-step figure comes from: ``"allocator"`` (the caching allocator's allocated
-            bytes) or ``"ledger"`` (torchmem's exact tensor accounting, used where the device has no
-            allocator statistics, such as the CPU).
-        mode: ``"light"`` or ``"deep"``.
-        steps: Steps seen.
-        warmup: Steps ignored at the start.
-        leaking: Memory grows steadily (as of the last reading).
-        bytes_per_step: Growth per step (0 when not leaking).
-        confidence: 0..1 (see :class:`Growth`).
-        detected_at: The step at which growth was first detected, if ever.
-        stopped_at: The step at which growth detected earlier was no longer seen (a cache that filled up).
-        reason: The detector's verdict in words; when nothing was reported, why (growth below the threshold,
-            too few steps, flat, shrinking, noisy) and what to do next.
-        culprits: Who makes it grow, largest first (filled once growth is found, or in deep mode).
-        series: ``(step, bytes)`` readings.
-        cycles: Reference cycles holding device tensors found by the scan (type names and bytes).
-        notes: Anything the user should know about the figures (sampling stride, errors in hooks).
-        verdict: ``"leak"``, ``"stopped"`` (growth seen earlier stopped), or why nothing is reported:
-            ``"below_threshold"``, ``"no_steps"``, ``"too_few"``, ``"flat"``, ``"shrinking"``, ``"noisy"``
-            (see :class:`Growth`); ``""`` in reports written before it existed.
-        trend_per_step: The measured growth per step, also below the threshold (``bytes_per_step`` stays 0
-            unless leaking).
-        min_bytes_per_step: The reporting threshold the watch used (0: unknown).
-    """
-
-    device: str
-    source: str
-    mode: str
-    steps: int
-    warmup: int
-    leaking: bool
-    bytes_per_step: float
-    confidence: float
-    detected_at: int | None
-    stopped_at: int | None
-    reason: str
-    culprits: tuple[Culprit, ...]
-    series: tuple[tuple[int, int], ...]
-    notes: tuple[str, ...] = field(default=())
-    verdict: str = ""
-    trend_per_step: float = 0.0
-    min_bytes_per_step: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["culprits"] = [c.to_dict() for c in self.culprits]
-        d["series"] = [list(p) for p in self.series]
-        return d
-
-    def __str__(self) -> str:
-        from torchmem.report.leaks import render_leak_report
-
-        return render_leak_report(self)
 
 
 __all__ = [

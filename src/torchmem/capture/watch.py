@@ -27,17 +27,12 @@ import torch
 from torchmem._errors import TorchmemError
 from torchmem._format import fmt_bytes
 from torchmem._warn import emit_warning
-from torchmem.analysis.leaks import (
-    Culprit,
-    Growth,
-    LeakReport,
-    SiteGrowth,
-    attribute,
-    detect_growth,
-    site_growth,
-)
+from torchmem.analysis.holders.survivors import holder_paths_of_storages
+from torchmem.analysis.leaks import attribute, detect_growth, site_growth
 from torchmem.devices import Backend, DeviceLike, backend, ledger, resolve
 from torchmem.devices._ledger import Cohort, Site
+from torchmem.results.holders import HolderPath, StepKind
+from torchmem.results.leaks import Culprit, Growth, LeakReport, SiteGrowth
 
 _log = logging.getLogger("torchmem")
 T = TypeVar("T")
@@ -58,7 +53,7 @@ class LeakWarning(UserWarning):
     """Emitted once per watcher when memory is found to grow step over step."""
 
 
-class _Window:
+class _AttributionWindow:
     """An attribution window: a ledger cohort with birth sites, and per-boundary live bytes per site."""
 
     def __init__(self, device: str | None, opened_at: int, keep: int) -> None:
@@ -151,7 +146,7 @@ class Watcher(Generic[T]):
         self._read_times: list[float] = []
         self._last_t: float | None = None
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
-        self._window: _Window | None = None
+        self._window: _AttributionWindow | None = None
         self._growth: Growth = Growth(False, 0.0, 0.0, "none", 0, "no steps yet")
         self._explained: tuple[tuple[int, int], Growth] | None = None
         self._detected_at: int | None = None
@@ -416,7 +411,7 @@ class Watcher(Generic[T]):
 
     def _open_window(self, n: int) -> None:
         dev = str(self.device)
-        self._window = _Window(dev, n, self._window_len + 1)
+        self._window = _AttributionWindow(dev, n, self._window_len + 1)
         self._window.record()
 
     def _close_window(self) -> None:
@@ -425,7 +420,7 @@ class Watcher(Generic[T]):
             win.close()
 
     # -- attribution -----------------------------------------------------------------------------
-    def _attribute(self, win: _Window) -> None:
+    def _attribute(self, win: _AttributionWindow) -> None:
         if self._attributing:
             return
         self._attributing = True
@@ -437,9 +432,7 @@ class Watcher(Generic[T]):
         finally:
             self._attributing = False
 
-    def _find_culprits(self, win: _Window) -> tuple[Culprit, ...]:
-        from torchmem.actions._survivors import holders_of_storages
-
+    def _find_culprits(self, win: _AttributionWindow) -> tuple[Culprit, ...]:
         growth = site_growth(list(win.maps))
         if not growth:
             return ()
@@ -483,7 +476,7 @@ class Watcher(Generic[T]):
         # Once per leak: the search may take a while on a big heap (torch.compile, distributed imports).
         info: dict[str, Any] = {}
         paths = (
-            holders_of_storages(samples, max_paths=self._max_paths, time_limit=10.0, info=info)
+            holder_paths_of_storages(samples, max_paths=self._max_paths, time_limit=10.0, info=info)
             if samples
             else []
         )
@@ -493,16 +486,20 @@ class Watcher(Generic[T]):
                 f"{info.get('visited')} objects: holders are not named"
             )
         samples.clear()
-        grouped: dict[Site | None, list[tuple[int, tuple[str, ...]]]] = {}
-        for (site, nb), p in zip(sample_meta, paths):
-            grouped.setdefault(site, []).append((nb, p))
+        grouped: dict[Site | None, list[tuple[int, tuple[HolderPath, ...]]]] = {}
+        for (site, nb), found in zip(sample_meta, paths):
+            grouped.setdefault(site, []).append((nb, found))
         for site, (per_step, count_per_step) in top:
             if site not in grouped:
                 continue
             rows = grouped[site]
-            all_paths = tuple(dict.fromkeys(p for _, ps in rows for p in ps))
+            unique: dict[str, HolderPath] = {}  # each path once, in the order found
+            for _, ps in rows:
+                for p in ps:
+                    unique.setdefault(str(p), p)
+            all_paths = tuple(unique.values())
             sampled = sum(nb for nb, _ in rows)
-            saved = sum(nb for nb, ps in rows if any("saved tensor of" in p for p in ps))
+            saved = sum(nb for nb, ps in rows if any(StepKind.SAVED_TENSOR in p.kinds for p in ps))
             live_site = win.maps[-1].get(site, (0, 0))[0] if win.maps else sampled
             facts.append(
                 SiteGrowth(
