@@ -21,34 +21,30 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torchmem._errors import TorchmemError
 from torchmem._outputs import OutputError, OutputExistsError, check_output, describe
 from torchmem._warn import emit_warning
-
-FORMAT = "torchmem-capture"
-"""The value of the header's ``"format"`` field."""
-
-VERSION = 1
-"""The capture version this torchmem writes and the newest it reads."""
-
-RECORD_TYPES = ("sample", "step", "stats", "leak", "oom", "modules", "note", "end")
-"""Record types of version 1. A reader skips types it does not know (later minor additions)."""
-
-END_REASONS = ("exit", "exception", "keyboard_interrupt", "oom", "signal")
-
-MODULE_COLUMNS = (
-    "params",
-    "grads",
-    "optimizer_state",
-    "activations",
-    "forward_peak",
-    "backward_peak",
+from torchmem.results.capture import (
+    END_REASONS,
+    FORMAT,
+    MODULE_COLUMNS,
+    RECORD_TYPES,
+    VERSION,
+    Capture,
+    End,
+    LeakRecord,
+    ModulesRecord,
+    Note,
+    OOMRecord,
+    Sample,
+    StatsRecord,
+    StepMark,
+    _float,
+    _int,
 )
-"""Byte columns of a ``modules`` row, besides its ``"module"`` name."""
 
 _FSYNC_EVERY = 1.0  # seconds between forced writes to disk
 
@@ -69,224 +65,6 @@ class CaptureFormatError(CaptureError):
 
 class CaptureVersionError(CaptureFormatError):
     """The file is a torchmem capture of a version this torchmem does not read."""
-
-
-# ---------------------------------------------------------------------------------------------------------
-# records (what the reader returns)
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One reading of the timeline. Byte figures are ``None`` when the source cannot give them."""
-
-    t: float
-    step: int | None
-    allocated: int | None
-    reserved: int | None
-    peak_allocated: int | None
-    peak_reserved: int | None
-
-
-@dataclass(frozen=True)
-class StepMark:
-    """The end of one training step (found from optimizer steps or a step marker)."""
-
-    t: float
-    step: int
-    allocated: int | None
-
-
-@dataclass(frozen=True)
-class StatsRecord:
-    """A full stats reading: ``MemoryStats.to_dict()`` and ``Breakdown.to_dict()`` (or ``None``)."""
-
-    t: float
-    when: str
-    stats: Mapping[str, Any]
-    breakdown: Mapping[str, Any] | None
-
-
-@dataclass(frozen=True)
-class LeakRecord:
-    """A leak verdict: ``LeakReport.to_dict()``."""
-
-    t: float
-    report: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class OOMRecord:
-    """An out-of-memory error and its diagnosis: ``OOMDiagnosis.to_dict()``."""
-
-    t: float
-    diagnosis: Mapping[str, Any]
-    step: int | None
-
-
-@dataclass(frozen=True)
-class ModulesRecord:
-    """The per-module profile: one row per module, byte columns named in :data:`MODULE_COLUMNS`."""
-
-    t: float
-    rows: tuple[Mapping[str, Any], ...]
-    notes: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Note:
-    """Free text the recorder wanted the reader to see."""
-
-    t: float
-    text: str
-
-
-@dataclass(frozen=True)
-class End:
-    """How the run ended. Missing from a capture whose run was killed."""
-
-    t: float
-    exit_code: int | None
-    reason: str
-    steps: int | None
-    seconds: float | None
-
-
-@dataclass(frozen=True)
-class Capture:
-    """Everything readable in a capture file.
-
-    Attributes:
-        path: The file read.
-        header: Line 1 as written (format, version, torchmem, torch, python, device, device_name, argv, pid,
-            started, source, and any extra fields).
-        samples: The timeline, in file order.
-        steps: Step markers.
-        stats: Full stats readings (``when`` is ``"start"`` or ``"end"``).
-        leaks: Leak verdicts, in file order (the last is the final one).
-        ooms: OOM diagnoses.
-        modules: Per-module profiles (usually one).
-        notes: Notes.
-        end: How the run ended; ``None`` when the file has no end record (the run was killed).
-        truncated: ``None``, or where the readable part stops and why.
-        unknown: Records of types this torchmem does not know (kept as written, otherwise ignored).
-        lines: Lines read, header included.
-    """
-
-    path: str
-    header: Mapping[str, Any]
-    samples: tuple[Sample, ...] = ()
-    steps: tuple[StepMark, ...] = ()
-    stats: tuple[StatsRecord, ...] = ()
-    leaks: tuple[LeakRecord, ...] = ()
-    ooms: tuple[OOMRecord, ...] = ()
-    modules: tuple[ModulesRecord, ...] = ()
-    notes: tuple[Note, ...] = ()
-    end: End | None = None
-    truncated: str | None = None
-    unknown: tuple[Mapping[str, Any], ...] = field(default=())
-    lines: int = 0
-
-    @property
-    def version(self) -> int:
-        return int(self.header.get("version", VERSION))
-
-    @property
-    def device(self) -> str | None:
-        d = self.header.get("device")
-        return None if d is None else str(d)
-
-    @property
-    def source(self) -> str | None:
-        s = self.header.get("source")
-        return None if s is None else str(s)
-
-    @property
-    def finished(self) -> bool:
-        """The run wrote its end record (it was not killed)."""
-        return self.end is not None
-
-    @property
-    def duration(self) -> float | None:
-        """Seconds the run lasted: the end record's figure, else the last record's time."""
-        if self.end is not None and self.end.seconds is not None:
-            return self.end.seconds
-        times = [r.t for group in self._groups() for r in group]
-        if self.end is not None:
-            times.append(self.end.t)
-        return max(times) if times else None
-
-    @property
-    def step_count(self) -> int | None:
-        """Steps the run made: the end record's figure, else the highest step marker."""
-        if self.end is not None and self.end.steps is not None:
-            return self.end.steps
-        if self.steps:
-            return max(s.step for s in self.steps)
-        known = [s.step for s in self.samples if s.step is not None]
-        return max(known) if known else None
-
-    @property
-    def peak_allocated(self) -> int | None:
-        """The highest allocated figure any sample or stats record shows."""
-        return _max(
-            [s.allocated for s in self.samples]
-            + [s.peak_allocated for s in self.samples]
-            + [_int(r.stats.get("peak_allocated")) for r in self.stats]
-            + [_int(r.stats.get("allocated")) for r in self.stats]
-        )
-
-    @property
-    def peak_reserved(self) -> int | None:
-        """The highest reserved figure any sample or stats record shows."""
-        return _max(
-            [s.reserved for s in self.samples]
-            + [s.peak_reserved for s in self.samples]
-            + [_int(r.stats.get("peak_reserved")) for r in self.stats]
-            + [_int(r.stats.get("reserved")) for r in self.stats]
-        )
-
-    def _groups(self) -> list[Sequence[Any]]:
-        return [self.samples, self.steps, self.stats, self.leaks, self.ooms, self.modules, self.notes]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: the header, every record group as lists of dicts, ``end`` and ``truncated``."""
-
-        def rec(r: Any) -> dict[str, Any]:
-            d = {k: getattr(r, k) for k in r.__dataclass_fields__}
-            for k, v in d.items():
-                if isinstance(v, tuple):
-                    d[k] = list(v)
-                elif isinstance(v, Mapping):
-                    d[k] = dict(v)
-            return d
-
-        return {
-            "path": self.path,
-            "header": dict(self.header),
-            "summary": {
-                "finished": self.finished,
-                "seconds": self.duration,
-                "steps": self.step_count,
-                "peak_allocated": self.peak_allocated,
-                "peak_reserved": self.peak_reserved,
-            },
-            "samples": [rec(s) for s in self.samples],
-            "steps": [rec(s) for s in self.steps],
-            "stats": [rec(s) for s in self.stats],
-            "leaks": [rec(s) for s in self.leaks],
-            "ooms": [rec(s) for s in self.ooms],
-            "modules": [rec(s) for s in self.modules],
-            "notes": [rec(s) for s in self.notes],
-            "end": None if self.end is None else rec(self.end),
-            "truncated": self.truncated,
-            "unknown": [dict(u) for u in self.unknown],
-            "lines": self.lines,
-        }
-
-    def __str__(self) -> str:
-        from torchmem.report.summary import render_summary
-
-        return render_summary(self)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -626,29 +404,6 @@ class CaptureWriter:
 
 # ---------------------------------------------------------------------------------------------------------
 # reader
-
-
-def _int(v: Any) -> int | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and math.isfinite(v):
-        return int(v)
-    return None
-
-
-def _float(v: Any) -> float | None:
-    if isinstance(v, bool) or v is None:
-        return None
-    if isinstance(v, (int, float)) and math.isfinite(float(v)):
-        return float(v)
-    return None
-
-
-def _max(vals: Sequence[int | None]) -> int | None:
-    known = [v for v in vals if v is not None]
-    return max(known) if known else None
 
 
 class _Bad(Exception):

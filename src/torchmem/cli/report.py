@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
@@ -47,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
     cap = read_capture(args.capture)
 
     if args.json:
-        json.dump(cap.to_dict(), sys.stdout, indent=2, default=str)
-        sys.stdout.write("\n")
+        from torchmem.report import json as report_json
+
+        report_json.write(cap, sys.stdout)
     else:
         from torchmem.report.summary import write_summary
 

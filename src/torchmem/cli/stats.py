@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
 
 from torchmem.capture.snapshot import read_stats
 from torchmem.devices import cuda_available, resolve, visible_devices
+from torchmem.report import json as report_json
 from torchmem.results.stats import MemoryStats
 
 
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _emit(readings: list[MemoryStats], as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"devices": [r.to_dict() for r in readings]}, indent=2, default=str))
+        print(report_json.dumps({"devices": readings}))
     else:
         from torchmem.report.terminal import render_stats
 
@@ -58,7 +58,7 @@ def _watch(devices: list[Any], args: argparse.Namespace) -> int:
         while args.count is None or n < args.count:
             readings = _read(devices)
             if args.json:
-                print(json.dumps({"devices": [r.to_dict() for r in readings]}, default=str), flush=True)
+                print(report_json.dumps({"devices": readings}, indent=None), flush=True)
             else:
                 _emit(readings, False)
             n += 1

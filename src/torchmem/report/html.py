@@ -17,9 +17,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from torchmem._format import fmt_bytes
 from torchmem.report._output import write_atomic
-from torchmem.report._rebuild import breakdown_of, diagnosis_of, stats_of
-from torchmem.report.summary import (
-    MODULE_COLUMNS,
+from torchmem.results.capture import (
+    MODULE_LABELS,
     final_leak,
     fmt_seconds,
     module_rows,
@@ -29,8 +28,8 @@ from torchmem.report.summary import (
 )
 
 if TYPE_CHECKING:
-    from torchmem.analysis.leaks import LeakReport
-    from torchmem.capture.file import Capture, Sample
+    from torchmem.results.capture import Capture, Sample
+    from torchmem.results.leaks import LeakReport
     from torchmem.results.stats import BreakdownRow
 
 _MAX_POINTS = 2000  # per series drawn; longer timelines keep each bucket's min and max
@@ -227,8 +226,8 @@ def _breakdown_rows(rows: Sequence[BreakdownRow], depth: int = 0) -> list[list[s
 def _reconciliation(cap: Capture) -> str:
     parts = []
     for rec in cap.stats:
-        bd = breakdown_of(rec.breakdown)
-        st = stats_of(rec.stats)
+        bd = rec.as_breakdown()
+        st = rec.as_stats()
         title = f"At the {_e(rec.when)} of the run ({rec.t:.2f} s)"
         block = [f"<h3>{title}</h3>"]
         if bd is not None:
@@ -326,7 +325,7 @@ def _ooms(cap: Capture) -> str:
     out = []
     for o in cap.ooms:
         at = f" at step {o.step}" if o.step is not None else ""
-        d = diagnosis_of(o.diagnosis)
+        d = o.as_diagnosis()
         out.append(f"<h3>Out of memory{_e(at)}, {o.t:.2f} s into the run</h3>")
         if d is None:
             out.append('<p class="note">diagnosis recorded, but not in a form this torchmem reads</p>')
@@ -373,10 +372,10 @@ def _modules(cap: Capture) -> str:
     for r in rows:
         body.append(
             [f"<code>{_e(r.get('module', '?'))}</code>"]
-            + [_e(fmt_bytes(_i(r.get(k)))) for k, _ in MODULE_COLUMNS]
+            + [_e(fmt_bytes(_i(r.get(k)))) for k, _ in MODULE_LABELS]
             + [_e(fmt_bytes(row_total(r)))]
         )
-    head = ["module"] + [label for _, label in MODULE_COLUMNS] + ["held (params+grads+state+act.)"]
+    head = ["module"] + [label for _, label in MODULE_LABELS] + ["held (params+grads+state+act.)"]
     out = [_table(head, body, "modules", range(1, len(head)))]
     out += [f'<p class="note">{_e(n)}</p>' for n in notes]
     return "\n".join(out)

@@ -9,10 +9,10 @@ from typing import IO, TYPE_CHECKING, Any
 from torchmem._errors import TorchmemError
 from torchmem._version import __version__
 from torchmem.report._output import check_writable, write_atomic
-from torchmem.report.summary import final_leak, step_time
+from torchmem.results.capture import final_leak, step_time
 
 if TYPE_CHECKING:
-    from torchmem.capture.file import Capture
+    from torchmem.results.capture import Capture
 
 
 class PlotUnavailableError(TorchmemError):
