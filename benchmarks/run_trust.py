@@ -97,7 +97,8 @@ def main() -> None:
     print(f"{'print() to a stream [anchor]':<52} {p_plain:>9.3f} {1.0:>10.2f}")
     print(f"{'print() through the status-line wrapper':<52} {p_wrapped:>9.3f} {p_wrapped / p_plain:>10.2f}")
     print(f"{'warnings.warn(stacklevel=2), 20 frames deep [anchor]':<52} {w_plain:>9.3f} {1.0:>10.2f}")
-    print(f"{'emit_warning (finds the user frame), 20 frames deep':<52} {w_ours:>9.3f} {w_ours / w_plain:>10.2f}")
+    label = "emit_warning (finds the user frame), 20 frames deep"
+    print(f"{label:<52} {w_ours:>9.3f} {w_ours / w_plain:>10.2f}")
 
 
 if __name__ == "__main__":

@@ -45,11 +45,9 @@ from torchmem.actions.release import (
     release,
 )
 from torchmem.actions.scope import Scope, ScopeReport, scope
-from torchmem.analysis.estimate import EstimateRow, FitArgumentError, MemoryEstimate
-from torchmem.analysis.holders import HolderPath, HolderSearch, find_holders, holders
-from torchmem.analysis.leaks import Culprit, LeakReport
-from torchmem.analysis.oom import Cause, Fix, OOMDiagnosis, is_oom
-from torchmem.analysis.profile import ModuleProfile, ProfileReconciliation, ProfileReport
+from torchmem.analysis.estimate import FitArgumentError
+from torchmem.analysis.holders import find_holders, holders
+from torchmem.analysis.oom import is_oom
 from torchmem.capture.cpu import CpuTracking, cpu_tracking
 from torchmem.capture.file import Capture, CaptureError, read_capture
 from torchmem.capture.measure import estimate
@@ -60,7 +58,12 @@ from torchmem.capture.track import Tracker, track
 from torchmem.capture.watch import LeakWarning, Watcher, WatchError, watch
 from torchmem.devices import HotReading
 from torchmem.integrations.excepthook import install, uninstall
+from torchmem.results.fit import EstimateRow, MemoryEstimate
+from torchmem.results.holders import HolderPath, HolderSearch
+from torchmem.results.leaks import Culprit, LeakReport
 from torchmem.results.live import LiveTensor, LiveTensorReport
+from torchmem.results.oom import Cause, Fix, OOMDiagnosis
+from torchmem.results.profile import ModuleProfile, ProfileReconciliation, ProfileReport
 from torchmem.results.release import DeviceFigures, ReleaseReport, Remaining
 from torchmem.results.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
 from torchmem.results.track import TrackResult

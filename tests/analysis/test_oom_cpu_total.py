@@ -63,7 +63,8 @@ def test_host_memory_reads_the_same_total_as_proc_meminfo() -> None:
     assert h.physical == _memtotal()
     assert h.physical_source == "MemTotal in /proc/meminfo"
     assert meminfo()["MemTotal"] == h.physical
-    assert h.total is not None and h.total <= h.physical
+    m = MachineMemory(h.physical, h.physical_source, h.cgroup_limit, h.cgroup_source, h.available)
+    assert m.total is not None and m.total <= h.physical
 
 
 def test_a_cpu_request_larger_than_the_ram_is_too_large_and_nothing_else() -> None:
@@ -167,7 +168,14 @@ def test_cgroup_v2_limit_is_the_tightest_of_the_cgroup_and_its_ancestors(tmp_pat
     meminfo_file = _tree(tmp_path / "p2", {"meminfo": "MemTotal:       16384 kB\nMemAvailable:    8192 kB\n"})
     h = host_memory(str(meminfo_file / "meminfo"), str(root), str(proc))
     assert h.physical == 16384 * 1024 and h.available == 8192 * 1024
-    assert h.total == 16384 * 1024 and not h.limited_by_cgroup  # 16 MiB of RAM < the 4 GiB limit
+    m = MachineMemory(
+        physical=h.physical,
+        physical_source=h.physical_source,
+        cgroup_limit=h.cgroup_limit,
+        cgroup_source=h.cgroup_source,
+        available=h.available,
+    )
+    assert m.total == 16384 * 1024 and not m.limited_by_cgroup  # 16 MiB of RAM < the 4 GiB limit
 
 
 def test_cgroup_v1_and_namespaced_paths(tmp_path: Path) -> None:

@@ -87,7 +87,7 @@ def test_estimate_activations_are_the_bytes_saved_for_backward() -> None:
         x = make(bs)
         seen: dict[int, int] = {}
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
+        def pack(t: torch.Tensor, seen: dict[int, int] = seen) -> torch.Tensor:
             st = t.untyped_storage()
             if not any(st.data_ptr() == p.untyped_storage().data_ptr() for p in model.parameters()):
                 seen[st.data_ptr()] = st.nbytes()

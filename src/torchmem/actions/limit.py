@@ -444,7 +444,7 @@ def _lift(dev: torch.device) -> Limit:
 # -- budget ---------------------------------------------------------------------------------------------
 def _working_set_of(storages: list[tuple[Any, int]]) -> tuple[WorkingSetEntry, ...]:
     """Sizes, one shape/dtype and holder paths of some storages (one heap scan, time-limited search)."""
-    from torchmem.actions._survivors import _aliases, holders_of_storages
+    from torchmem.analysis.holders.survivors import _aliases, holders_of_storages
 
     if not storages:
         return ()

@@ -17,7 +17,7 @@ import torch
 from torchmem._errors import TorchmemError
 from torchmem._exceptions import clear_frames
 from torchmem._format import count
-from torchmem.actions._survivors import holders_of_storages
+from torchmem.analysis.holders.survivors import holders_of_storages
 from torchmem.analysis.release_plan import (
     BUFFER,
     EXCEPTION_LOCAL,

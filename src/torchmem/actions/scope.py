@@ -14,7 +14,7 @@ import torch
 
 from torchmem._errors import TrackingError
 from torchmem._format import count, fmt_bytes
-from torchmem.actions._survivors import holders_of_storages
+from torchmem.analysis.holders.survivors import holders_of_storages
 from torchmem.analysis.live import graph_tensors, tensor_parts
 from torchmem.analysis.release_plan import plan_release
 from torchmem.devices import _ops as ops

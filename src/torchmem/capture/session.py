@@ -18,10 +18,10 @@ from typing import Any, TextIO
 import torch
 
 from torchmem._format import fmt_bytes
-from torchmem.analysis.leaks import LeakReport
 from torchmem.capture.read import counters
 from torchmem.capture.watch import Watcher, watch
 from torchmem.devices import DeviceLike, cuda_initialized, resolve
+from torchmem.results.leaks import LeakReport
 
 
 @dataclass(frozen=True)

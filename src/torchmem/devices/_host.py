@@ -21,7 +21,9 @@ _UNLIMITED = 1 << 62
 
 
 class HostMemory(NamedTuple):
-    """The host's memory, in bytes, and where each figure was read.
+    """The host's memory, in bytes, and where each figure was read: the raw reading. Which figure is the
+    ceiling (the cgroup limit where it binds, else the RAM) is :class:`torchmem.results.oom.MachineMemory`'s
+    rule, the one place it is decided.
 
     Attributes:
         physical: Total RAM of the machine (``MemTotal``), ``None`` when it cannot be read.
@@ -38,18 +40,6 @@ class HostMemory(NamedTuple):
     cgroup_limit: int | None = None
     cgroup_source: str | None = None
     available: int | None = None
-
-    @property
-    def limited_by_cgroup(self) -> bool:
-        """The cgroup limit is below the RAM (or the RAM is unknown): the limit is the ceiling."""
-        if self.cgroup_limit is None:
-            return False
-        return self.physical is None or self.cgroup_limit < self.physical
-
-    @property
-    def total(self) -> int | None:
-        """What this process can have at most: the cgroup limit where it binds, else the RAM."""
-        return self.cgroup_limit if self.limited_by_cgroup else self.physical
 
 
 def meminfo(path: str = MEMINFO) -> dict[str, int]:
@@ -159,7 +149,7 @@ def host_memory(
 
     Example:
         >>> h = host_memory()
-        >>> h.total is None or h.total > 0
+        >>> h.physical is None or h.physical > 0
         True
     """
     info = meminfo(meminfo_path)
