@@ -153,7 +153,7 @@ def test_excepthook_chains_recovers_and_uninstalls(capped: torchmem.CpuTracking)
 
 
 def test_ipython_cell_oom_prints_the_diagnosis_and_gives_the_memory_back() -> None:
-    from IPython.core.interactiveshell import InteractiveShell
+    InteractiveShell = pytest.importorskip("IPython.core.interactiveshell").InteractiveShell
 
     shell = InteractiveShell.instance()
     try:
@@ -185,7 +185,7 @@ def test_ipython_cell_oom_prints_the_diagnosis_and_gives_the_memory_back() -> No
 
 def test_ipython_without_install_keeps_the_memory_pinned() -> None:
     """The anchor: IPython's own handling keeps the failed cell's frames (sys.last_traceback)."""
-    from IPython.core.interactiveshell import InteractiveShell
+    InteractiveShell = pytest.importorskip("IPython.core.interactiveshell").InteractiveShell
 
     shell = InteractiveShell.instance()
     try:
@@ -227,7 +227,7 @@ def test_reraise_false_swallows_only_the_oom_itself(capped: torchmem.CpuTracking
 
 def test_ipython_oom_cell_shows_its_traceback_then_the_diagnosis(capsys: pytest.CaptureFixture[str]) -> None:
     """IPython ignores what a custom handler returns: torchmem's must display the traceback itself."""
-    from IPython.core.interactiveshell import InteractiveShell
+    InteractiveShell = pytest.importorskip("IPython.core.interactiveshell").InteractiveShell
 
     shell = InteractiveShell.instance()
     try:
@@ -260,7 +260,7 @@ def test_ipython_previous_handler_still_gets_its_exceptions_subclasses_included(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """IPython matches custom exceptions by isinstance: a RuntimeError handler also gets its subclasses."""
-    from IPython.core.interactiveshell import InteractiveShell
+    InteractiveShell = pytest.importorskip("IPython.core.interactiveshell").InteractiveShell
 
     shell = InteractiveShell.instance()
     seen: list[str] = []

@@ -217,7 +217,7 @@ def test_release_does_not_keep_objects_alive() -> None:
 
 def test_ipython_output_history_is_cleared() -> None:
     pytest.importorskip("IPython")
-    from IPython.core.interactiveshell import InteractiveShell
+    InteractiveShell = pytest.importorskip("IPython.core.interactiveshell").InteractiveShell
 
     shell = InteractiveShell.instance()
     try:

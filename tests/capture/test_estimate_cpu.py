@@ -54,12 +54,12 @@ def saved_for_backward(model: torch.nn.Module, x: torch.Tensor) -> int:
     loss = model(x).float().mean()  # estimate()'s default loss
     found: dict[int, int] = {}
     todo = [loss.grad_fn]
-    seen: set[int] = set()
+    seen: dict[int, object] = {}  # the nodes themselves: a freed wrapper's id may be reused (torch 2.11)
     while todo:
         node = todo.pop()
         if node is None or id(node) in seen:
             continue
-        seen.add(id(node))
+        seen[id(node)] = node
         for name in dir(node):
             if not name.startswith("_saved_"):
                 continue

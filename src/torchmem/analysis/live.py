@@ -59,7 +59,9 @@ def graph_tensors(roots: Iterable[torch.Tensor]) -> Iterator[tuple[str, torch.Te
         >>> sorted({name.split(".")[0] for name, _ in graph_tensors([out])})
         ['AccumulateGrad', 'MmBackward0', 'ReluBackward0']
     """
-    seen: set[int] = set()
+    # Visited nodes are kept (not only their ids): some torch versions (2.11) free a C++ node's Python
+    # wrapper as soon as nobody holds it, and a later wrapper may then reuse the id of one already seen.
+    seen: dict[int, Any] = {}
     for root in roots:
         fn = root.grad_fn
         stack = [fn] if fn is not None else []
@@ -67,7 +69,7 @@ def graph_tensors(roots: Iterable[torch.Tensor]) -> Iterator[tuple[str, torch.Te
             f = stack.pop()
             if f is None or id(f) in seen:
                 continue
-            seen.add(id(f))
+            seen[id(f)] = f
             node = type(f).__name__
             for attr, v in saved_tensors(f):
                 yield f"{node}.{attr}", v
