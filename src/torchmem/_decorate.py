@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar, cast
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -17,16 +18,12 @@ class ContextDecorator:
     context manager swallows returns ``None``.
     """
 
-    def __enter__(self) -> Any:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
-
-    def __exit__(self, *exc: Any) -> bool | None:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
-
     def __call__(self, fn: F) -> F:
+        manager = cast(AbstractContextManager[Any], self)  # subclasses define __enter__/__exit__
+
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self:
+            with manager:
                 return fn(*args, **kwargs)
             return None  # reached only when __exit__ swallowed the exception
 
