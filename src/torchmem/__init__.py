@@ -29,7 +29,7 @@ from torchmem.actions.batch_size import (
     Trial,
     find_batch_size,
 )
-from torchmem.actions.guard import OOMGuard, OOMRecovery, oom_guard
+from torchmem.actions.guard import OOMGuard, oom_guard
 from torchmem.actions.limit import (
     Budget,
     BudgetExceededError,
@@ -44,7 +44,7 @@ from torchmem.actions.release import (
     ReleaseError,
     release,
 )
-from torchmem.actions.scope import Scope, ScopeReport, scope
+from torchmem.actions.scope import Scope, scope
 from torchmem.analysis.estimate import FitArgumentError
 from torchmem.analysis.holders import find_holders, holders
 from torchmem.analysis.oom import is_oom
@@ -62,9 +62,9 @@ from torchmem.results.fit import EstimateRow, MemoryEstimate
 from torchmem.results.holders import HolderPath, HolderSearch
 from torchmem.results.leaks import Culprit, LeakReport
 from torchmem.results.live import LiveTensor, LiveTensorReport
-from torchmem.results.oom import Cause, Fix, OOMDiagnosis
+from torchmem.results.oom import Cause, Fix, OOMDiagnosis, OOMRecovery
 from torchmem.results.profile import ModuleProfile, ProfileReconciliation, ProfileReport
-from torchmem.results.release import DeviceFigures, ReleaseReport, Remaining
+from torchmem.results.release import DeviceFigures, ReleaseReport, Remaining, ScopeReport
 from torchmem.results.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
 from torchmem.results.track import TrackResult
 

@@ -162,3 +162,15 @@ def test_a_scope_can_be_reused_after_a_failure(monkeypatch: pytest.MonkeyPatch) 
     with sc:
         keep.append(torch.ones(5))
     assert sc.report is not None and sc.report.errors == () and sc.report.survived_bytes == 20
+
+
+def test_a_scope_report_round_trips() -> None:
+    from torchmem.results.release import ScopeReport
+
+    kept = []
+    with torchmem.scope() as sc:
+        kept.append(torch.ones(256))  # survives without being kept: a survivor with a holder path
+    r = sc.report
+    assert r is not None and r.survivors
+    assert ScopeReport.from_dict(r.to_dict()) == r
+    assert str(ScopeReport.from_dict(r.to_dict())) == str(r)

@@ -225,3 +225,21 @@ def test_a_damaged_record_is_a_result_format_error() -> None:
             OOMDiagnosis.from_dict({**stored, **damage})
     with pytest.raises(ResultFormatError):
         AllocatorState.from_dict({"segments": [{"blocks": []}]})  # a segment without its size
+
+
+def test_an_oom_recovery_round_trips_with_its_diagnosis() -> None:
+    import torch
+
+    import torchmem
+    from torchmem.results.oom import OOMRecovery
+
+    with (
+        torchmem.cpu_tracking(),
+        torchmem.limit(1 << 20, "cpu"),
+        torchmem.oom_guard(reraise=False, quiet=True) as guard,
+    ):
+        torch.empty(4 << 20, dtype=torch.uint8)
+    rec = guard.oom
+    assert rec is not None and rec.diagnosis is not None
+    assert OOMRecovery.from_dict(rec.to_dict()) == rec
+    assert str(OOMRecovery.from_dict(rec.to_dict())) == str(rec)

@@ -21,15 +21,14 @@ import time
 import types
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
 import torch
 
 from torchmem._decorate import ContextDecorator
 from torchmem._exceptions import clear_frames, exception_chain
-from torchmem._format import fmt_bytes
 from torchmem._warn import print_safely
+from torchmem.results.oom import OOMRecovery
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,85 +48,6 @@ def find_oom(exc: BaseException | None) -> BaseException | None:
 
 
 # -- the result ---------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class OOMRecovery:
-    """What an OOM handler found and freed.
-
-    Attributes:
-        error: ``"OutOfMemoryError: CUDA out of memory. Tried to allocate ..."`` (first line).
-        devices: The devices recovered (the OOM's device kind).
-        diagnosis: The :class:`~torchmem.analysis.oom.OOMDiagnosis` (``None`` if it could not be made).
-        freed_bytes: Bytes of tensor storages the cleared frames (and notebook history) held that are now
-            freed. Exact: each storage is followed by a weak reference.
-        allocated_before / allocated_after: The device's allocated bytes when the handler started and
-            ended (first device; ``None`` where unknown, e.g. the CPU without the ledger).
-        reserved_before / reserved_after: Likewise for the allocator's reserved bytes.
-        frames_cleared: Finished frames whose locals were dropped.
-        actions: What was done, in order.
-        errors: Steps that failed (recovery goes on after each).
-        reraised: Whether the exception was re-raised after recovery.
-        seconds: Time the handler took.
-    """
-
-    error: str
-    devices: tuple[str, ...]
-    diagnosis: Any
-    freed_bytes: int
-    allocated_before: int | None
-    allocated_after: int | None
-    reserved_before: int | None
-    reserved_after: int | None
-    frames_cleared: int
-    actions: tuple[str, ...]
-    errors: tuple[str, ...]
-    reraised: bool
-    seconds: float
-
-    def to_dict(self) -> dict[str, Any]:
-        diag = self.diagnosis
-        return {
-            "error": self.error,
-            "devices": list(self.devices),
-            "diagnosis": diag.to_dict() if hasattr(diag, "to_dict") else None,
-            "freed_bytes": self.freed_bytes,
-            "allocated_before": self.allocated_before,
-            "allocated_after": self.allocated_after,
-            "reserved_before": self.reserved_before,
-            "reserved_after": self.reserved_after,
-            "frames_cleared": self.frames_cleared,
-            "actions": list(self.actions),
-            "errors": list(self.errors),
-            "reraised": self.reraised,
-            "seconds": self.seconds,
-        }
-
-    def summary(self) -> str:
-        """One line: what came back."""
-        dev = self.devices[0] if self.devices else "the device"
-        text = f"torchmem: freed {fmt_bytes(self.freed_bytes)} the failed call held on {dev}"
-        if self.allocated_before is not None and self.allocated_after is not None:
-            text += (
-                f" (allocated {fmt_bytes(self.allocated_before)} -> {fmt_bytes(self.allocated_after)}"
-                + (
-                    f", reserved {fmt_bytes(self.reserved_before)} -> {fmt_bytes(self.reserved_after)}"
-                    if self.reserved_before is not None
-                    else ""
-                )
-                + ")"
-            )
-        return text + "."
-
-    def __str__(self) -> str:
-        lines = []
-        if self.diagnosis is not None:
-            lines.append(str(self.diagnosis).rstrip())
-        else:
-            lines.append(self.error)
-        lines.append(self.summary())
-        lines.extend(f"torchmem: recovery step failed: {e}" for e in self.errors)
-        return "\n".join(lines)
-
-
 # -- recovery ---------------------------------------------------------------------------------------------
 def _devices_of(oom: BaseException) -> list[torch.device]:
     """The devices to recover: the CPU for a torchmem CPU limit, else every initialised accelerator."""

@@ -1,4 +1,5 @@
-"""What ``torchmem.release()`` did and achieved: :class:`ReleaseReport`, and its plain-text rendering."""
+"""What ``torchmem.release()`` and ``torchmem.scope()`` freed and what survived: :class:`ReleaseReport`,
+:class:`ScopeReport`, and their plain-text rendering."""
 
 from __future__ import annotations
 
@@ -124,4 +125,51 @@ def render_release(r: ReleaseReport) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DeviceFigures", "ReleaseReport", "Remaining", "render_release"]
+@dataclass(frozen=True)
+class ScopeReport:
+    """What a :func:`scope` block allocated, what was freed at its end, and who holds the rest.
+
+    Attributes:
+        born_bytes: Bytes of tensor storages created inside the block.
+        kept_bytes: Bytes still alive that belong to objects passed to :meth:`Scope.keep` — their tensors,
+            and the tensors their autograd graphs saved for backward.
+        survived_bytes: Bytes still alive that were *not* kept — each listed in ``survivors`` with holders.
+        collected: Objects ``gc.collect()`` found unreachable at the end of the block.
+        survivors: The storages that outlived the block without being kept.
+        seconds: Time spent in the end-of-block work.
+        devices: Every device the block allocated on (whether or not anything survived there); each was
+            synchronised and its cache emptied.
+        errors: End-of-block steps that failed (the block's own exception, if any, is never caught); the
+            figures of the other steps are still given.
+    """
+
+    born_bytes: int
+    kept_bytes: int
+    survived_bytes: int
+    collected: int
+    survivors: tuple[Remaining, ...]
+    seconds: float
+    devices: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ScopeReport:
+        """The report stored as :meth:`to_dict` wrote it."""
+        return from_mapping(cls, d)
+
+    def __str__(self) -> str:
+        lines = [
+            f"scope: {fmt_bytes(self.born_bytes)} allocated inside, {fmt_bytes(self.kept_bytes)} kept, "
+            f"{fmt_bytes(self.survived_bytes)} still alive without being kept"
+        ]
+        for r in self.survivors:
+            lines.append(f"  {r.name} ({fmt_bytes(r.bytes)} on {r.device})")
+            lines += [f"    held by {p}" for p in r.paths] or ["    held by no path torchmem can name"]
+        lines += [f"  error: {e}" for e in self.errors]
+        return "\n".join(lines)
+
+
+__all__ = ["DeviceFigures", "ReleaseReport", "Remaining", "ScopeReport", "render_release"]
