@@ -138,7 +138,8 @@ def _name_bystanders(found: list[_Bystander]) -> None:
 
     targets = [b.opt for b in found]
     try:
-        search = find_holders(targets, max_paths=1, time_limit=1.0, exclude=[found, targets])
+        # 3 s, as for budget()'s working set: 1 s ran out on a loaded or slower host (Python 3.12 device run)
+        search = find_holders(targets, max_paths=1, time_limit=3.0, exclude=[found, targets])
         paths: list[tuple[Any, ...]] = list(search.paths)
     except Exception:  # naming is a nicety: never let it stop a release
         paths = [() for _ in found]
