@@ -269,3 +269,22 @@ def test_import_does_no_work_in_a_fresh_process() -> None:
     assert data["dispatch_stack"] == 0
     assert data["function_stack"] == 0
     assert data["current_mode"] == "None"
+
+
+def test_import_loads_nothing_until_a_name_is_used() -> None:
+    probe = (
+        "import sys, json; import torchmem; "
+        "before = sorted(m for m in sys.modules if m.startswith('torchmem')); "
+        "torch_loaded = 'torch' in sys.modules; torchmem.stats; "
+        "print(json.dumps([before, torch_loaded, 'torchmem.capture.read' in sys.modules]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    before, torch_loaded, loaded_on_use = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert before == ["torchmem", "torchmem._version"] and torch_loaded is False
+    assert loaded_on_use is True
+    assert set(torchmem.__all__) <= set(dir(torchmem))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        torchmem.nope  # type: ignore[attr-defined]  # noqa: B018
