@@ -107,3 +107,21 @@ def test_a_message_flattened_to_one_line_parses_the_same(path: Path) -> None:
         return
     assert b is not None
     assert dataclasses.replace(a, text="") == dataclasses.replace(b, text="")
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("torch.AcceleratorError: CUDA error: out of memory", "torch.AcceleratorError"),
+        (
+            "[rank1]: 12:00:01 torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB",
+            "torch.cuda.OutOfMemoryError",
+        ),
+        ("RuntimeError: CUDA out of memory. Tried to allocate 20.00 MiB", "RuntimeError"),
+    ],
+)
+def test_the_exception_name_is_read_whole_never_its_tail(text: str, name: str) -> None:
+    found = find_oom_message(text)
+    assert found is not None
+    parsed = parse_oom_message(found)
+    assert parsed is not None and parsed.exception_type == name

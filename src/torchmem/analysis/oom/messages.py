@@ -362,10 +362,9 @@ def _markers(kinds: tuple[SourceRule, ...]) -> re.Pattern[str]:
     return re.compile("|".join(k.marker.pattern for k in kinds if k.marker is not None))
 
 
-_EXC_PREFIX = re.compile(
-    r"(?P<exc>(?:[A-Za-z_][\w]*\.)*(?:OutOfMemoryError|RuntimeError|DistBackendError|Error|Exception))"
-    r":\s*(?=\S)"
-)
+# A whole (dotted) exception name ending in Error or Exception: never the tail of a longer name, so
+# "torch.AcceleratorError:" is read as that name, not as "Error".
+_EXC_PREFIX = re.compile(r"(?<![\w.])(?P<exc>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception)):\s*(?=\S)")
 _MESSAGE_END = re.compile(r"\n\s*\n|\nTraceback |\n\s*File \"|\n(?:During handling|The above exception)")
 _CONTINUATION = re.compile(r"NCCL|nccl|Allocation on device|Last error")
 
