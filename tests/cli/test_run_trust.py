@@ -314,3 +314,14 @@ def test_report_outputs_are_never_clobbered(tmp_path: Path, capsys: pytest.Captu
     assert main(["report", str(cap), "--html", str(new)]) == 3  # an earlier report: --force replaces it
     assert main(["report", str(cap), "--html", str(new), "--force"]) == 0
     assert json.loads(cap.read_text().splitlines()[0])["format"] == "torchmem-capture"
+
+
+def test_an_unknown_option_before_the_program_is_run_s_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = _write(tmp_path / "train.py", TRAIN)
+    assert main(["run", "--nonsense", str(script)]) == 2
+    out = capsys.readouterr()
+    assert "argv" not in out.out  # the program never ran
+    assert "usage: torchmem run" in out.err and "unrecognized arguments: --nonsense" in out.err
+    assert not list(tmp_path.glob("*.jsonl"))

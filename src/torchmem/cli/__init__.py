@@ -39,6 +39,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]  # type: ignore[no-any-return]
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
     parser = _parser()
@@ -49,7 +56,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         own, program = run_cmd.split_argv(raw[cmd_at + 1 :])
         raw = [*raw[: cmd_at + 1], *own]
     try:
-        args = parser.parse_args(raw)
+        args, extra = parser.parse_known_args(raw)
+        if extra:  # said by the command's own parser, with its own usage line
+            sub = _subparser(parser, getattr(args, "command", None))
+            (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
         if program is not None:
             if program[:1] == ["-m"]:
                 args.module, program = program[1], program[2:]
