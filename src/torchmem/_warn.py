@@ -22,12 +22,14 @@ _log = logging.getLogger("torchmem")
 
 _INTERNAL, _LIBRARY, _USER = 0, 1, 2
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
+TORCHMEM_DIR = os.path.dirname(os.path.abspath(__file__))
+"""The torchmem package's folder (frames from files under it are torchmem's own)."""
 # The demo script is a user program that ships inside the package (``torchmem demo`` runs it).
-_DEMO = os.path.join(_HERE, "_demo")
+_DEMO = os.path.join(TORCHMEM_DIR, "_demo")
 
 
-def _dir_of(module: str) -> str | None:
+def module_dir(module: str) -> str | None:
+    """The folder of an imported module or package (``None`` when it is not imported or has no file)."""
     mod = sys.modules.get(module)
     f = getattr(mod, "__file__", None)
     return os.path.dirname(os.path.abspath(f)) if isinstance(f, str) else None
@@ -41,7 +43,7 @@ def _under(path: str, root: str | None) -> bool:
 def _library_roots() -> tuple[str, ...]:
     """Directories of the standard library and of installed packages."""
     roots: set[str] = set()
-    std = _dir_of("os")
+    std = module_dir("os")
     if std:
         roots.add(std)
     paths = sysconfig.get_paths()
@@ -68,9 +70,9 @@ def _origin(filename: str, module: str) -> int:
     if _under(path, _DEMO):
         return _USER
     top = module.partition(".")[0]
-    if top in ("torchmem", "torch", "runpy", "importlib") or _under(path, _HERE):
+    if top in ("torchmem", "torch", "runpy", "importlib") or _under(path, TORCHMEM_DIR):
         return _INTERNAL
-    if _under(path, _dir_of("torch")):
+    if _under(path, module_dir("torch")):
         return _INTERNAL
     parts = path.split(os.sep)
     if "site-packages" in parts or "dist-packages" in parts:

@@ -61,8 +61,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             sub = _subparser(parser, getattr(args, "command", None))
             (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
         if program is not None:
-            if program[:1] == ["-m"]:
-                args.module, program = program[1], program[2:]
             args.argv = program
     except SystemExit as exc:  # argparse: --help, --version, usage errors
         return int(exc.code) if isinstance(exc.code, int) else 2

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
 from torchmem._errors import TorchmemError
+from torchmem._warn import TORCHMEM_DIR, module_dir
 
 
 class RunError(TorchmemError):
@@ -185,7 +186,6 @@ class Program:
             raise ProgramNotStarted(1) from None
 
     def _init_module(self, name: str, args: list[str]) -> None:
-
         self.module = name
         self.name = name.rsplit(".", 1)[-1]
         self.path0 = os.getcwd()
@@ -322,14 +322,7 @@ def _print_plain(exc: BaseException, err: TextIO) -> None:
     err.flush()
 
 
-_TORCHMEM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _RUNNER_FILES = (os.path.dirname(runpy.__file__), "<frozen runpy>", "<frozen importlib")
-
-
-def _torch_dir() -> str | None:
-    mod = sys.modules.get("torch")
-    f = getattr(mod, "__file__", None)
-    return os.path.dirname(os.path.abspath(f)) if f else None
 
 
 def _is_glue(filename: str, torch_dir: str | None) -> bool:
@@ -351,14 +344,14 @@ def user_traceback(tb: types.TracebackType | None, program_file: str | None) -> 
         entries.append(tb)
         tb = tb.tb_next
     names = [e.tb_frame.f_code.co_filename for e in entries]
-    own = [(n.startswith(_TORCHMEM_DIR + os.sep) and n != program_file) for n in names]
+    own = [(n.startswith(TORCHMEM_DIR + os.sep) and n != program_file) for n in names]
     keep = [True] * len(entries)
     # the runner: torchmem's cli, runpy, importlib at the top
     i = 0
     while i < len(entries) and (own[i] or names[i].startswith(_RUNNER_FILES)):
         keep[i] = False
         i += 1
-    tdir = _torch_dir()
+    tdir = module_dir("torch")
     for j in range(i, len(entries)):
         if not own[j]:
             continue
@@ -411,8 +404,8 @@ def _print_exception(e: BaseException, program: Program, err: TextIO) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise RunError("--interval must be positive.", "For example --interval 0.05.")
-    program_argv = list(args.argv)
-    if args.module:  # `-m` reached argparse (no program split was done: a direct call with a Namespace)
+    program_argv = list(args.argv)  # ["-m", MODULE, ...] for a module (cli.main splits the command line)
+    if args.module:  # `-m` given to argparse itself: a Namespace built without cli.main's split
         program_argv = ["-m", args.module, *program_argv]
     err = sys.stderr
     try:

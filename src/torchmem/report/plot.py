@@ -8,7 +8,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from torchmem._errors import TorchmemError
 from torchmem._version import __version__
-from torchmem.report._output import check_writable, write_atomic
+from torchmem.report._output import write_atomic
 from torchmem.results.capture import final_leak, step_time
 
 if TYPE_CHECKING:
@@ -126,7 +126,6 @@ def write_plot(cap: Capture, path: str | os.PathLike[str], *, force: bool = Fals
         >>> write_plot(read_capture("run.jsonl"), "timeline.png")  # doctest: +SKIP
     """
     require_matplotlib()
-    check_writable(path, "plot", kind="png", force=force)
     return write_atomic(path, lambda f: _draw(cap, f), what="plot", kind="png", force=force)
 
 
