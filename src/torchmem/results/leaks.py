@@ -24,9 +24,9 @@ from torchmem.results._dicts import ResultFormatError, from_mapping
 from torchmem.results.holders import HolderPath
 
 
-def _rate(b: float) -> str:
+def _rate(b: float, unit: str = "step") -> str:
     sign = "+" if b >= 0 else "-"
-    return f"{sign}{fmt_bytes(int(abs(b)))}/step"
+    return f"{sign}{fmt_bytes(int(abs(b)))}/{unit}"
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,11 @@ class LeakReport:
         trend_per_step: The measured growth per step, also below the threshold (``bytes_per_step`` stays 0
             unless leaking).
         min_bytes_per_step: The reporting threshold the watch used (0: unknown).
+        boundary: What one step was (``torchmem run`` chooses it): ``"optimizer step"``, ``"backward()
+            call"``, ``"top-level Model() call"``, ``"DataLoader batch"``, ``"generate() call"``, ``"return
+            of f()"`` (``--step-marker``), ``"second"`` (no repeating step: the sampled timeline, and the
+            figures are per second); ``""``: steps counted by ``watch()``'s caller.
+        unit: ``"step"``, or ``"s"`` when the figures are per second of the timeline.
 
     Example:
         >>> r = LeakReport("cpu", "ledger", "light", 8, 3, False, 0.0, 0.0, None, None, "flat", (), ((4, 0),))
@@ -255,6 +260,8 @@ class LeakReport:
     verdict: str = ""
     trend_per_step: float = 0.0
     min_bytes_per_step: int = 0
+    boundary: str = ""
+    unit: str = "step"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -270,7 +277,12 @@ class LeakReport:
 
     def __str__(self) -> str:
         """The terminal text: verdict, figures, then each culprit with site, holder and fix."""
-        if self.leaking:
+        if self.leaking and self.unit == "s":
+            head = (
+                f"LEAK on {self.device}: {_rate(self.bytes_per_step, 's')} over {self.steps} s of the timeline "
+                f"(no repeating step was found; confidence {self.confidence:.2f})"
+            )
+        elif self.leaking:
             head = (
                 f"LEAK on {self.device}: {_rate(self.bytes_per_step)} over {self.steps} steps "
                 f"(confidence {self.confidence:.2f}, detected at step {self.detected_at})"
@@ -289,6 +301,8 @@ class LeakReport:
         else:
             head = f"no leak on {self.device} over {self.steps} steps: {self.reason}"
         lines = [head]
+        if self.boundary and self.unit != "s":
+            lines.append(f"  one step = one {self.boundary}")
         if self.series:
             (first_step, first), (last_step, last) = self.series[0], self.series[-1]
             lines.append(
