@@ -246,15 +246,35 @@ def test_status_line_is_cleared_before_the_program_prints(
 
 
 def test_zero_steps_says_why_and_what_to_do(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # No loop at all: one model call, one tensor op. "No repeating step" and what to do, never a silent 0.
     script = _write(
         tmp_path / "infer.py",
-        "import torch\nm = torch.nn.Linear(4, 4)\nfor _ in range(3):\n    m(torch.ones(1, 4))\n",
+        "import torch\nm = torch.nn.Linear(4, 4)\ny = m(torch.ones(1, 4))\nprint(float(y.sum()))\n",
     )
     assert main(["run", "--no-status", "-o", str(tmp_path / "a.jsonl"), str(script)]) == 0
     err = capsys.readouterr().err
-    assert "0 steps" in err and "no optimizer.step()" in err and "--step-marker" in err
+    assert "0 steps" in err and "no repeating step was found" in err and "--step-marker" in err
+    assert "top-level module call: 1" in err  # what was seen
     notes = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()[1:]]
-    assert any(r["type"] == "note" and "no optimizer.step()" in r["text"] for r in notes)
+    assert any(r["type"] == "note" and "no repeating step" in r["text"] for r in notes)
+    assert [r for r in notes if r["type"] == "boundary"][-1]["kind"] in ("timeline", "none")
+
+
+def test_an_inference_loop_without_optimizer_counts_model_calls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script = _write(
+        tmp_path / "infer.py",
+        "import torch\nm = torch.nn.Linear(4, 4)\nfor _ in range(12):\n    m(torch.ones(1, 4))\n",
+    )
+    assert main(["run", "--no-status", "-o", str(tmp_path / "a.jsonl"), str(script)]) == 0
+    err = capsys.readouterr().err
+    # the first call is not a loop yet: the steps are counted from the second call on
+    assert "torchmem: 11 steps" in err and "0 steps" not in err
+    assert "one step = one top-level Linear() call" in err
+    recs = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()[1:]]
+    final = [r for r in recs if r["type"] == "leak"][-1]["report"]
+    assert final["boundary"] == "top-level Linear() call" and not final["leaking"]
 
 
 def test_a_step_marker_that_never_matches_is_reported(

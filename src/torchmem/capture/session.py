@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -125,6 +126,15 @@ class Session:
         self._user_line_open = False
         self._status_lock = threading.RLock()
         self._other_thread_steps = 0
+        self._boundaries: Any = None
+        self._boundary_kind: str | None = None
+        self._boundary_label = ""
+        self._switches: list[str] = []
+        self._timeline: list[tuple[float, int]] = []
+        self._timeline_every = 1
+        self._timeline_n = 0
+        self._peak_seen = 0
+        self._last_step_write = 0.0
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> Session:
@@ -149,16 +159,28 @@ class Session:
             if problem is not None:
                 self._note(f"--memory-viz: {problem}")
                 self.memory_viz = None
-        self._watcher = watch(device=self.device, warn=False, warmup=self.warmup)
-        self._watcher._exclusive = False  # the monitored program may use torchmem.watch() itself
-        self._watcher.__enter__()
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        self._watcher = self._new_watcher()
+        from torchmem.capture.boundaries import StepBoundaries
 
-        self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._boundaries = StepBoundaries(
+            self._on_boundary, self._on_switch, thread=self._main, on_error=self._note
+        )
         if self.step_marker:
+            # The user said what a step is: only optimizer steps are counted (for the 0-step advice).
+            self._boundaries._install_optimizer()
             self._profile_prev = sys.getprofile()
             sys.setprofile(self._profile)
-        os.register_at_fork(after_in_child=self._in_child)
+        else:
+            self._boundaries.start()
+        # A weak reference: the interpreter keeps fork callbacks forever, a session must not live that long.
+        ref = weakref.ref(self)
+
+        def in_child() -> None:
+            session = ref()
+            if session is not None:
+                session._in_child()
+
+        os.register_at_fork(after_in_child=in_child)
         self._watch_processes()
         if self.status:
             self._wrap_streams()
@@ -167,14 +189,59 @@ class Session:
         return self
 
     # -- steps -----------------------------------------------------------------------------------
-    def _on_optimizer_step(self, opt: Any = None, *_args: Any, **_kwargs: Any) -> None:
-        if threading.get_ident() == self._main and not self._disabled:
-            self._last_opt = opt
-            self._optimizer_steps += 1
-            if not self.step_marker:
-                self.step()
-        elif not self._disabled:
-            self._other_thread_steps += 1
+    def _new_watcher(self) -> Watcher[Any]:
+        # On the CPU the figure is the C heap in use (one ~1 µs read per step); the exact ledger only runs in
+        # attribution windows, once the figure grows. Elsewhere the allocator's counters.
+        source = "heap" if self.device.type == "cpu" else "auto"
+        try:
+            w: Watcher[Any] = watch(device=self.device, warn=False, warmup=self.warmup, source=source)
+        except Exception as exc:  # a watcher without the heap figure: the exact ledger, as before
+            self._note(f"the {source} figure is unavailable ({exc}); using the exact tensor ledger")
+            w = watch(device=self.device, warn=False, warmup=self.warmup)
+        w._exclusive = False  # the monitored program may use torchmem.watch() itself
+        w.__enter__()
+        return w
+
+    def _on_boundary(self) -> None:
+        if not self._disabled and not self.step_marker:
+            self.step()
+
+    def _on_switch(self, kind: str, label: str) -> None:
+        """A step boundary was chosen, or a better one took over: the watcher restarts on it."""
+        if self._disabled or self.step_marker:
+            return
+        try:
+            previous, self._boundary_kind, self._boundary_label = self._boundary_kind, kind, label
+            old = self._watcher
+            if previous is not None and old is not None and old.steps:
+                if old.steps >= 3:
+                    self._switches.append(
+                        f"steps were counted at each {self._boundary_label_of(previous)} until step "
+                        f"{old.steps}, then at each {label} (a better boundary was found): the leak detector "
+                        "restarted"
+                    )
+                old.stop()
+                self._watcher = self._new_watcher()
+                self._steps = 0
+                self._leak_written = False
+            self._write("boundary", kind=kind, label=label, count=0)
+        except Exception as exc:
+            self._note(f"step detection: switching boundaries failed ({type(exc).__name__}: {exc})")
+
+    def _boundary_label_of(self, kind: str) -> str:
+        from torchmem.capture.boundaries import _default_label
+
+        return _default_label(kind)
+
+    @property
+    def _optimizer_steps_seen(self) -> int:
+        b = self._boundaries
+        return int(b.counts["optimizer"]) if b is not None else self._optimizer_steps
+
+    @property
+    def _last_optimizer(self) -> Any:
+        b = self._boundaries
+        return getattr(b, "last_optimizer", None) if b is not None else None
 
     def _profile(self, frame: types.FrameType, event: str, _arg: Any) -> None:
         if event == "return" and frame.f_code.co_name == self.step_marker and not self._disabled:
@@ -188,12 +255,20 @@ class Session:
             if w is None:
                 return
             w.step()
-            self._steps = w.steps
-            reading = counters(self.device)
-            self._write("step", step=self._steps, allocated=reading.allocated)
-            if w.leaking and w.report().culprits and not self._leak_written:
-                self._leak_written = True
-                self._write("leak", report=w.report().to_dict())
+            self._steps = n = w.steps
+            series = w._series
+            # One step record per reading the watcher took, at most one per 10 ms (a loop of thousands of
+            # steps per second must not pay a JSON line per step); the sampler keeps the timeline.
+            if series and series[-1][0] == n:
+                now = time.perf_counter()
+                if n <= 1000 or now - self._last_step_write >= 0.01:
+                    self._last_step_write = now
+                    self._write("step", step=n, allocated=series[-1][1])
+            if w.leaking and not self._leak_written:
+                rep = w.report()
+                if rep.culprits:
+                    self._leak_written = True
+                    self._write("leak", report=self._labelled(rep).to_dict())
             if self.modules and not self._profiled:
                 self._module_profile_step()
             if self._observer is None and self.device.type == "cuda" and cuda_initialized():
@@ -218,7 +293,8 @@ class Session:
                 self._note("--modules: no nn.Module with parameters was found to profile")
                 self._profiled = True
                 return
-            opt = self._last_opt if isinstance(self._last_opt, torch.optim.Optimizer) else None
+            last = self._last_optimizer
+            opt = last if isinstance(last, torch.optim.Optimizer) else None
             self._profiler = profile(model, device=self.device, optimizer=opt)
             self._profiler.__enter__()
             return
@@ -236,7 +312,7 @@ class Session:
             if self._disabled:
                 return
             try:
-                r = counters(self.device)
+                r = self._reading()
                 self._write(
                     "sample",
                     step=self._steps,
@@ -246,12 +322,92 @@ class Session:
                     peak_reserved=r.peak_reserved,
                 )
                 now = time.perf_counter()
+                if r.allocated is not None:
+                    self._keep_timeline(now - self._t0, r.allocated)
+                if self._boundaries is not None:
+                    self._boundaries.check_imports()
                 if self.status and now - last_status >= 0.25:
                     last_status = now
                     self._show_status(r.allocated, r.reserved, r.peak_allocated)
             except Exception as exc:
                 self._note(f"sampler stopped: {type(exc).__name__}: {exc}")
                 return
+
+    def _reading(self) -> Any:
+        """The session's figure: the allocator's counters, or on the CPU the C heap in use (the exact
+        ledger is off outside attribution windows), with the peak of what was read."""
+        if self.device.type != "cpu":
+            return counters(self.device)
+        from torchmem.devices import HotReading
+        from torchmem.devices._host import heap_in_use, process_rss
+
+        v = heap_in_use()
+        if v is None:
+            v = process_rss()
+        if v is not None and v > self._peak_seen:
+            self._peak_seen = v
+        return HotReading(v, None, None, self._peak_seen or v, None)
+
+    def _keep_timeline(self, t: float, value: int) -> None:
+        """The (seconds, bytes) timeline for a verdict without steps: every reading up to 4096, then
+        every 2nd, 4th, ... (bounded)."""
+        self._timeline_n += 1
+        if self._timeline_n % self._timeline_every:
+            return
+        self._timeline.append((t, value))
+        if len(self._timeline) >= 4096:
+            self._timeline = self._timeline[::2]
+            self._timeline_every *= 2
+
+    def _timeline_report(self) -> LeakReport | None:
+        """With no repeating step, growth decided on the sampled timeline, per second."""
+        from torchmem.analysis.leaks import detect_growth
+
+        pts = list(self._timeline)
+        if len(pts) < 8:
+            return None
+        dt = max((pts[-1][0] - pts[0][0]) / max(len(pts) - 1, 1), 1e-3)
+        xs = [int(round((t - pts[0][0]) / dt)) for t, _ in pts]
+        ys = [v for _, v in pts]
+        per_second = 1024 * 1024  # 1 MiB/s: a process that keeps what it allocates at that pace is leaking
+        g = detect_growth(xs, ys, min_bytes_per_step=per_second * dt, window=64)
+        rate = g.bytes_per_step / dt
+        w = self._watcher
+        return LeakReport(
+            device=str(self.device),
+            source=w.source if w is not None else "n/a",
+            mode="light",
+            steps=int(round(pts[-1][0] - pts[0][0])),
+            warmup=0,
+            leaking=g.leaking,
+            bytes_per_step=rate,
+            confidence=g.confidence,
+            detected_at=None,
+            stopped_at=None,
+            reason=(
+                f"the figure grew by {fmt_bytes(int(rate))}/s over the sampled timeline ({g.method} test)"
+                if g.leaking
+                else f"timeline: {g.reason}"
+            ),
+            culprits=(),
+            series=tuple((int(round(t)), v) for t, v in pts[:: max(1, len(pts) // 256)]),
+            notes=("no repeating step was found: the verdict is per second of the sampled timeline",),
+            verdict=g.verdict if not g.leaking else "leak",
+            trend_per_step=g.trend_per_step / dt,
+            min_bytes_per_step=per_second,
+            boundary="second",
+            unit="s",
+        )
+
+    def _labelled(self, rep: LeakReport) -> LeakReport:
+        """The watcher's report with the step boundary it was fed and the switches between boundaries."""
+        import dataclasses
+
+        label = self._boundary_label
+        if self.step_marker:
+            label = f"return of {self.step_marker}()"
+        notes = tuple(self._switches) + tuple(rep.notes)
+        return dataclasses.replace(rep, boundary=label, notes=notes)
 
     def status_text(self, allocated: int | None, reserved: int | None, peak: int | None) -> str:
         w = self._watcher
@@ -369,8 +525,8 @@ class Session:
                 else ""
             )
             also = (
-                f" ({self._optimizer_steps} optimizer steps did run: drop --step-marker to count those.)"
-                if self._optimizer_steps
+                f" ({self._optimizer_steps_seen} optimizer steps did run: drop --step-marker to count those.)"
+                if self._optimizer_steps_seen
                 else ""
             )
             return (
@@ -379,15 +535,19 @@ class Session:
                 + also
                 + " Check the spelling against the def of the function one iteration of the loop calls."
             )
-        if self._other_thread_steps:
+        b = self._boundaries
+        other = b.other_thread["optimizer"] if b is not None else self._other_thread_steps
+        if other:
             return (
-                f"{self._other_thread_steps} optimizer steps ran in other threads; torchmem run counts "
-                "the steps of the main thread. Wrap the training loop in torchmem.watch() in its thread."
+                f"{other} optimizer steps ran in other threads; torchmem run counts the steps of the main "
+                "thread. Wrap the training loop in torchmem.watch() in its thread."
             )
+        seen = b.describe() if b is not None else "none"
         return (
-            "no optimizer.step() ran in this process, and torchmem run counts a step at each one. For a "
-            "loop without an optimizer (evaluation, inference), name the function one iteration calls: "
-            "--step-marker FUNCTION, or wrap the loop: for batch in torchmem.watch(loader)."
+            "no repeating step was found: no optimizer step, backward() call, model call, DataLoader batch "
+            f"or generate() call repeated on the main thread (seen: {seen}). The leak verdict comes from the "
+            "sampled timeline (bytes per second). If the program has a loop, name the function one iteration "
+            "calls: --step-marker FUNCTION, or wrap the loop: for batch in torchmem.watch(loader)."
         )
 
     # -- end -------------------------------------------------------------------------------------
@@ -401,8 +561,8 @@ class Session:
         self._restore_processes()
         if self.step_marker:
             sys.setprofile(self._profile_prev)
-        if self._hook is not None:
-            self._hook.remove()
+        if self._boundaries is not None:
+            self._boundaries.stop()
         if self._profiler is not None:  # the program ended inside the profiled step
             try:
                 self._profiler.__exit__(None, None, None)
@@ -410,7 +570,7 @@ class Session:
                 self._note(f"--modules: the profile could not be finished ({type(e).__name__}: {e})")
             self._profiler = None
         w = self._watcher
-        r = counters(self.device)  # before the watcher stops: on the CPU its ledger is the figure
+        r = self._reading()
         self._record_stats("end")
         if self.memory_viz is not None:
             from torchmem.devices import _ops
@@ -423,7 +583,11 @@ class Session:
         leak: LeakReport | None = None
         if w is not None:
             w.stop()
-            leak = w.report()
+            leak = self._labelled(w.report())
+            if self._boundary_kind is None and not self.step_marker:
+                timeline = self._timeline_report()
+                if timeline is not None:
+                    leak = timeline
             self._write("leak", report=leak.to_dict(), final=True)
         oom = None
         if exc is not None:
@@ -438,6 +602,10 @@ class Session:
                     self._write("oom", diagnosis=oom.to_dict(), step=self._steps)
                 except Exception as e:
                     self._note(f"the OOM could not be explained ({type(e).__name__}: {e})")
+        if self._boundary_kind is not None:
+            self._write("boundary", kind=self._boundary_kind, label=self._boundary_label, count=self._steps)
+        elif not self.step_marker:
+            self._write("boundary", kind="timeline" if self._timeline else "none", label="second", count=0)
         no_steps = self._why_no_steps() if self._steps == 0 else None
         if no_steps is not None:
             self._note(f"0 steps: {no_steps}")
@@ -473,16 +641,16 @@ class Session:
         except Exception as exc:
             self._note(f"stats at {when} could not be read ({type(exc).__name__}: {exc})")
 
-    def _write(self, kind: str, **fields: Any) -> None:
+    def _write(self, record: str, /, **fields: Any) -> None:
         if self._writer is None or self._disabled:
             return
         with self._lock:
-            if kind == "sample":
+            if record == "sample":
                 self._writer.sample(**fields)
-            elif kind == "step":
+            elif record == "step":
                 self._writer.step(**fields)
             else:
-                self._writer.record(kind, **fields)
+                self._writer.record(record, **fields)
 
     def _note(self, text: str) -> None:
         try:

@@ -11,7 +11,8 @@ What is counted: storages created while the ledger was on, on the threads where 
 backward, which inherits the dispatch-mode state). Memory that does not belong to a tensor storage
 (allocator caches, library workspaces) is not a tensor and is not counted.
 
-Cost: ~15–20 µs per op on the thread where it is on, which is why it is opt-in.
+Cost: a few µs per op on the thread where it is on, on top of torch's own dispatch-mode machinery (about as
+much again): opt-in, or on only while it is needed (``benchmarks/ledger_cost.py``).
 """
 
 from __future__ import annotations
@@ -112,16 +113,19 @@ class Cap:
         self.requested = 0  # size of the allocation that crossed
 
 
-class _Entry:
-    __slots__ = ("base", "cohorts", "device", "nbytes", "ref", "site")
+class _Entry(weakref.ref):  # type: ignore[type-arg]
+    """A counted storage: a weak reference to it (calling the entry gives the storage, or None once dead)
+    that carries what was counted. Its callback (the ledger's ``_released``) receives the entry itself, so a
+    birth builds one object, not an entry, a reference and a closure."""
 
-    def __init__(self, device: str, nbytes: int, base: int = 0) -> None:
-        self.device = device
-        self.nbytes = nbytes  # bytes counted
-        self.base = base  # bytes the storage had before the ledger saw it (never counted)
-        self.ref: weakref.ref[Any] | None = None
-        self.cohorts: tuple[Cohort, ...] = ()
-        self.site: Site | None = None
+    __slots__ = ("base", "cohorts", "device", "key", "nbytes", "site")
+
+    key: int
+    device: str
+    nbytes: int  # bytes counted
+    base: int  # bytes the storage had before the ledger saw it (never counted)
+    cohorts: tuple[Cohort, ...]
+    site: Site | None
 
 
 class Site(NamedTuple):

@@ -1,0 +1,388 @@
+"""Find the loop a program runs: the step boundaries ``torchmem run`` counts when nobody says what a step is.
+
+Candidates, in order of preference (the first that repeats wins; a better one found later takes over):
+
+1. ``optimizer.step()`` of any ``torch.optim`` optimizer (torch's global step post-hook);
+2. the outermost ``backward()`` / ``torch.autograd.grad()`` call (``torch.autograd.backward``/``grad`` wrapped
+   for the session; a backward inside a backward, as reentrant checkpointing does, is not counted);
+3. the outermost ``nn.Module`` call on the thread (the top-level forward): global module hooks while the
+   loop is being found, then hooks on the top-level module(s) only, so inner modules cost nothing;
+4. the next batch of a ``torch.utils.data.DataLoader``;
+5. a ``generate()`` call: ``transformers``' ``GenerationMixin.generate`` once the program imports it, and a
+   ``generate`` method of the program's own ``nn.Module`` (found the first time it calls the model); the
+   model calls a generate makes are inside it, so they do not count as top-level forwards.
+
+Only the thread that started the session counts. Every hook returns at once while ``torch.compile`` traces
+(``torch.compiler.is_compiling()``), never raises into the program, and is removed by :meth:`stop` (a patch
+is undone only if it is still the one installed). Once a kind is chosen, the costly detectors of the kinds it
+outranks (the global module hooks) are removed.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+KINDS = ("optimizer", "backward", "module", "dataloader", "generate")
+_RANK = {k: i for i, k in enumerate(KINDS)}
+# Events of a kind before it is chosen: one call is not a loop; but an optimizer step is always a step.
+REPEAT = {"optimizer": 1, "backward": 2, "module": 2, "dataloader": 2, "generate": 2}
+# Module calls seen by the global hooks before they are replaced by hooks on the top-level modules.
+DISCOVERY_CALLS = 4096
+DISCOVERY_TOPS = 3
+_GENERATE_NAMES = frozenset({"generate"})
+
+
+def _compiling() -> Callable[[], bool]:
+    fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    if fn is None:  # pragma: no cover - torch < 2.3
+        try:
+            from torch._dynamo import is_compiling as fn
+        except Exception:
+            return lambda: False
+    return fn  # type: ignore[no-any-return]
+
+
+class StepBoundaries:
+    """Counts candidate step boundaries on one thread and reports the chosen kind's to ``on_step``.
+
+    ``on_step()`` is called at each boundary of the chosen kind; ``on_switch(kind, label)`` when a kind is
+    chosen or a better one takes over (the caller restarts its per-step state). ``marker`` is ``--step-marker``:
+    then nothing is detected here.
+    """
+
+    def __init__(
+        self,
+        on_step: Callable[[], None],
+        on_switch: Callable[[str, str], None],
+        *,
+        thread: int | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self._on_step = on_step
+        self._on_switch = on_switch
+        self._on_error = on_error
+        self.thread = thread if thread is not None else threading.get_ident()
+        self.counts: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.other_thread: dict[str, int] = dict.fromkeys(KINDS, 0)
+        self.chosen: str | None = None
+        self.label = ""
+        self._labels: dict[str, str] = {}
+        self._undo: list[Callable[[], None]] = []
+        self._module_handles: list[Any] = []
+        self._narrowed = False
+        self._module_calls = 0
+        self._tops: dict[int, torch.nn.Module] = {}
+        self._depth = 0  # module-call depth on the session's thread
+        self._in_backward = 0
+        self._in_generate = 0
+        self._nested_top = False
+        self._generate_code: dict[Any, bool] = {}  # caller code -> "a generate() frame is above it"
+        self._patched_generate: set[Any] = set()
+        self._errors: set[str] = set()
+        self._stopped = False
+        self._compiling = _compiling()
+
+    # -- install / remove -------------------------------------------------------------------------
+    def start(self) -> StepBoundaries:
+        for install in (
+            self._install_optimizer,
+            self._install_backward,
+            self._install_modules,
+            self._install_dataloader,
+            self.check_imports,
+        ):
+            try:
+                install()
+            except Exception as exc:
+                self._error(f"installing {install.__name__.lstrip('_')}", exc)
+        return self
+
+    def stop(self) -> None:
+        """Remove every hook and undo every patch (idempotent)."""
+        self._stopped = True
+        self._remove_module_hooks()
+        self._tops.clear()  # never keep the program's objects alive after the run
+        self.last_optimizer = None
+        self._generate_code.clear()
+        undo, self._undo = self._undo, []
+        for fn in reversed(undo):
+            try:
+                fn()
+            except Exception as exc:
+                self._error("removing a hook", exc)
+
+    def _error(self, where: str, exc: BaseException) -> None:
+        if where in self._errors:
+            return
+        self._errors.add(where)
+        if self._on_error is not None:
+            self._on_error(f"step detection: {where} failed ({type(exc).__name__}: {exc}); the program goes on")
+
+    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        wrapper = make(original)
+        wrapper.__wrapped__ = original
+        wrapper.__torchmem_boundary__ = True
+        setattr(owner, name, wrapper)
+
+        def undo() -> None:
+            current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
+            if current is wrapper:
+                setattr(owner, name, original)
+
+        self._undo.append(undo)
+
+    # -- events ------------------------------------------------------------------------------------
+    def _event(self, kind: str) -> None:
+        if self._stopped:
+            return
+        try:
+            self.counts[kind] += 1
+            chosen = self.chosen
+            if chosen == kind:
+                self._on_step()
+                return
+            if self.counts[kind] >= REPEAT[kind] and (chosen is None or _RANK[kind] < _RANK[chosen]):
+                self._choose(kind)
+                self._on_step()  # this boundary ends a step of the new kind
+        except Exception as exc:
+            self._error("counting a step", exc)
+
+    def _choose(self, kind: str) -> None:
+        self.chosen = kind
+        self.label = self._labels.get(kind) or _default_label(kind)
+        if _RANK[kind] < _RANK["module"]:
+            self._remove_module_hooks()  # a better boundary: the per-call module hooks only cost
+        self._on_switch(kind, self.label)
+
+    # -- 1. optimizer steps ------------------------------------------------------------------------
+    def _install_optimizer(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        handle = register_optimizer_step_post_hook(self._after_optimizer_step)
+        self._undo.append(handle.remove)
+
+    def _after_optimizer_step(self, opt: Any = None, *_a: Any, **_k: Any) -> None:
+        if threading.get_ident() != self.thread:
+            self.other_thread["optimizer"] += 1
+            return
+        self.last_optimizer = opt
+        self._event("optimizer")
+
+    last_optimizer: Any = None
+
+    # -- 2. backward -------------------------------------------------------------------------------
+    def _install_backward(self) -> None:
+        import torch.autograd as ag
+
+        boundaries = self
+
+        def make(original: Any) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if threading.get_ident() != boundaries.thread or boundaries._compiling():
+                    return original(*args, **kwargs)
+                boundaries._in_backward += 1
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    boundaries._in_backward -= 1
+                    if boundaries._in_backward == 0:
+                        boundaries._event("backward")
+
+            wrapper.__doc__ = original.__doc__
+            wrapper.__name__ = getattr(original, "__name__", "backward")
+            return wrapper
+
+        self._patch(ag, "backward", make)
+        self._patch(ag, "grad", make)
+
+    # -- 3. top-level module calls -----------------------------------------------------------------
+    def _install_modules(self) -> None:
+        from torch.nn.modules import module as mm
+
+        pre = mm.register_module_forward_pre_hook(self._module_pre)
+        try:
+            post = mm.register_module_forward_hook(self._module_post, always_call=True)
+        except TypeError:  # pragma: no cover - torch without always_call
+            post = mm.register_module_forward_hook(self._module_post)
+        self._module_handles = [pre, post]
+
+    def _remove_module_hooks(self) -> None:
+        handles, self._module_handles = self._module_handles, []
+        for h in handles:
+            try:
+                h.remove()
+            except Exception:
+                pass
+
+    def _module_pre(self, module: Any, _args: Any) -> None:
+        if threading.get_ident() != self.thread or self._compiling():
+            return
+        try:
+            depth = self._depth
+            self._depth = depth + 1
+            if depth or self._in_generate or self._in_backward:
+                return
+            if not self._narrowed:
+                self._module_calls += 1
+                self.check_imports()
+                self._nested_top = self._check_generate(module)
+        except Exception as exc:
+            self._error("a module pre-hook", exc)
+
+    def _module_post(self, module: Any, _args: Any, _out: Any) -> None:
+        if threading.get_ident() != self.thread or self._compiling():
+            return
+        try:
+            self._depth = depth = max(self._depth - 1, 0)
+            if depth or self._in_generate or self._in_backward:
+                return
+            if self._nested_top:  # a model call made by a generate() that was running before its patch
+                self._nested_top = False
+                return
+            if not self._narrowed:
+                self._tops.setdefault(id(module), module)
+                self._labels.setdefault("module", f"top-level {type(module).__name__}() call")
+                if len(self._tops) > DISCOVERY_TOPS or self._module_calls >= DISCOVERY_CALLS or (
+                    self.counts["module"] + 1 >= DISCOVERY_TOPS
+                ):
+                    self._narrow()
+            self._event("module")
+        except Exception as exc:
+            self._error("a module hook", exc)
+
+    def _narrow(self) -> None:
+        """Replace the global hooks (every module call pays) by hooks on the top-level modules seen."""
+        if self._narrowed or self._stopped:
+            return
+        self._narrowed = True
+        self._remove_module_hooks()
+        if self.chosen is not None and _RANK[self.chosen] < _RANK["module"]:
+            return
+        handles = []
+        for m in list(self._tops.values())[:DISCOVERY_TOPS]:
+            handles.append(m.register_forward_pre_hook(self._module_pre))
+            try:
+                handles.append(m.register_forward_hook(self._module_post, always_call=True))
+            except TypeError:  # pragma: no cover
+                handles.append(m.register_forward_hook(self._module_post))
+        self._tops.clear()
+        self._module_handles = handles
+
+    def _check_generate(self, module: Any) -> bool:
+        """Whether a top-level model call is made by a ``generate()`` method (then that method is patched
+        to count as the boundary, and the model calls inside it are not top-level forwards)."""
+        f: types.FrameType | None = sys._getframe(2)
+        # The caller of the module: the first frame outside torch.nn.
+        while f is not None and f.f_code.co_filename.startswith(_NN_DIR):
+            f = f.f_back
+        if f is None:
+            return False
+        code = f.f_code
+        known = self._generate_code.get(code)
+        if known is not None:
+            return known
+        g: types.FrameType | None = f
+        for _ in range(8):
+            if g is None:
+                break
+            if g.f_code.co_name in _GENERATE_NAMES:
+                owner = g.f_locals.get("self")
+                if isinstance(owner, torch.nn.Module):
+                    self._generate_code[code] = True
+                    self._patch_generate(type(owner), g.f_code)
+                    return True
+            g = g.f_back
+        self._generate_code[code] = False
+        return False
+
+    def _patch_generate(self, cls: type, code: Any) -> None:
+        for klass in cls.__mro__:
+            fn = klass.__dict__.get("generate")
+            inner = fn
+            for _ in range(4):  # decorated (torch.no_grad() and the like): compare the innermost code
+                if getattr(inner, "__code__", None) is code or not hasattr(inner, "__wrapped__"):
+                    break
+                inner = inner.__wrapped__
+            if getattr(inner, "__code__", None) is code and klass not in self._patched_generate:
+                self._patched_generate.add(klass)
+                self._labels["generate"] = f"{klass.__name__}.generate() call"
+                self._patch(klass, "generate", self._generate_wrapper)
+                return
+
+    def _generate_wrapper(self, original: Any) -> Any:
+        boundaries = self
+
+        def generate(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != boundaries.thread:
+                return original(*args, **kwargs)
+            boundaries._in_generate += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                boundaries._in_generate -= 1
+                if boundaries._in_generate == 0:
+                    boundaries._event("generate")
+
+        generate.__doc__ = getattr(original, "__doc__", None)
+        generate.__name__ = "generate"
+        generate.__qualname__ = getattr(original, "__qualname__", "generate")
+        return generate
+
+    # -- 4. DataLoader batches ---------------------------------------------------------------------
+    def _install_dataloader(self) -> None:
+        from torch.utils.data import dataloader as dl
+
+        boundaries = self
+
+        def make(original: Any) -> Any:
+            def __next__(it: Any) -> Any:
+                if threading.get_ident() == boundaries.thread and not boundaries._in_generate:
+                    boundaries._event("dataloader")
+                return original(it)
+
+            return __next__
+
+        self._patch(dl._BaseDataLoaderIter, "__next__", make)
+
+    # -- 5. transformers' generate ------------------------------------------------------------------
+    def check_imports(self) -> None:
+        """Patch ``transformers``' ``GenerationMixin.generate`` once the program has imported it (called
+        at start and by the session's sampler)."""
+        if self._stopped:
+            return
+        mod = sys.modules.get("transformers.generation.utils")
+        cls = getattr(mod, "GenerationMixin", None) if mod is not None else None
+        if cls is None or cls in self._patched_generate or "generate" not in cls.__dict__:
+            return
+        self._patched_generate.add(cls)
+        self._labels.setdefault("generate", "generate() call")
+        self._patch(cls, "generate", self._generate_wrapper)
+
+    # -- reporting ---------------------------------------------------------------------------------
+    def describe(self) -> str:
+        """What was counted, for the notes: ``"optimizer step: 40, backward() call: 40, ..."``."""
+        seen = [f"{_default_label(k)}: {n}" for k, n in self.counts.items() if n]
+        return ", ".join(seen) if seen else "none"
+
+
+_NN_DIR = __import__("os").path.join(__import__("os").path.dirname(torch.nn.__file__), "")
+
+
+def _default_label(kind: str) -> str:
+    return {
+        "optimizer": "optimizer step",
+        "backward": "backward() call",
+        "module": "top-level module call",
+        "dataloader": "DataLoader batch",
+        "generate": "generate() call",
+    }[kind]
+
+
+__all__ = ["KINDS", "StepBoundaries"]

@@ -1,0 +1,405 @@
+"""What the program's loop allocated and never freed: :class:`LoopSurvivors`.
+
+The growth detector needs a warm-up and several readings before it can call growth a leak, so a loop of a few
+iterations that keeps every output (with its autograd graph) in a list goes unnamed. ``LoopSurvivors`` records
+the tensor storages born in a few steps of the loop instead: from the first step boundary on it turns the
+exact storage ledger on (for the thread that calls :meth:`~LoopSurvivors.boundary`) with one cohort per step
+and birth sites, and at each boundary keeps a weak reference, the bytes and the allocation site of every
+storage born in the step that just ended and still alive. After ``steps`` steps the ledger goes off again, so
+the cost is confined to those steps. :meth:`~LoopSurvivors.report`, at the end of the run or on demand, groups
+the storages still alive by allocation site, names what holds a few of them, and says which sites
+*accumulate* (alive from (nearly) every recorded step but the last): a leak, even in a 3-step loop.
+
+Example:
+    >>> import torch
+    >>> from torchmem.capture.survivors import LoopSurvivors
+    >>> model, kept = torch.nn.Linear(8, 8), []
+    >>> rec = LoopSurvivors("cpu", steps=4)
+    >>> for step in range(1, 6):
+    ...     kept.append(model(torch.randn(4, 8)))  # keeps each output and its graph
+    ...     rec.boundary(step)
+    >>> rec.stop()
+    >>> rec.report(total_steps=5).leaking
+    True
+
+Cost: while recording, every aten op on the recording thread pays the ledger (~15-20 µs) plus the birth site
+of each new storage; each boundary walks the ledger's live storages once. Outside the window a boundary is
+one attribute test.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from contextlib import ExitStack
+from typing import Any
+
+from torchmem._format import fmt_bytes
+from torchmem.analysis.holders.survivors import holder_paths_of_storages
+from torchmem.analysis.loop_survivors import build_group, build_report, judge
+from torchmem.devices import ledger, resolve
+from torchmem.devices._ledger import Cohort, Site
+from torchmem.results.holders import HolderPath
+from torchmem.results.survivors import ACCUMULATES, LAST_STEP, SurvivorReport, step_ranges
+
+_log = logging.getLogger("torchmem")
+
+_IDLE, _RECORDING, _DONE = 0, 1, 2
+# Groups listed in a report, groups whose holders are searched, samples per searched group.
+_MAX_GROUPS = 20
+_SEARCHED_GROUPS = 10
+_SAMPLES = 3
+# Steps timed after the window (the same steps without the ledger: the recording's cost).
+_AFTER_STEPS = 3
+# Recorded steps this much slower than the steps after them get a note in the report.
+_COST_NOTE_RATIO = 2.0
+
+# (storage, bytes at the boundary, site, step born in)
+_Born = tuple[weakref.ref[Any], int, Site | None, int]
+
+
+class LoopSurvivors:
+    """Records what a few steps of the loop allocate and keep; reports it by allocation site.
+
+    Args:
+        device: The device whose storages are recorded (``"cuda:0"``, ``"cpu"``); ``None``: every device.
+        steps: How many steps to record after the first boundary (the first step is left out: it builds
+            what lives for the whole run, such as optimizer state).
+
+    Call :meth:`boundary` at the end of each step on the thread that runs the loop, :meth:`stop` when the
+    program ends (also in the middle of the window), and :meth:`report` whenever a report is wanted. Nothing
+    here raises into the program: an error is reported once in the report's notes and recording stops.
+    """
+
+    def __init__(self, device: str | None = None, steps: int = 8) -> None:
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+            raise ValueError(f"steps must be a positive integer, not {steps!r}")
+        self._device_spec = device
+        self.device: str | None = device
+        self.window = steps
+        self._state = _IDLE
+        self._stack: ExitStack | None = None
+        self._cohort: Cohort | None = None
+        self._thread: int | None = None
+        self._lock = threading.Lock()
+        self._born: list[_Born] = []
+        self._covered: list[int] = []
+        self._last_step = 0
+        self._notes: list[str] = []
+        self._errors: set[str] = set()
+        self._t_last = 0.0
+        self._window_s: list[float] = []
+        self._after_s: list[float] = []
+        self._after_left = 0
+        self._harvest_s = 0.0
+
+    # -- recording ---------------------------------------------------------------------------------
+    @property
+    def recording(self) -> bool:
+        """Whether the ledger is on for the loop's steps now."""
+        return self._state == _RECORDING
+
+    @property
+    def covered(self) -> tuple[int, ...]:
+        """The steps whose births were recorded so far."""
+        return tuple(self._covered)
+
+    def boundary(self, step: int) -> None:
+        """A step ended (``step``: its number; the first call is the end of step 1). Never raises."""
+        if self._state == _DONE:
+            if self._after_left or self._stack is not None:
+                self._after_window()
+            return
+        try:
+            if self._state == _IDLE:
+                self._start(step)
+            else:
+                self._harvest(step)
+        except Exception as exc:
+            self._error("a step boundary", exc)
+            self._shutdown()
+
+    def stop(self) -> None:
+        """Stop recording (idempotent); the births of a step that had not ended are not kept.
+
+        Called on another thread than the loop's, it stops recording at once and turns the ledger off for
+        the loop's thread at its next boundary (a dispatch mode belongs to the thread that pushed it).
+        """
+        try:
+            self._state = _DONE
+            self._after_left = 0
+            if self._stack is None:
+                return
+            if threading.get_ident() == self._thread:
+                self._close_ledger()
+            else:
+                self._close_cohort()
+                if "stop" not in self._errors:
+                    self._errors.add("stop")
+                    self._notes.append(
+                        "recording was stopped from another thread than the loop's: the ledger stays on for "
+                        "the loop's thread until its next step boundary"
+                    )
+        except Exception as exc:
+            self._error("stop", exc)
+
+    def _resolve(self) -> str | None:
+        spec = self._device_spec
+        if spec is None:
+            return None
+        try:
+            return str(resolve(spec))
+        except Exception as exc:
+            self._notes.append(f"device {spec!r} could not be resolved ({exc}); recording it as given")
+            return str(spec)
+
+    def _start(self, step: int) -> None:
+        self.device = self._resolve()
+        self._thread = threading.get_ident()
+        led = ledger()
+        stack = ExitStack()
+        stack.enter_context(led.enabled())
+        self._stack = stack
+        self._cohort = led.open_cohort(self.device, sites=True)
+        self._last_step = step
+        self._state = _RECORDING
+        self._t_last = time.perf_counter()
+
+    def _harvest(self, step: int) -> None:
+        if threading.get_ident() != self._thread:
+            if "thread" not in self._errors:
+                self._errors.add("thread")
+                self._notes.append("step boundaries on another thread than the first one's were ignored")
+            return
+        t0 = time.perf_counter()
+        self._window_s.append(t0 - self._t_last)
+        born_step = step if step > self._last_step else self._last_step + 1
+        led = ledger()
+        cohort = self._cohort
+        self._cohort = None
+        if cohort is not None:
+            entries = led.cohort_entries(cohort)
+            led.close_cohort(cohort)
+            born = [(weakref.ref(s), nbytes, site, born_step) for s, nbytes, site in entries]
+            entries.clear()
+            with self._lock:
+                self._born.extend(born)
+        self._covered.append(born_step)
+        self._last_step = born_step
+        if len(self._covered) >= self.window:
+            self._close_ledger()
+            self._state = _DONE
+            self._after_left = _AFTER_STEPS
+        else:
+            self._cohort = led.open_cohort(self.device, sites=True)
+        now = time.perf_counter()
+        self._harvest_s += now - t0
+        self._t_last = now
+
+    def _after_window(self) -> None:
+        try:
+            if self._stack is not None and threading.get_ident() == self._thread:
+                self._close_ledger()  # stop() came from another thread: the ledger goes off here
+                self._after_left = 0
+                return
+            if self._after_left and threading.get_ident() == self._thread:
+                now = time.perf_counter()
+                self._after_s.append(now - self._t_last)
+                self._t_last = now
+                self._after_left -= 1
+        except Exception as exc:
+            self._error("a step boundary", exc)
+
+    def _close_cohort(self) -> None:
+        cohort, self._cohort = self._cohort, None
+        if cohort is not None:
+            ledger().close_cohort(cohort)
+
+    def _close_ledger(self) -> None:
+        self._close_cohort()
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            stack.close()
+
+    def _shutdown(self) -> None:
+        self._state = _DONE
+        self._after_left = 0
+        try:
+            if threading.get_ident() == self._thread:
+                self._close_ledger()
+            else:
+                self._close_cohort()
+        except Exception as exc:
+            self._error("stopping the recording", exc)
+
+    def _error(self, where: str, exc: BaseException) -> None:
+        if where in self._errors:
+            return
+        self._errors.add(where)
+        note = f"internal error in {where} ({type(exc).__name__}: {exc}); the program went on"
+        self._notes.append(note)
+        _log.warning("torchmem survivors: %s", note)
+
+    # -- reporting ---------------------------------------------------------------------------------
+    def report(
+        self, total_steps: int | None = None, time_limit: float = 2.0, *, boundary: str = ""
+    ) -> SurvivorReport:
+        """What was born in the recorded steps and is still alive, by allocation site. Never raises.
+
+        Args:
+            total_steps: The run's number of steps (default: the last boundary seen).
+            time_limit: Seconds the holder search may take (0: no search).
+            boundary: What one step was, for the text (``"optimizer step"``).
+        """
+        steps = total_steps if total_steps is not None else self._last_step
+        try:
+            return self._report(steps, time_limit, boundary)
+        except Exception as exc:
+            self._error("the survivor report", exc)
+            return build_report(
+                self.device,
+                steps,
+                self._covered,
+                (),
+                notes=self._notes,
+                window=self.window,
+                boundary=boundary,
+            )
+
+    def _report(self, steps: int, time_limit: float, boundary: str) -> SurvivorReport:
+        covered = tuple(self._covered)
+        notes = list(self._notes)
+        if self._state == _RECORDING:
+            notes.append(
+                f"made while recording: {len(covered)} of {self.window} steps recorded so far; the births of "
+                "the step under way are not counted yet"
+            )
+        # Strong references to the live storages until the end of the report (storages hold no tensor).
+        by_site: dict[Site | None, dict[int, list[tuple[Any, int]]]] = {}
+        with self._lock:
+            kept: list[_Born] = []
+            for rec in self._born:
+                s = rec[0]()
+                if s is None:
+                    continue
+                kept.append(rec)
+                by_site.setdefault(rec[2], {}).setdefault(rec[3], []).append((s, _nbytes(s, rec[1])))
+            self._born = kept  # the dead ones are gone for good
+        total_count = sum(len(v) for per in by_site.values() for v in per.values())
+        total_bytes = sum(nb for per in by_site.values() for v in per.values() for _, nb in v)
+        verdicts = {site: judge(tuple(per), covered)[0] for site, per in by_site.items()}
+        order = sorted(
+            by_site,
+            key=lambda site: (
+                verdicts[site] != ACCUMULATES,
+                -sum(nb for v in by_site[site].values() for _, nb in v),
+            ),
+        )
+        shown = order[:_MAX_GROUPS]
+        if len(order) > len(shown):
+            rest = order[len(shown) :]
+            rest_bytes = sum(nb for site in rest for v in by_site[site].values() for _, nb in v)
+            notes.append(f"{len(rest)} more sites with {fmt_bytes(rest_bytes)} alive are not listed")
+        paths = self._holders(by_site, shown[:_SEARCHED_GROUPS], verdicts, covered, time_limit, notes)
+        groups = []
+        for site in shown:
+            per = by_site[site]
+            groups.append(
+                build_group(
+                    str(site) if site else None,
+                    site.function if site else "",
+                    site.filename if site else "",
+                    {step: (len(v), sum(nb for _, nb in v)) for step, v in per.items()},
+                    covered,
+                    paths.get(site, ()),
+                )
+            )
+        by_site.clear()
+        window_s = _mean(self._window_s)
+        after_s = _mean(self._after_s)
+        if window_s and after_s and window_s > _COST_NOTE_RATIO * after_s:
+            notes.append(
+                f"recording the births made steps {step_ranges(covered)} {window_s / after_s:.1f}x slower "
+                f"({window_s * 1e3:.2f} ms against {after_s * 1e3:.2f} ms after them); the other steps were "
+                "not slowed"
+            )
+        return build_report(
+            self.device,
+            steps,
+            covered,
+            groups,
+            count_alive=total_count,
+            live_bytes=total_bytes,
+            notes=notes,
+            window=self.window,
+            boundary=boundary,
+            window_step_s=window_s,
+            after_step_s=after_s,
+        )
+
+    def _holders(
+        self,
+        by_site: dict[Site | None, dict[int, list[tuple[Any, int]]]],
+        sites: list[Site | None],
+        verdicts: dict[Site | None, str],
+        covered: tuple[int, ...],
+        time_limit: float,
+        notes: list[str],
+    ) -> dict[Site | None, tuple[HolderPath, ...]]:
+        """Holder paths of a few storages per site (oldest steps first), in one bounded search."""
+        samples: list[Any] = []
+        owners: list[Site | None] = []
+        last = covered[-1] if covered else None
+        for site in sites:
+            per = by_site[site]
+            steps = sorted(per)
+            if verdicts[site] == ACCUMULATES:
+                # One storage of each of the oldest steps: the last step's may be a loop variable.
+                picks = [per[s][0][0] for s in steps if s != last][:_SAMPLES] or [per[steps[0]][0][0]]
+            elif verdicts[site] == LAST_STEP:
+                picks = [per[steps[0]][0][0]]
+            else:
+                picks = [per[s][0][0] for s in steps][:_SAMPLES]
+            samples.extend(picks)
+            owners.extend([site] * len(picks))
+        if not samples:
+            return {}
+        if time_limit <= 0:
+            notes.append("the holder search was skipped (time_limit=0): holders are not named")
+            return {}
+        info: dict[str, Any] = {}
+        try:
+            found = holder_paths_of_storages(samples, max_paths=4, time_limit=time_limit, info=info)
+        except Exception as exc:
+            notes.append(f"the holder search failed ({type(exc).__name__}: {exc}): holders are not named")
+            return {}
+        finally:
+            samples.clear()
+        if info.get("truncated"):
+            notes.append(
+                f"the holder search stopped ({info.get('reason') or 'limit'}) after "
+                f"{float(info.get('seconds') or 0):.1f} s and {info.get('visited')} objects: some holders may "
+                "be missing"
+            )
+        out: dict[Site | None, dict[str, HolderPath]] = {}
+        for site, ps in zip(owners, found):
+            merged = out.setdefault(site, {})
+            for p in ps:
+                merged.setdefault(str(p), p)
+        return {site: tuple(m.values()) for site, m in out.items()}
+
+
+def _nbytes(storage: Any, recorded: int) -> int:
+    try:
+        return int(storage.nbytes())
+    except Exception:
+        return recorded
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+__all__ = ["LoopSurvivors"]
