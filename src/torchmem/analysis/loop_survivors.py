@@ -46,6 +46,7 @@ from torchmem.results.survivors import (
     LAST_STEP,
     ONCE,
     RECENT,
+    SMALL,
     SOME_STEPS,
     SurvivorGroup,
     SurvivorReport,
@@ -53,16 +54,30 @@ from torchmem.results.survivors import (
 )
 
 
-def judge(alive_steps: Sequence[int], covered: Sequence[int]) -> tuple[str, str]:
+def _size(b: float) -> str:
+    if b >= 1 << 20:
+        return f"{b / (1 << 20):.1f} MiB"
+    if b >= 1 << 10:
+        return f"{b / (1 << 10):.1f} KiB"
+    return f"{b:.0f} B"
+
+
+def judge(
+    alive_steps: Sequence[int],
+    covered: Sequence[int],
+    bytes_per_step: float | None = None,
+    min_bytes_per_step: float = 0,
+) -> tuple[str, str]:
     """``(verdict, reason)`` of a site whose live storages were born in ``alive_steps``.
 
     ``covered`` are the steps whose births were recorded. "Nearly every" step allows one missing step in four
     (a leak that skips a step now and then), never the first: a container that evicts its oldest entries
-    has lost the first step's.
+    has lost the first step's. A site that would accumulate with fewer than ``min_bytes_per_step`` live
+    bytes per step (``bytes_per_step``) is ``"small"`` (a list of scalar losses), not a leak.
 
     Example:
         >>> judge((2, 3, 5, 6, 7, 8), range(2, 10))
-        ('accumulates', 'alive from 5 of the 7 recorded steps before the last (2-3, 5-8)')
+        ('accumulates', 'alive from 6 of the 7 recorded steps before the last (2-3, 5-8)')
         >>> judge((2,), (2, 3, 4))[0], judge((3, 5), (2, 3, 4, 5, 6, 7, 8, 9))[0]
         ('once', 'some_steps')
     """
@@ -79,6 +94,12 @@ def judge(alive_steps: Sequence[int], covered: Sequence[int]) -> tuple[str, str]
     present = [s for s in required if s in alive]
     missing = len(required) - len(present)
     if required and required[0] in alive and missing <= len(required) // 4:
+        if bytes_per_step is not None and bytes_per_step < min_bytes_per_step:
+            return SMALL, (
+                f"alive from {'every recorded step' if missing == 0 else 'nearly every recorded step'} but "
+                f"only {_size(bytes_per_step)} per step, below {_size(min_bytes_per_step)}: not reported as "
+                "a leak"
+            )
         if missing == 0:
             return ACCUMULATES, f"alive from every recorded step ({step_ranges(alive)})"
         return ACCUMULATES, (
@@ -117,14 +138,6 @@ def main_holder(paths: Sequence[HolderPath]) -> HolderPath | None:
     return next(p for p in paths if holder_pattern(p) == best)
 
 
-def _size(b: float) -> str:
-    if b >= 1 << 20:
-        return f"{b / (1 << 20):.1f} MiB"
-    if b >= 1 << 10:
-        return f"{b / (1 << 10):.1f} KiB"
-    return f"{b:.0f} B"
-
-
 def survivor_kind(paths: Sequence[HolderPath], live_bytes: int, storages: int, steps: int) -> str:
     """The culprit kind of an accumulating site (the growth detector's rules, on the typed holder paths)."""
     n = max(steps, 1)
@@ -149,8 +162,8 @@ def survivor_fix(kind: str, name: str | None, per_step: float, per_step_storages
         )
     if kind == RETAINED_GRAPH:
         return (
-            f"`{name}` keeps {what} per iteration with its autograd graph ({size} per iteration): store "
-            "`.item()` for logging or `.detach()` what you keep, or clear it"
+            f"`{name}` keeps each iteration's tensors with their autograd graph ({size} per iteration): "
+            "store `.item()` for logging or `.detach()` what you keep, or clear it"
         )
     if kind == GRAPH_CHAIN:
         return (
@@ -159,8 +172,9 @@ def survivor_fix(kind: str, name: str | None, per_step: float, per_step_storages
         )
     if kind == EXCEPTION:
         return (
-            f"`{name}` keeps exceptions whose tracebacks hold each iteration's tensors ({size} per iteration): "
-            "store `repr(e)` / `traceback.format_exc()`, or call `traceback.clear_frames(e.__traceback__)`"
+            f"`{name}` keeps exceptions whose tracebacks hold each iteration's tensors ({size} per "
+            "iteration): store `repr(e)` / `traceback.format_exc()`, or call "
+            "`traceback.clear_frames(e.__traceback__)`"
         )
     if kind == HOOK:
         return (
@@ -189,13 +203,17 @@ def build_group(
     per_step: Mapping[int, tuple[int, int]],
     covered: Sequence[int],
     paths: Sequence[HolderPath] = (),
+    min_bytes_per_step: float = 0,
 ) -> SurvivorGroup:
     """One site's group from ``per_step`` (step -> (live storages, live bytes) born in it) and the holder
     paths of its samples; an accumulating group gets its kind, main holder and fix."""
     steps = tuple(sorted(per_step))
     n = sum(c for c, _ in per_step.values())
     live = sum(b for _, b in per_step.values())
-    verdict, reason = judge(steps, covered)
+    verdict, reason = judge(steps, covered, live / max(len(steps), 1), min_bytes_per_step)
+    # A tensor object only C++ holds says nothing a person can act on when a readable path exists.
+    readable = tuple(p for p in paths if p.root != "gc-orphan")
+    paths = readable or tuple(paths)
     holder = main_holder(paths)
     kind = fix = ""
     if verdict == ACCUMULATES:

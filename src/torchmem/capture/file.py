@@ -33,8 +33,10 @@ from torchmem.results.capture import (
     MODULE_COLUMNS,
     RECORD_TYPES,
     VERSION,
+    BoundaryRecord,
     Capture,
     End,
+    HostLeakRecord,
     LeakRecord,
     ModulesRecord,
     Note,
@@ -42,6 +44,7 @@ from torchmem.results.capture import (
     Sample,
     StatsRecord,
     StepMark,
+    SurvivorsRecord,
     _float,
     _int,
 )
@@ -552,6 +555,9 @@ def read_capture(path: str | os.PathLike[str]) -> Capture:
         ooms=tuple(groups["oom"]),
         modules=tuple(groups["modules"]),
         notes=tuple(groups["note"]),
+        boundaries=tuple(groups["boundary"]),
+        host_leaks=tuple(groups["host_leak"]),
+        survivors=tuple(groups["survivors"]),
         end=end,
         truncated=truncated,
         unknown=tuple(unknown),
@@ -567,6 +573,9 @@ _KIND: dict[type, str] = {
     OOMRecord: "oom",
     ModulesRecord: "modules",
     Note: "note",
+    BoundaryRecord: "boundary",
+    HostLeakRecord: "host_leak",
+    SurvivorsRecord: "survivors",
 }
 
 
@@ -607,7 +616,21 @@ def _parse_record(raw: bytes) -> Any:
         if kind == "leak":
             return LeakRecord(t, _mapping(obj.get("report")))
         if kind == "oom":
-            return OOMRecord(t, _mapping(obj.get("diagnosis")), _int(obj.get("step")))
+            caught = obj.get("caught")
+            site = obj.get("site")
+            return OOMRecord(
+                t,
+                _mapping(obj.get("diagnosis")),
+                _int(obj.get("step")),
+                caught if isinstance(caught, bool) else None,
+                site if isinstance(site, str) else None,
+            )
+        if kind == "boundary":
+            return BoundaryRecord(t, str(obj.get("kind", "")), str(obj.get("label", "")), _int(obj.get("count")))
+        if kind == "host_leak":
+            return HostLeakRecord(t, _mapping(obj.get("report")))
+        if kind == "survivors":
+            return SurvivorsRecord(t, _mapping(obj.get("report")))
         if kind == "modules":
             rows = obj.get("rows")
             if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):

@@ -42,6 +42,14 @@ class SessionResult:
     """Why no step was counted and what to do, when none was (else ``None``)."""
     children: tuple[str, ...] = ()
     """Processes the program started (DataLoader workers excluded): their memory is not in this capture."""
+    survivors: Any = None
+    """What the loop allocated and is still alive (a :class:`~torchmem.results.survivors.SurvivorReport`)."""
+    boundary: str = ""
+    """What one step was (``""``: none was found)."""
+    host_leak: LeakReport | None = None
+    """The host-memory verdict (device ``"host"``)."""
+    ooms: tuple[Any, ...] = ()
+    """Every out-of-memory error the program raised, caught or not (the capture's ``oom`` records)."""
 
 
 class _StatusAwareStream:
@@ -135,6 +143,7 @@ class Session:
         self._timeline_n = 0
         self._peak_seen = 0
         self._last_step_write = 0.0
+        self._survivors: Any = None
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> Session:
@@ -160,6 +169,7 @@ class Session:
                 self._note(f"--memory-viz: {problem}")
                 self.memory_viz = None
         self._watcher = self._new_watcher()
+        self._survivors = self._new_survivors()
         from torchmem.capture.boundaries import StepBoundaries
 
         self._boundaries = StepBoundaries(
@@ -202,6 +212,11 @@ class Session:
         w.__enter__()
         return w
 
+    def _new_survivors(self) -> Any:
+        from torchmem.capture.survivors import LoopSurvivors
+
+        return LoopSurvivors(str(self.device))
+
     def _on_boundary(self) -> None:
         if not self._disabled and not self.step_marker:
             self.step()
@@ -222,6 +237,9 @@ class Session:
                     )
                 old.stop()
                 self._watcher = self._new_watcher()
+                if self._survivors is not None:  # its recorded steps were steps of the old kind
+                    self._survivors.stop()
+                self._survivors = self._new_survivors()
                 self._steps = 0
                 self._leak_written = False
             self._write("boundary", kind=kind, label=label, count=0)
@@ -256,6 +274,8 @@ class Session:
                 return
             w.step()
             self._steps = n = w.steps
+            if self._survivors is not None:
+                self._survivors.boundary(n)
             series = w._series
             # One step record per reading the watcher took, at most one per 10 ms (a loop of thousands of
             # steps per second must not pay a JSON line per step); the sampler keeps the timeline.
@@ -602,6 +622,14 @@ class Session:
                     self._write("oom", diagnosis=oom.to_dict(), step=self._steps)
                 except Exception as e:
                     self._note(f"the OOM could not be explained ({type(e).__name__}: {e})")
+        survivors = None
+        if self._survivors is not None:
+            try:
+                self._survivors.stop()
+                survivors = self._survivors.report(total_steps=self._steps, boundary=self._boundary_label)
+                self._write("survivors", report=survivors.to_dict())
+            except Exception as e:
+                self._note(f"the loop's survivors could not be reported ({type(e).__name__}: {e})")
         if self._boundary_kind is not None:
             self._write("boundary", kind=self._boundary_kind, label=self._boundary_label, count=self._steps)
         elif not self.step_marker:
@@ -625,6 +653,8 @@ class Session:
             reason=reason,
             no_steps=no_steps,
             children=tuple(self._children),
+            survivors=survivors,
+            boundary=self._boundary_label,
         )
 
     # -- helpers ---------------------------------------------------------------------------------

@@ -13,10 +13,10 @@ the storages still alive by allocation site, names what holds a few of them, and
 Example:
     >>> import torch
     >>> from torchmem.capture.survivors import LoopSurvivors
-    >>> model, kept = torch.nn.Linear(8, 8), []
+    >>> model, kept = torch.nn.Linear(256, 256), []
     >>> rec = LoopSurvivors("cpu", steps=4)
     >>> for step in range(1, 6):
-    ...     kept.append(model(torch.randn(4, 8)))  # keeps each output and its graph
+    ...     kept.append(model(torch.randn(64, 256)))  # keeps each output and its graph
     ...     rec.boundary(step)
     >>> rec.stop()
     >>> rec.report(total_steps=5).leaking
@@ -67,15 +67,18 @@ class LoopSurvivors:
         device: The device whose storages are recorded (``"cuda:0"``, ``"cpu"``); ``None``: every device.
         steps: How many steps to record after the first boundary (the first step is left out: it builds
             what lives for the whole run, such as optimizer state).
+        min_bytes_per_step: A site that keeps fewer live bytes per step than this (a list of scalar losses)
+            is reported as ``"small"``, not as a leak.
 
     Call :meth:`boundary` at the end of each step on the thread that runs the loop, :meth:`stop` when the
     program ends (also in the middle of the window), and :meth:`report` whenever a report is wanted. Nothing
     here raises into the program: an error is reported once in the report's notes and recording stops.
     """
 
-    def __init__(self, device: str | None = None, steps: int = 8) -> None:
+    def __init__(self, device: str | None = None, steps: int = 8, *, min_bytes_per_step: int = 4096) -> None:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"steps must be a positive integer, not {steps!r}")
+        self.min_bytes_per_step = min_bytes_per_step
         self._device_spec = device
         self.device: str | None = device
         self.window = steps
@@ -87,6 +90,7 @@ class LoopSurvivors:
         self._born: list[_Born] = []
         self._covered: list[int] = []
         self._last_step = 0
+        self._seen = 0  # the last boundary's step, also after the window
         self._notes: list[str] = []
         self._errors: set[str] = set()
         self._t_last = 0.0
@@ -108,6 +112,7 @@ class LoopSurvivors:
 
     def boundary(self, step: int) -> None:
         """A step ended (``step``: its number; the first call is the end of step 1). Never raises."""
+        self._seen = step
         if self._state == _DONE:
             if self._after_left or self._stack is not None:
                 self._after_window()
@@ -249,11 +254,11 @@ class LoopSurvivors:
         """What was born in the recorded steps and is still alive, by allocation site. Never raises.
 
         Args:
-            total_steps: The run's number of steps (default: the last boundary seen).
+            total_steps: The run's number of steps (default: the step of the last boundary).
             time_limit: Seconds the holder search may take (0: no search).
             boundary: What one step was, for the text (``"optimizer step"``).
         """
-        steps = total_steps if total_steps is not None else self._last_step
+        steps = total_steps if total_steps is not None else self._seen
         try:
             return self._report(steps, time_limit, boundary)
         except Exception as exc:
@@ -289,18 +294,16 @@ class LoopSurvivors:
             self._born = kept  # the dead ones are gone for good
         total_count = sum(len(v) for per in by_site.values() for v in per.values())
         total_bytes = sum(nb for per in by_site.values() for v in per.values() for _, nb in v)
-        verdicts = {site: judge(tuple(per), covered)[0] for site, per in by_site.items()}
-        order = sorted(
-            by_site,
-            key=lambda site: (
-                verdicts[site] != ACCUMULATES,
-                -sum(nb for v in by_site[site].values() for _, nb in v),
-            ),
-        )
+        site_bytes = {site: sum(nb for v in per.values() for _, nb in v) for site, per in by_site.items()}
+        verdicts = {
+            site: judge(tuple(per), covered, site_bytes[site] / len(per), self.min_bytes_per_step)[0]
+            for site, per in by_site.items()
+        }
+        order = sorted(by_site, key=lambda site: (verdicts[site] != ACCUMULATES, -site_bytes[site]))
         shown = order[:_MAX_GROUPS]
         if len(order) > len(shown):
             rest = order[len(shown) :]
-            rest_bytes = sum(nb for site in rest for v in by_site[site].values() for _, nb in v)
+            rest_bytes = sum(site_bytes[site] for site in rest)
             notes.append(f"{len(rest)} more sites with {fmt_bytes(rest_bytes)} alive are not listed")
         paths = self._holders(by_site, shown[:_SEARCHED_GROUPS], verdicts, covered, time_limit, notes)
         groups = []
@@ -314,6 +317,7 @@ class LoopSurvivors:
                     {step: (len(v), sum(nb for _, nb in v)) for step, v in per.items()},
                     covered,
                     paths.get(site, ()),
+                    self.min_bytes_per_step,
                 )
             )
         by_site.clear()
@@ -380,8 +384,8 @@ class LoopSurvivors:
         if info.get("truncated"):
             notes.append(
                 f"the holder search stopped ({info.get('reason') or 'limit'}) after "
-                f"{float(info.get('seconds') or 0):.1f} s and {info.get('visited')} objects: some holders may "
-                "be missing"
+                f"{float(info.get('seconds') or 0):.1f} s and {info.get('visited')} objects: some holders "
+                "may be missing"
             )
         out: dict[Site | None, dict[str, HolderPath]] = {}
         for site, ps in zip(owners, found):

@@ -257,10 +257,17 @@ class ProgramNotStarted(Exception):
         self.exit_code = exit_code
 
 
-def execute(program: Program, err: TextIO) -> Outcome:
-    """Run the program in this process like ``python`` would; return its exit code and how it ended."""
+def execute(program: Program, err: TextIO, restore_main: list[Any] | None = None) -> Outcome:
+    """Run the program in this process like ``python`` would; return its exit code and how it ended.
+
+    With ``restore_main`` (a list), the program's ``__main__`` stays in ``sys.modules`` when it ends, and the
+    module it replaced is appended to the list: the caller puts it back once the session has looked at
+    what the program left alive (the loop's survivors, named ``__main__.x`` as the program knows them).
+    """
     saved_argv, saved_path = sys.argv, list(sys.path)
     saved_main = sys.modules.get("__main__")
+    if restore_main is not None:
+        restore_main.append(saved_main)
     sys.argv = list(program.argv)
     if sys.path:
         sys.path[0] = program.path0
@@ -312,7 +319,7 @@ def execute(program: Program, err: TextIO) -> Outcome:
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
-        if saved_main is not None:
+        if saved_main is not None and restore_main is None:
             sys.modules["__main__"] = saved_main
 
 
@@ -493,10 +500,16 @@ def run_session(
         protect=protect,
     ).start()  # an unusable capture path fails here, before the program runs
     outcome = Outcome(1, "exception", None)
+    saved_main: list[Any] = []
     try:
-        outcome = execute(program, err)
+        outcome = execute(program, err, saved_main)
     finally:
-        result = session.finish(outcome.exit_code, outcome.reason, outcome.exc)
+        try:
+            result = session.finish(outcome.exit_code, outcome.reason, outcome.exc)
+        finally:
+            if saved_main and saved_main[0] is not None:
+                sys.modules["__main__"] = saved_main[0]  # the program's namespace goes only now
+            saved_main.clear()
         outcome.exc = None
         if not quiet:
             _summary(result, err)
@@ -520,6 +533,12 @@ def _summary(result: Any, err: TextIO) -> None:
     children = getattr(result, "children", ())
     if leak is not None and (leak.leaking or leak.detected_at is not None or result.steps):
         lines.append(str(leak))
+    survivors = getattr(result, "survivors", None)
+    if survivors is not None and survivors.leaking and not (leak is not None and leak.leaking):
+        lines.append(str(survivors))  # a loop too short for a verdict, whose leak is still named
+    host = getattr(result, "host_leak", None)
+    if host is not None and (host.leaking or host.stopped_at is not None):
+        lines.append(str(host))
     if no_steps:
         lines.append(f"no leak verdict: 0 steps: {no_steps}")
     elif children:
@@ -528,6 +547,16 @@ def _summary(result: Any, err: TextIO) -> None:
             f"({', '.join(children[:3])}); "
             "their memory is not in this capture."
         )
+    caught = [o for o in getattr(result, "ooms", ()) if getattr(o, "caught", False)]
+    if caught:
+        lines.append(
+            f"{len(caught)} out-of-memory error{'s' if len(caught) > 1 else ''} caught by the program"
+            + (f" (first at {caught[0].site})" if getattr(caught[0], "site", None) else "")
+            + ":"
+        )
+        lines.extend("  " + x for x in str(caught[0].diagnosis).splitlines())
+        if len(caught) > 1:
+            lines.append(f"  ... and {len(caught) - 1} more: torchmem report {result.capture}")
     if result.oom is not None:
         lines.append(str(result.oom))
     lines.append(f"capture: {result.capture}  (torchmem report {result.capture} --html report.html)")

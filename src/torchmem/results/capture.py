@@ -32,8 +32,22 @@ FORMAT = "torchmem-capture"
 VERSION = 1
 """The capture version this torchmem writes and the newest it reads."""
 
-RECORD_TYPES = ("sample", "step", "stats", "leak", "oom", "modules", "note", "end")
-"""Record types of version 1. A reader skips types it does not know (later minor additions)."""
+RECORD_TYPES = (
+    "sample",
+    "step",
+    "stats",
+    "leak",
+    "oom",
+    "modules",
+    "note",
+    "boundary",
+    "host_leak",
+    "survivors",
+    "end",
+)
+"""Record types of version 1. A reader skips types it does not know (later minor additions: ``boundary``,
+``host_leak`` and ``survivors`` came with torchmem 0.1's zero-config runs; older readers keep them as
+unknown)."""
 
 END_REASONS = ("exit", "exception", "keyboard_interrupt", "oom", "signal")
 
@@ -140,17 +154,60 @@ class LeakRecord:
 
 @dataclass(frozen=True)
 class OOMRecord:
-    """An out-of-memory error and its diagnosis: ``OOMDiagnosis.to_dict()``."""
+    """An out-of-memory error and its diagnosis: ``OOMDiagnosis.to_dict()``.
+
+    ``caught``: the program caught it and went on (``None`` in captures written before this was recorded:
+    those recorded only the error that ended the run); ``site``: the user's line that raised it.
+    """
 
     t: float
     diagnosis: Mapping[str, Any]
     step: int | None
+    caught: bool | None = None
+    site: str | None = None
 
     def as_diagnosis(self) -> OOMDiagnosis | None:
         """The diagnosis as an :class:`~torchmem.results.oom.OOMDiagnosis` (``None``: not readable)."""
         from torchmem.results.oom import OOMDiagnosis
 
         return _read(OOMDiagnosis, self.diagnosis)
+
+
+@dataclass(frozen=True)
+class BoundaryRecord:
+    """What one step of the run was: ``kind`` (``optimizer``, ``backward``, ``module``, ``dataloader``,
+    ``generate``, ``marker``, ``timeline`` or ``none``), its label, and the steps counted (0 when chosen)."""
+
+    t: float
+    kind: str
+    label: str
+    count: int | None
+
+
+@dataclass(frozen=True)
+class HostLeakRecord:
+    """The host-memory verdict (``LeakReport.to_dict()`` with device ``"host"``)."""
+
+    t: float
+    report: Mapping[str, Any]
+
+    def as_report(self) -> LeakReport | None:
+        from torchmem.results.leaks import LeakReport
+
+        return _read(LeakReport, self.report)
+
+
+@dataclass(frozen=True)
+class SurvivorsRecord:
+    """What was allocated inside the loop and is still alive at the end (``SurvivorReport.to_dict()``)."""
+
+    t: float
+    report: Mapping[str, Any]
+
+    def as_report(self) -> Any:
+        from torchmem.results.survivors import SurvivorReport
+
+        return _read(SurvivorReport, self.report)
 
 
 @dataclass(frozen=True)
@@ -196,6 +253,9 @@ class Capture:
         ooms: OOM diagnoses.
         modules: Per-module profiles (usually one).
         notes: Notes.
+        boundaries: What a step was (the last is the final choice).
+        host_leaks: Host-memory verdicts (the last is the final one).
+        survivors: What the loop allocated and is still alive at the end.
         end: How the run ended; ``None`` when the file has no end record (the run was killed).
         truncated: ``None``, or where the readable part stops and why.
         unknown: Records of types this torchmem does not know (kept as written, otherwise ignored).
@@ -211,6 +271,9 @@ class Capture:
     ooms: tuple[OOMRecord, ...] = ()
     modules: tuple[ModulesRecord, ...] = ()
     notes: tuple[Note, ...] = ()
+    boundaries: tuple[BoundaryRecord, ...] = ()
+    host_leaks: tuple[HostLeakRecord, ...] = ()
+    survivors: tuple[SurvivorsRecord, ...] = ()
     end: End | None = None
     truncated: str | None = None
     unknown: tuple[Mapping[str, Any], ...] = field(default=())
@@ -500,11 +563,26 @@ def render_summary(cap: Capture, *, max_modules: int = 10) -> str:
     else:
         lines.append("Leak verdict: none recorded.")
 
+    if leak is not None and leak.leaking:
+        pass
+    elif cap.survivors:
+        surv = cap.survivors[-1].as_report()
+        if surv is not None and surv.leaking:
+            lines.append("")
+            lines += str(surv).splitlines()
+    if cap.host_leaks:
+        host = cap.host_leaks[-1].as_report()
+        if host is not None and (host.leaking or host.stopped_at is not None):
+            lines.append("")
+            lines += str(host).splitlines()
+
     for o in cap.ooms:
         lines.append("")
         d = o.as_diagnosis()
         at = f" at step {o.step}" if o.step is not None else ""
-        lines.append(f"OOM{at} ({o.t:.2f} s into the run):")
+        how = " caught by the program" if o.caught else ""
+        where = f" raised at {o.site}" if o.site else ""
+        lines.append(f"OOM{at}{where}{how} ({o.t:.2f} s into the run):")
         if d is not None:
             lines += ["  " + x for x in str(d).splitlines()]
         else:
@@ -549,12 +627,15 @@ __all__ = [
     "MODULE_LABELS",
     "RECORD_TYPES",
     "VERSION",
+    "BoundaryRecord",
     "Capture",
     "End",
+    "HostLeakRecord",
     "LeakRecord",
     "ModulesRecord",
     "Note",
     "OOMRecord",
+    "SurvivorsRecord",
     "RunFacts",
     "Sample",
     "StatsRecord",

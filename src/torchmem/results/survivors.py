@@ -25,8 +25,9 @@ LAST_STEP = "last_step"
 RECENT = "recent"
 ONCE = "once"
 SOME_STEPS = "some_steps"
+SMALL = "small"
 
-VERDICTS = (ACCUMULATES, LAST_STEP, RECENT, ONCE, SOME_STEPS)
+VERDICTS = (ACCUMULATES, LAST_STEP, RECENT, ONCE, SOME_STEPS, SMALL)
 
 
 def step_ranges(steps: Sequence[int]) -> str:
@@ -41,7 +42,7 @@ def step_ranges(steps: Sequence[int]) -> str:
     ordered = sorted(set(steps))
     parts: list[str] = []
     start = prev = ordered[0]
-    for s in ordered[1:] + [None]:
+    for s in [*ordered[1:], None]:
         if s is not None and s == prev + 1:
             prev = s
             continue
@@ -66,17 +67,19 @@ class SurvivorGroup:
         verdict: ``"accumulates"`` (alive from (nearly) every recorded step but the last: a leak),
             ``"last_step"`` (only the last recorded step's: a loop variable), ``"recent"`` (only the latest
             steps', the earliest were freed: a bounded cache or window), ``"once"`` (one earlier step's:
-            state created once), ``"some_steps"`` (a few scattered steps').
+            state created once), ``"some_steps"`` (a few scattered steps'), ``"small"`` (it would
+            accumulate, with too few bytes per step to call a leak: a list of scalar losses).
         reason: The verdict in words.
         holder: The readable path of the main holder (the one most samples share), or ``None``.
-        kind: When it accumulates: the culprit kind (see :class:`torchmem.results.leaks.Culprit`), else ``""``.
+        kind: When it accumulates: the culprit kind (see :class:`torchmem.results.leaks.Culprit`), else
+            ``""``.
         fix: When it accumulates: the one-line fix naming the holder, else ``""``.
 
     Example:
         >>> g = SurvivorGroup("train.py:12", "main", "/src/train.py", 5, 5 * 2**20, (2, 3, 4, 5, 6), (),
-        ...                   "accumulates", "alive from every recorded step")
+        ...                   "accumulates", "every step")
         >>> print(g)
-        train.py:12 in main(): 5 storages, 5.00 MiB, born in steps 2-6: accumulates (alive from every recorded step)
+        train.py:12 in main(): 5 storages, 5.00 MiB, born in steps 2-6: accumulates (every step)
     """
 
     site: str | None
@@ -219,6 +222,7 @@ __all__ = [
     "LAST_STEP",
     "ONCE",
     "RECENT",
+    "SMALL",
     "SOME_STEPS",
     "VERDICTS",
     "SurvivorGroup",
