@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,23 @@ def _line(marker: str) -> str:
     """``"test_loop_survivors.py:N"`` of the line that carries ``# <marker>``."""
     n = next(i for i, text in enumerate(_SOURCE, 1) if text.rstrip().endswith(f"# {marker}"))
     return f"{Path(__file__).name}:{n}"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Step times decide how much is recorded: one intra-op thread keeps them steady on a busy machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _ops(n: int) -> torch.Tensor:
+    """``n`` tiny aten ops: a step the ledger makes several times slower."""
+    x = torch.ones(4)
+    for _ in range(n):
+        x = x + 1
+    return x
 
 
 def _model() -> torch.nn.Module:
@@ -55,6 +74,7 @@ def test_a_six_step_loop_that_keeps_outputs_with_graphs_is_named() -> None:
     text = str(r)
     assert text.startswith("allocated in the loop and still alive:") and "LEAK" in text
     assert _line("LEAK-SITE") in text and "fix: `losses`" in text
+    assert not any(n.startswith("recorded ") for n in r.notes)  # a light loop stays within the budget
     del out, losses
 
 
@@ -253,6 +273,96 @@ def test_the_report_round_trips_through_json() -> None:
     assert SurvivorReport.from_dict(old).window == 0
 
 
+def test_heavy_steps_stop_the_recording_and_the_notes_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No absolute allowance: only the 10 % of the run's time, which one recorded heavy step already exceeds.
+    monkeypatch.setattr(survivors_mod, "_FLOOR_S", 0.0)
+    monkeypatch.setattr(survivors_mod, "_MIN_STEPS_S", 0.0)
+    rec = LoopSurvivors("cpu")
+    kept = []
+    states = []
+    for step in range(1, 8):
+        kept.append(_ops(3000))
+        rec.boundary(step)
+        states.append(ledger().active)
+    assert states == [True, False, False, False, False, False, False]  # off after the first recorded step
+    assert rec.paused and not rec.recording and rec.covered == (2,)
+    r = rec.report()
+    (note,) = [n for n in r.notes if n.startswith("recorded 1 of 8 steps (2): the exact ledger costs ")]
+    assert "per step here" in note and "without it" in note and "recording is paused" in note
+    assert "one recorded step cannot show what accumulates" in note
+    assert not r.leaking  # one step cannot tell a leak from a loop variable
+    rec.stop()
+    assert not rec.paused
+    final = rec.report()
+    assert any("recording more would have cost more than 10% of the run's time" in n for n in final.notes)
+    assert final.window_step_s is not None and final.after_step_s is not None
+    assert final.window_step_s > 2 * final.after_step_s  # the ledger's cost was measured, not guessed
+    del kept
+
+
+def test_two_recorded_heavy_steps_are_enough_to_name_a_leak(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(survivors_mod, "_FLOOR_S", 0.0)  # the first 2 recorded steps are still allowed
+    rec = LoopSurvivors("cpu")
+    kept = []
+    for step in range(1, 9):
+        _ops(1000)
+        kept.append(torch.ones(8192))  # HEAVY-LEAK
+        rec.boundary(step)
+    rec.stop()
+    assert rec.covered == (2, 3)
+    r = rec.report()
+    assert r.leaking
+    g = r.groups[0]
+    assert g.site == _line("HEAVY-LEAK") and g.steps == (2, 3) and g.accumulates
+    assert g.holder is not None and "kept" in g.holder
+    assert any(n.startswith("recorded 2 of 8 steps (2-3): the exact ledger costs") for n in r.notes)
+    del kept
+
+
+def test_the_recording_resumes_when_the_run_can_afford_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(survivors_mod, "_FLOOR_S", 0.0)
+    monkeypatch.setattr(survivors_mod, "_MIN_STEPS_S", 0.0)
+    # A step that mostly waits: recording it costs little, but the first recorded step cannot tell (no step
+    # without the ledger has been timed yet), so the recording pauses for one step, measures, and resumes.
+    rec = LoopSurvivors("cpu", budget=0.5)
+    kept = []
+    states = []
+    for step in range(1, 11):
+        time.sleep(0.02)
+        _ops(100)
+        kept.append(torch.ones(4096))
+        rec.boundary(step)
+        states.append(ledger().active)
+    assert states[:3] == [True, False, True]
+    assert rec.covered == (2, 4, 5, 6, 7, 8, 9, 10)
+    assert not ledger().active  # the window is complete
+    r = rec.report()
+    assert r.leaking and r.groups[0].steps == rec.covered  # the verdicts take the gap in their stride
+    assert any(n.startswith("the 8 recorded steps were spread over the run (2, 4-10)") for n in r.notes)
+    del kept
+
+
+def test_a_run_that_ends_while_paused_says_the_cost_was_not_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(survivors_mod, "_FLOOR_S", 0.0)
+    monkeypatch.setattr(survivors_mod, "_MIN_STEPS_S", 0.0)
+    rec = LoopSurvivors("cpu")
+    for step in (1, 2):
+        _ops(500)
+        rec.boundary(step)
+    assert rec.paused and not ledger().active
+    rec.stop()
+    (note,) = [
+        n for n in rec.report().notes if n.startswith("recorded 1 of 8 steps (2): a recorded step took ")
+    ]
+    assert "its cost could not be measured" in note
+
+
+def test_bad_budget() -> None:
+    with pytest.raises(ValueError, match="budget"):
+        LoopSurvivors("cpu", budget=-0.1)
+    assert LoopSurvivors("cpu", budget=float("inf")).budget == float("inf")
+
+
 @pytest.mark.parametrize(
     ("alive", "covered", "verdict"),
     [
@@ -260,6 +370,9 @@ def test_the_report_round_trips_through_json() -> None:
         ((2, 3, 4, 5), (2, 3, 4, 5, 6), "accumulates"),  # every step but the last
         ((2, 3, 5, 6, 7, 8, 9), tuple(range(2, 10)), "accumulates"),  # nearly every step
         ((2, 3), (2, 3), "accumulates"),  # a 3-step loop is enough
+        ((2, 4, 5, 9), (2, 4, 5, 9), "accumulates"),  # steps left out by the budget
+        ((5, 9), (2, 4, 5, 9), "recent"),
+        ((9,), (2, 4, 5, 9), "last_step"),
         ((6,), (2, 3, 4, 5, 6), "last_step"),  # a loop variable
         ((2,), (2, 3, 4, 5, 6), "once"),  # state made once
         ((7, 8), tuple(range(2, 9)), "recent"),  # a cache keeping the 2 newest

@@ -39,7 +39,7 @@ _GENERATE_NAMES = frozenset({"generate"})
 
 
 def _compiling() -> Callable[[], bool]:
-    fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    fn: Any = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     if fn is None:  # pragma: no cover - torch < 2.3
         try:
             from torch._dynamo import is_compiling as fn
@@ -122,7 +122,9 @@ class StepBoundaries:
             return
         self._errors.add(where)
         if self._on_error is not None:
-            self._on_error(f"step detection: {where} failed ({type(exc).__name__}: {exc}); the program goes on")
+            self._on_error(
+                f"step detection: {where} failed ({type(exc).__name__}: {exc}); the program goes on"
+            )
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
@@ -249,8 +251,10 @@ class StepBoundaries:
             if not self._narrowed:
                 self._tops.setdefault(id(module), module)
                 self._labels.setdefault("module", f"top-level {type(module).__name__}() call")
-                if len(self._tops) > DISCOVERY_TOPS or self._module_calls >= DISCOVERY_CALLS or (
-                    self.counts["module"] + 1 >= DISCOVERY_TOPS
+                if (
+                    len(self._tops) > DISCOVERY_TOPS
+                    or self._module_calls >= DISCOVERY_CALLS
+                    or (self.counts["module"] + 1 >= DISCOVERY_TOPS)
                 ):
                     self._narrow()
             self._event("module")
@@ -305,7 +309,7 @@ class StepBoundaries:
     def _patch_generate(self, cls: type, code: Any) -> None:
         for klass in cls.__mro__:
             fn = klass.__dict__.get("generate")
-            inner = fn
+            inner: Any = fn
             for _ in range(4):  # decorated (torch.no_grad() and the like): compare the innermost code
                 if getattr(inner, "__code__", None) is code or not hasattr(inner, "__wrapped__"):
                     break

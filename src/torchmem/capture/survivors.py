@@ -5,10 +5,21 @@ iterations that keeps every output (with its autograd graph) in a list goes unna
 the tensor storages born in a few steps of the loop instead: from the first step boundary on it turns the
 exact storage ledger on (for the thread that calls :meth:`~LoopSurvivors.boundary`) with one cohort per step
 and birth sites, and at each boundary keeps a weak reference, the bytes and the allocation site of every
-storage born in the step that just ended and still alive. After ``steps`` steps the ledger goes off again, so
-the cost is confined to those steps. :meth:`~LoopSurvivors.report`, at the end of the run or on demand, groups
-the storages still alive by allocation site, names what holds a few of them, and says which sites
-*accumulate* (alive from (nearly) every recorded step but the last): a leak, even in a 3-step loop.
+storage born in the step that just ended and still alive. After ``steps`` recorded steps the ledger goes off
+again, so the cost is confined to those steps. :meth:`~LoopSurvivors.report`, at the end of the run or on
+demand, groups the storages still alive by allocation site, names what holds a few of them, and says which
+sites *accumulate* (alive from (nearly) every recorded step but the last): a leak, even in a 3-step loop.
+
+Cost budget: a recorded step is slower (the ledger costs ~6-20 µs per aten op, so a step of thousands of
+small ops is several times slower), and a program of a few long op-heavy steps would spend most of its run
+recorded. So the recording keeps a budget: its estimated extra time (the median recorded step less the median
+step without the ledger, times the recorded steps) must stay within ``budget`` (10 %) of the time since the
+first boundary, or under a small absolute allowance (0.25 s, and 0.5 s for the first 2 recorded steps: a loop
+of a few ms per step is always covered fully). When the next recorded step would exceed it, the ledger goes
+off (the recording *pauses*); the unrecorded steps then give the step time without the ledger, and the
+recording resumes once the run has grown long enough to afford another step. The covered steps may then have
+gaps (``2-3, 9, 40``); the verdicts only need the steps that were recorded, and the report says why steps
+were left out and what a recorded step cost.
 
 Example:
     >>> import torch
@@ -22,19 +33,22 @@ Example:
     >>> rec.report(total_steps=5).leaking
     True
 
-Cost: while recording, every aten op on the recording thread pays the ledger (~15-20 µs) plus the birth site
-of each new storage; each boundary walks the ledger's live storages once. Outside the window a boundary is
-one attribute test.
+Cost: while recording, every aten op on the recording thread pays the ledger plus the birth site of each new
+storage; each boundary reads the step's live births once. Paused or after the window, a boundary is a clock
+read and a comparison (or one attribute test once the window is complete).
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 import time
 import weakref
 from contextlib import ExitStack
 from typing import Any
+
+import torch
 
 from torchmem._format import fmt_bytes
 from torchmem.analysis.holders.survivors import holder_paths_of_storages
@@ -46,7 +60,7 @@ from torchmem.results.survivors import ACCUMULATES, LAST_STEP, SurvivorReport, s
 
 _log = logging.getLogger("torchmem")
 
-_IDLE, _RECORDING, _DONE = 0, 1, 2
+_IDLE, _RECORDING, _PAUSED, _DONE = 0, 1, 2, 3
 # Groups listed in a report, groups whose holders are searched, samples per searched group.
 _MAX_GROUPS = 20
 _SEARCHED_GROUPS = 10
@@ -55,6 +69,13 @@ _SAMPLES = 3
 _AFTER_STEPS = 3
 # Recorded steps this much slower than the steps after them get a note in the report.
 _COST_NOTE_RATIO = 2.0
+# The budget: extra seconds always allowed (a loop of a few ms per step is covered fully)...
+_FLOOR_S = 0.25
+# ... and allowed for the first _MIN_STEPS recorded steps (2 recorded steps can show accumulation).
+_MIN_STEPS = 2
+_MIN_STEPS_S = 0.5
+# Unrecorded steps timed for the step time without the ledger (the first ones; their median is used).
+_BASE_SAMPLES = 15
 
 # (storage, bytes at the boundary, site, step born in)
 _Born = tuple[weakref.ref[Any], int, Site | None, int]
@@ -69,16 +90,39 @@ class LoopSurvivors:
             what lives for the whole run, such as optimizer state).
         min_bytes_per_step: A site that keeps fewer live bytes per step than this (a list of scalar losses)
             is reported as ``"small"``, not as a leak.
+        budget: The share of the run's time (since the first boundary) the recording may add; beyond it
+            the recording pauses until the run is long enough (see the module's "Cost budget").
+            ``float("inf")``: record ``steps`` steps in a row whatever they cost.
 
     Call :meth:`boundary` at the end of each step on the thread that runs the loop, :meth:`stop` when the
     program ends (also in the middle of the window), and :meth:`report` whenever a report is wanted. Nothing
     here raises into the program: an error is reported once in the report's notes and recording stops.
+
+    Example:
+        >>> import torch
+        >>> rec, kept = LoopSurvivors("cpu", steps=3, budget=0.1), []
+        >>> for step in range(1, 5):
+        ...     kept.append(torch.ones(4096))
+        ...     rec.boundary(step)
+        >>> rec.stop()
+        >>> rec.covered, rec.report().leaking
+        ((2, 3, 4), True)
     """
 
-    def __init__(self, device: str | None = None, steps: int = 8, *, min_bytes_per_step: int = 4096) -> None:
+    def __init__(
+        self,
+        device: str | None = None,
+        steps: int = 8,
+        *,
+        min_bytes_per_step: int = 4096,
+        budget: float = 0.10,
+    ) -> None:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"steps must be a positive integer, not {steps!r}")
+        if not isinstance(budget, (int, float)) or isinstance(budget, bool) or not budget >= 0:
+            raise ValueError(f"budget must be a share of the run's time (>= 0), not {budget!r}")
         self.min_bytes_per_step = min_bytes_per_step
+        self.budget = float(budget)
         self._device_spec = device
         self.device: str | None = device
         self.window = steps
@@ -93,17 +137,28 @@ class LoopSurvivors:
         self._seen = 0  # the last boundary's step, also after the window
         self._notes: list[str] = []
         self._errors: set[str] = set()
-        self._t_last = 0.0
-        self._window_s: list[float] = []
-        self._after_s: list[float] = []
+        self._t_first = 0.0  # the first boundary
+        self._t_last = 0.0  # the last boundary (after its own work)
+        self._window_s: list[float] = []  # recorded steps
+        self._base_s: list[
+            float
+        ] = []  # steps without the ledger (paused or after the window), the first ones
+        self._estimate: tuple[float, float, float | None] | None = None  # cache of _cost()
         self._after_left = 0
-        self._harvest_s = 0.0
+        self._harvest_s = 0.0  # the boundaries' own work while recording (part of the recording's cost)
+        self._pauses = 0  # times the budget paused the recording
+        self._warm_s = 0.0  # the ledger's one-off first-use cost, paid at the first boundary
 
     # -- recording ---------------------------------------------------------------------------------
     @property
     def recording(self) -> bool:
         """Whether the ledger is on for the loop's steps now."""
         return self._state == _RECORDING
+
+    @property
+    def paused(self) -> bool:
+        """Whether the cost budget has paused the recording (it resumes when the run can afford it)."""
+        return self._state == _PAUSED
 
     @property
     def covered(self) -> tuple[int, ...]:
@@ -120,8 +175,10 @@ class LoopSurvivors:
         try:
             if self._state == _IDLE:
                 self._start(step)
-            else:
+            elif self._state == _RECORDING:
                 self._harvest(step)
+            else:
+                self._paused_step(step)
         except Exception as exc:
             self._error("a step boundary", exc)
             self._shutdown()
@@ -163,23 +220,38 @@ class LoopSurvivors:
     def _start(self, step: int) -> None:
         self.device = self._resolve()
         self._thread = threading.get_ident()
+        self._open_ledger(warm=True)
+        self._last_step = step
+        self._state = _RECORDING
+        self._t_first = self._t_last = time.perf_counter()  # the one-off warm-up is not the run's time
+
+    def _open_ledger(self, warm: bool = False) -> None:
         led = ledger()
         stack = ExitStack()
         stack.enter_context(led.enabled())
         self._stack = stack
+        if warm:
+            # The first op under a dispatch mode pays one-off costs (torch imports torch._dynamo: ~1-2 s on a
+            # CPU); paid here, before the first recorded step, they are not taken for a per-step cost.
+            t0 = time.perf_counter()
+            torch.empty(0)
+            self._warm_s = time.perf_counter() - t0
         self._cohort = led.open_cohort(self.device, sites=True)
-        self._last_step = step
-        self._state = _RECORDING
-        self._t_last = time.perf_counter()
+
+    def _on_loop_thread(self) -> bool:
+        if threading.get_ident() == self._thread:
+            return True
+        if "thread" not in self._errors:
+            self._errors.add("thread")
+            self._notes.append("step boundaries on another thread than the first one's were ignored")
+        return False
 
     def _harvest(self, step: int) -> None:
-        if threading.get_ident() != self._thread:
-            if "thread" not in self._errors:
-                self._errors.add("thread")
-                self._notes.append("step boundaries on another thread than the first one's were ignored")
+        if not self._on_loop_thread():
             return
         t0 = time.perf_counter()
         self._window_s.append(t0 - self._t_last)
+        self._estimate = None
         born_step = step if step > self._last_step else self._last_step + 1
         led = ledger()
         cohort = self._cohort
@@ -197,11 +269,56 @@ class LoopSurvivors:
             self._close_ledger()
             self._state = _DONE
             self._after_left = _AFTER_STEPS
-        else:
+        elif self._affords_a_step(t0):
             self._cohort = led.open_cohort(self.device, sites=True)
+        else:
+            self._close_ledger()
+            self._state = _PAUSED
+            self._pauses += 1
         now = time.perf_counter()
         self._harvest_s += now - t0
         self._t_last = now
+
+    def _paused_step(self, step: int) -> None:
+        """A step ended with the recording paused: time it (the step without the ledger); resume if the run
+        can now afford another recorded step."""
+        if not self._on_loop_thread():
+            return
+        now = time.perf_counter()
+        if len(self._base_s) < _BASE_SAMPLES:
+            self._base_s.append(now - self._t_last)
+            self._estimate = None
+        self._t_last = now
+        self._last_step = step if step > self._last_step else self._last_step + 1
+        if self._affords_a_step(now):
+            self._open_ledger()
+            self._state = _RECORDING
+            after = time.perf_counter()
+            self._harvest_s += after - now
+            self._t_last = after
+
+    def _cost(self) -> tuple[float, float, float | None]:
+        """``(extra seconds per recorded step, median recorded step, median step without the ledger)``.
+
+        Medians, so that one slow step (a checkpoint, an evaluation) is not taken for the ledger's cost. With
+        no step timed without the ledger yet, the whole recorded step counts as extra (an upper bound).
+        """
+        est = self._estimate
+        if est is None:
+            rec = statistics.median(self._window_s) if self._window_s else 0.0
+            base = statistics.median(self._base_s) if self._base_s else None
+            est = self._estimate = (max(rec - (base or 0.0), 0.0), rec, base)
+        return est
+
+    def _affords_a_step(self, now: float) -> bool:
+        """Whether one more recorded step keeps the recording's extra time within the budget."""
+        per, rec, _ = self._cost()
+        n = len(self._covered)
+        extra = per * n + self._harvest_s
+        if n < _MIN_STEPS and extra < _MIN_STEPS_S:
+            return True
+        allowed = max(self.budget * (now - self._t_first + rec), _FLOOR_S)
+        return extra + per <= allowed
 
     def _after_window(self) -> None:
         try:
@@ -211,7 +328,9 @@ class LoopSurvivors:
                 return
             if self._after_left and threading.get_ident() == self._thread:
                 now = time.perf_counter()
-                self._after_s.append(now - self._t_last)
+                if len(self._base_s) < _BASE_SAMPLES:
+                    self._base_s.append(now - self._t_last)
+                    self._estimate = None
                 self._t_last = now
                 self._after_left -= 1
         except Exception as exc:
@@ -322,12 +441,13 @@ class LoopSurvivors:
             )
         by_site.clear()
         window_s = _mean(self._window_s)
-        after_s = _mean(self._after_s)
-        if window_s and after_s and window_s > _COST_NOTE_RATIO * after_s:
+        after_s = _mean(self._base_s)
+        if self._pauses:
+            notes.append(self._budget_note(covered))
+        elif window_s and after_s and window_s > _COST_NOTE_RATIO * after_s:
             notes.append(
                 f"recording the births made steps {step_ranges(covered)} {window_s / after_s:.1f}x slower "
-                f"({window_s * 1e3:.2f} ms against {after_s * 1e3:.2f} ms after them); the other steps were "
-                "not slowed"
+                f"({_fmt_s(window_s)} against {_fmt_s(after_s)} after them); the other steps were not slowed"
             )
         return build_report(
             self.device,
@@ -393,6 +513,50 @@ class LoopSurvivors:
             for p in ps:
                 merged.setdefault(str(p), p)
         return {site: tuple(m.values()) for site, m in out.items()}
+
+    def _budget_note(self, covered: tuple[int, ...]) -> str:
+        """Why steps were left out of the recording, and what a recorded step cost."""
+        per, rec, base = self._cost()
+        n = len(covered)
+        if base is None:
+            cost = (
+                f"a recorded step took {_fmt_s(rec)} (no step ran without the ledger before the end: its "
+                "cost could not be measured)"
+            )
+        else:
+            cost = (
+                f"the exact ledger costs {_fmt_s(per)} per step here ({_fmt_s(rec)} against {_fmt_s(base)} "
+                "without it)"
+            )
+        limit = f"{self.budget:.0%} of the run's time"
+        if n >= self.window:
+            return (
+                f"the {n} recorded steps were spread over the run ({step_ranges(covered)}): {cost}, and "
+                f"recording was paused to keep its cost within {limit}"
+            )
+        note = f"recorded {n} of {self.window} steps ({step_ranges(covered)}): {cost}; "
+        if self._state == _PAUSED:
+            note += f"recording is paused until the run is long enough to afford another step within {limit}"
+        else:
+            note += f"recording more would have cost more than {limit}"
+        if n < _MIN_STEPS:
+            note += (
+                "; one recorded step cannot show what accumulates: a leak here is left to the growth detector"
+            )
+        return note
+
+
+def _fmt_s(seconds: float | None) -> str:
+    """``2.5 s``, ``40 ms``, ``3.2 ms``, ``850 µs``."""
+    if seconds is None:
+        return "n/a"
+    if seconds >= 1:
+        return f"{seconds:.1f} s"
+    if seconds >= 0.01:
+        return f"{seconds * 1e3:.0f} ms"
+    if seconds >= 0.001:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{seconds * 1e6:.0f} µs"
 
 
 def _nbytes(storage: Any, recorded: int) -> int:
