@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -245,12 +246,30 @@ def _fraction_for(nbytes: int, total: int) -> float:
     return min(f, 1.0)
 
 
+# -- OOM events -----------------------------------------------------------------------------------------
+def _oom_event(cap: Cap) -> None:
+    """A hard cap's ``on_cross``: the op is refused and raises ``torch.OutOfMemoryError`` next. Tell
+    :func:`torchmem.capture.oom.watch_ooms`'s watchers, once per refused op: every hard cap the op took
+    over calls this, and the tightest hard cap of the device is always one of them, so only it reports.
+    Costs nothing unless that module is loaded (nobody can be watching otherwise); never raises."""
+    events = sys.modules.get("torchmem.capture.oom")
+    if events is None or not cap.hard:
+        return
+    try:
+        hard = [c for c in ledger().caps(cap.device) if c.hard and c.on_cross is not None]
+        if hard and min(hard, key=lambda c: c.bytes) is not cap:  # min(): the first of equal caps
+            return
+        events.record_cap_oom(cap)
+    except Exception as exc:  # the OOM must go on as it is
+        ledger().report_error("an OOM event", exc)
+
+
 # -- limit ----------------------------------------------------------------------------------------------
 class _CpuLimit:
     """The one CPU cap ``limit()`` keeps, and the ledger it keeps on for the thread that set it."""
 
     def __init__(self, nbytes: int) -> None:
-        self.cap = Cap("cpu", nbytes, hard=True, owner="torchmem.limit()")
+        self.cap = Cap("cpu", nbytes, hard=True, owner="torchmem.limit()", on_cross=_oom_event)
         self.stack = ExitStack()
         self.thread = threading.get_ident()
         self.stack.enter_context(ledger().enabled())
@@ -515,7 +534,8 @@ class Budget(ContextDecorator):
             o.stack.enter_context(led.enabled())
             o.mark = led.open_watermark("cpu")
 
-            def snapshot(_cap: Cap, o: _Open = o) -> None:
+            def snapshot(cap: Cap, o: _Open = o) -> None:
+                _oom_event(cap)  # a hard budget's refusal is an OOM the program may catch
                 if o.ws is None:
                     o.ws = _working_set_of(led.largest("cpu", self.top))
 

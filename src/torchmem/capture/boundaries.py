@@ -191,11 +191,13 @@ class StepBoundaries:
                     return original(*args, **kwargs)
                 boundaries._in_backward += 1
                 try:
-                    return original(*args, **kwargs)
+                    result = original(*args, **kwargs)
                 finally:
                     boundaries._in_backward -= 1
-                    if boundaries._in_backward == 0:
-                        boundaries._event("backward")
+                # Only a backward that returned ends a step (an error propagating is not a boundary).
+                if boundaries._in_backward == 0:
+                    boundaries._event("backward")
+                return result
 
             wrapper.__doc__ = original.__doc__
             wrapper.__name__ = getattr(original, "__name__", "backward")
@@ -247,6 +249,8 @@ class StepBoundaries:
                 return
             if self._nested_top:  # a model call made by a generate() that was running before its patch
                 self._nested_top = False
+                return
+            if sys.exc_info()[0] is not None:  # the forward raised (always_call): not the end of a step
                 return
             if not self._narrowed:
                 self._tops.setdefault(id(module), module)
@@ -328,11 +332,12 @@ class StepBoundaries:
                 return original(*args, **kwargs)
             boundaries._in_generate += 1
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
             finally:
                 boundaries._in_generate -= 1
-                if boundaries._in_generate == 0:
-                    boundaries._event("generate")
+            if boundaries._in_generate == 0:
+                boundaries._event("generate")
+            return result
 
         generate.__doc__ = getattr(original, "__doc__", None)
         generate.__name__ = "generate"

@@ -8,16 +8,25 @@ allocator's segments, counters and observer; :mod:`torchmem.devices._nvml` for o
 torchmem attaches **one** per process, on first request, and dispatches to the callbacks registered with
 :func:`attach_oom_observer`; :meth:`OOMObserver.detach` unregisters a callback (the torch-side observer
 stays, doing nothing but a cheap capture: segment sizes and states, no stack frames).
+
+:func:`watch_ooms` delivers an :class:`~torchmem.results.oom.OOMEvent` for **every** out-of-memory error at
+the moment it is raised, including the ones the program catches itself: CUDA's through the same observer
+(attached when the program initialises CUDA, never by torchmem initialising it), the CPU caps' of
+:func:`torchmem.limit` / ``budget(hard=True)`` through the caps' crossing callback. Each event carries the
+user's line, the OOM being handled when it was raised (a retry inside ``except``) and a diagnosis made from
+the state of that moment; :func:`same_event` tells which event an exception that ended the program was.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,15 +34,19 @@ import torch
 
 from torchmem._errors import TorchmemError
 from torchmem._exceptions import exception_chain
+from torchmem._format import fmt_bytes
 from torchmem._warn import emit_warning
 from torchmem.analysis.oom import diagnose, oom_exception, parse_oom_message
 from torchmem.devices import DeviceLike, cuda_available, resolve
 from torchmem.devices import _allocator as al
+from torchmem.devices._ledger import birth_site, ledger
 from torchmem.results.oom import (
     AllocatorState,
     MachineMemory,
     OOMDiagnosis,
+    OOMEvent,
     OtherProcess,
+    ParsedOOM,
     PinnedTensor,
     WorkingSetItem,
 )
@@ -133,18 +146,33 @@ def _processes(idx: int) -> tuple[int | None, tuple[OtherProcess, ...] | None]:
 # the process-wide OOM observer
 
 OOMCallback = Callable[[AllocatorState], None]
+EventCallback = Callable[[OOMEvent], None]
+
+#: How many OOM events each :func:`watch_ooms` handle gets fully diagnosed (segments, other processes, memory
+#: pinned by old exceptions); later ones get a brief diagnosis from the figures of the moment.
+FULL_EVENTS = 20
+_RECENT = 64  # events kept to name the one being handled, and matching keys for same_event()
 
 _lock = threading.Lock()
+_attach_lock = threading.Lock()
+_tls = threading.local()
 _registry: dict[str, Any] = {
     "attached": False,
-    "problem": None,
+    "problem": None,  # why torch's observer could not be attached
+    "queued": False,  # the attach waits on torch's lazy-init queue
+    "init_problem": None,  # why it could not be queued
     "callbacks": [],  # list[OOMObserver]
+    "watchers": [],  # list[OOMWatch]
+    "index": 0,  # OOMs seen in this process
+    "cuda_ooms": 0,  # of them, the allocator's
+    "recent": deque(maxlen=_RECENT),  # the last OOMEvents
+    "keys": {},  # event index -> (id of the site's frame, line) for same_event()
     "last": {},  # device index -> AllocatorState
     "reported": set(),
 }
 
 
-@dataclass
+@dataclass(eq=False)
 class OOMObserver:
     """Handle of a registered OOM callback.
 
@@ -163,8 +191,7 @@ class OOMObserver:
     def detach(self) -> None:
         """Stop calling this callback (torch's own observer cannot be removed; it stays, idle and cheap)."""
         with _lock:
-            if self in _registry["callbacks"]:
-                _registry["callbacks"].remove(self)
+            _registry["callbacks"][:] = [h for h in _registry["callbacks"] if h is not self]
         self.active = False
 
     def __enter__(self) -> OOMObserver:
@@ -182,41 +209,105 @@ def _report_once(key: str, message: str) -> None:
     emit_warning(message)  # the user's line; never raises, even with warnings as errors
 
 
+def _ensure_attached() -> str | None:
+    """Attach torchmem's one observer to the caching allocator unless it is; why not, else ``None``."""
+    with _attach_lock:
+        with _lock:
+            if _registry["attached"]:
+                return None
+        problem = al.attach_oom_observer(_on_oom)
+        with _lock:
+            _registry["attached"] = problem is None
+            _registry["problem"] = problem
+        return problem
+
+
+def _capture_full(
+    device: int, requested: int, limit_or_total: int, device_free: int, dirs: list[str]
+) -> AllocatorState:
+    snap_file = None
+    if dirs and al.history_enabled():
+        os.makedirs(dirs[0], exist_ok=True)
+        path = os.path.join(dirs[0], f"oom_cuda{device}_{os.getpid()}_{time.time_ns()}.pickle")
+        try:
+            if al.dump_snapshot(path):
+                snap_file = path
+        except Exception as exc:
+            _report_once("dump", f"torchmem could not write the OOM snapshot ({type(exc).__name__}: {exc}).")
+    return capture_state(
+        torch.device("cuda", device),
+        requested=requested,
+        device_free=device_free,
+        limit=limit_or_total,
+        snapshot_file=snap_file,
+    )
+
+
+def _capture_brief(device: int, requested: int, limit_or_total: int, device_free: int) -> AllocatorState:
+    """The counters and the observer's figures only: no segment walk, no NVML (a later OOM of many)."""
+    total = al.device_total(device)
+    return AllocatorState(
+        device=f"cuda:{device}",
+        stats=al.brief_stats(device),
+        device_total=total,
+        device_free=device_free,
+        limit=limit_or_total if total is None or limit_or_total < total else None,
+        requested=requested,
+        alloc_conf=al.alloc_conf(),
+        platform=al.platform(),
+        timestamp=time.time(),
+        grad_enabled=torch.is_grad_enabled(),
+        notes=("Segments and other processes not read: a later OOM of a long run of them.",),
+    )
+
+
 def _on_oom(device: int, requested: int, limit_or_total: int, device_free: int) -> None:
-    """torch calls this after an allocation failed, before raising (the allocator lock is released)."""
+    """torch calls this after an allocation failed, before raising (the allocator lock is released), on the
+    allocating thread. It must never raise: pybind would turn the OOM into another error."""
+    if getattr(_tls, "busy", False):  # an OOM inside our own handling: let torch raise it, record nothing
+        return
+    _tls.busy = True
     try:
         with _lock:
             handles = list(_registry["callbacks"])
-        snap_file = None
-        dirs = [h.snapshot_dir for h in handles if h.snapshot_dir]
-        if dirs and al.history_enabled():
-            os.makedirs(dirs[0], exist_ok=True)
-            path = os.path.join(dirs[0], f"oom_cuda{device}_{os.getpid()}_{time.time_ns()}.pickle")
-            try:
-                if al.dump_snapshot(path):
-                    snap_file = path
-            except Exception as exc:
-                _report_once(
-                    "dump", f"torchmem could not write the OOM snapshot ({type(exc).__name__}: {exc})."
-                )
-        state = capture_state(
-            torch.device("cuda", device),
-            requested=requested,
-            device_free=device_free,
-            limit=limit_or_total,
-            snapshot_file=snap_file,
-        )
-        with _lock:
-            _registry["last"][device] = state
-        for h in handles:
-            if h.callback is None:
-                continue
-            try:
-                h.callback(state)
-            except Exception as exc:
-                _report_once(f"cb{id(h)}", f"torchmem: an OOM callback failed ({type(exc).__name__}: {exc}).")
+            watchers = [w for w in _registry["watchers"] if w.active]
+            _registry["index"] += 1
+            _registry["cuda_ooms"] += 1
+            index = _registry["index"]
+            if watchers:
+                full = bool(handles) or any(w.seen < w.full for w in watchers)
+            else:  # nobody watching: the state is kept for explain_oom, in full for the first ones only
+                full = bool(handles) or _registry["cuda_ooms"] <= FULL_EVENTS
+            for w in watchers:
+                w.seen += 1
+        state: AllocatorState | None = None
+        try:
+            if full:
+                dirs = [h.snapshot_dir for h in handles if h.snapshot_dir]
+                state = _capture_full(device, requested, limit_or_total, device_free, dirs)
+            else:
+                state = _capture_brief(device, requested, limit_or_total, device_free)
+            with _lock:
+                _registry["last"][device] = state
+        except Exception as exc:
+            _report_once("observer", f"torchmem's OOM observer failed ({type(exc).__name__}: {exc}).")
+        if state is not None:
+            for h in handles:
+                if h.callback is None:
+                    continue
+                try:
+                    h.callback(state)
+                except Exception as exc:
+                    _report_once(
+                        f"cb{id(h)}", f"torchmem: an OOM callback failed ({type(exc).__name__}: {exc})."
+                    )
+        if watchers:
+            parsed = _observer_message(device, requested, limit_or_total, device_free, state)
+            _emit(watchers, index, full, torch.device("cuda", device), "allocator", parsed, state)
     except Exception as exc:  # never let the observer turn an OOM into something else
         _report_once("observer", f"torchmem's OOM observer failed ({type(exc).__name__}: {exc}).")
+    finally:
+        _tls.busy = False
 
 
 def attach_oom_observer(
@@ -228,7 +319,8 @@ def attach_oom_observer(
     CUDA, as torch does to attach); later calls only register more callbacks. When
     ``torch.cuda.memory._record_memory_history()`` is recording and ``snapshot_dir`` is given, each OOM
     also writes a snapshot pickle there that https://pytorch.org/memory_viz opens. The last state per
-    device is kept for :func:`explain_oom` (:func:`last_oom_state`).
+    device is kept for :func:`explain_oom` (:func:`last_oom_state`). :func:`watch_ooms` is the lighter way
+    to see every OOM: it does not initialise CUDA and bounds the work per OOM.
 
     Where torch has no observer (no CUDA, the ``cudaMallocAsync`` backend, an old torch) the handle's
     ``problem`` says why and nothing is captured; no exception is raised.
@@ -238,13 +330,7 @@ def attach_oom_observer(
         >>> obs.detach()                                                      # doctest: +SKIP
     """
     handle = OOMObserver(callback, snapshot_dir)
-    with _lock:
-        attached = _registry["attached"]
-    if not attached:
-        problem = al.attach_oom_observer(_on_oom)
-        with _lock:
-            _registry["attached"] = problem is None
-            _registry["problem"] = problem
+    _ensure_attached()
     with _lock:
         handle.problem = _registry["problem"]
         if _registry["attached"]:
@@ -296,38 +382,78 @@ def _nbytes(t: torch.Tensor) -> int:
         return 0
 
 
-def pinned_tensors(
-    device: torch.device | None = None, *, exclude: BaseException | None = None
-) -> list[PinnedTensor]:
-    """Device memory held by a finished exception (``sys.last_exc`` / ``last_traceback``) and by IPython's
-    output history (``Out``, ``_``): storages on ``device`` (every non-CPU device when ``None``), one entry
-    per holder, each storage counted once. Parameters are skipped (a model holds them anyway); an old
-    exception in ``exclude``'s cause/context chain (the OOM being explained, or the exception that wraps
-    it) is skipped: its frames are the working set, not an old leftover.
-    """
-    seen: set[tuple[str, int]] = set()
-    out: list[PinnedTensor] = []
+def _function_locals(frame: types.FrameType) -> list[tuple[str, Any]]:
+    """The locals of a finished *function* frame (module and class frames: ``[]``, their names are the
+    program's namespace). Before Python 3.13 reading ``f_locals`` leaves a snapshot dict on the frame that
+    ``frame.clear()`` does not empty, so a program that clears the frames itself (``traceback.clear_frames``)
+    would still keep the tensors: the snapshot is emptied again after reading (for a function frame it is a
+    copy; the frame's own variables are untouched)."""
+    if not frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+        return []
+    try:
+        loc = frame.f_locals
+        items = list(loc.items())
+    except Exception:
+        return []
+    if sys.version_info < (3, 13) and type(loc) is dict:
+        loc.clear()
+    return items
 
-    def wanted(t: torch.Tensor) -> bool:
+
+class _Pins:
+    """Collects :class:`PinnedTensor` s: storages on ``device`` (every non-CPU device when ``None``), each
+    counted once, parameters skipped (a model holds them anyway)."""
+
+    def __init__(self, device: torch.device | None) -> None:
+        self.device = device
+        self.seen: set[tuple[str, int]] = set()
+        self.out: list[PinnedTensor] = []
+
+    def wanted(self, t: torch.Tensor) -> bool:
         if isinstance(t, torch.nn.Parameter):
             return False
-        if device is None:
+        if self.device is None:
             return t.device.type not in ("cpu", "meta")
-        return t.device == device or (t.device.type == device.type and device.index is None)
+        return t.device == self.device or (t.device.type == self.device.type and self.device.index is None)
 
-    def add(where: str, objs: list[torch.Tensor]) -> None:
+    def add(self, where: str, objs: list[torch.Tensor]) -> None:
         total = 0
         for t in objs:
-            if not wanted(t):
+            if not self.wanted(t):
                 continue
             key = _storage_key(t)
-            if key is None or key in seen:
+            if key is None or key in self.seen:
                 continue
-            seen.add(key)
+            self.seen.add(key)
             total += _nbytes(t)
         if total:
-            out.append(PinnedTensor(where, total))
+            self.out.append(PinnedTensor(where, total))
 
+    def frames(
+        self, label: str, tbs: Iterable[types.TracebackType], skip: set[int], limit: int = 256
+    ) -> None:
+        """The tensors held by the finished function frames of ``tbs`` (not those whose id is in ``skip``)."""
+        n = 0
+        for first in tbs:
+            tb: types.TracebackType | None = first
+            while tb is not None and n < limit:
+                frame, line = tb.tb_frame, tb.tb_lineno
+                tb = tb.tb_next
+                if id(frame) in skip:
+                    continue
+                skip.add(id(frame))
+                n += 1
+                code = frame.f_code
+                for name, value in _function_locals(frame):
+                    self.add(
+                        f"{label} -> frame {os.path.basename(code.co_filename)}:{line} {code.co_name}() "
+                        f"local {name!r}",
+                        _tensors_in(value),
+                    )
+            del first
+
+
+def _old_exceptions(pins: _Pins, exclude: BaseException | None) -> None:
     # the whole chain, causes and contexts: every part of it is the OOM being explained
     excluded = {id(e) for e in exception_chain(exclude)}
     last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
@@ -343,18 +469,7 @@ def pinned_tensors(
         last_tb = getattr(sys, "last_traceback", None)
         if last_tb is not None:
             tbs.append(last_tb)
-    for first in tbs:
-        tb: types.TracebackType | None = first
-        while tb is not None:
-            frame = tb.tb_frame
-            code = frame.f_code
-            for name, value in list(frame.f_locals.items()):
-                add(
-                    f"sys.last_traceback -> frame {os.path.basename(code.co_filename)}:{tb.tb_lineno} "
-                    f"{code.co_name}() local {name!r}",
-                    _tensors_in(value),
-                )
-            tb = tb.tb_next
+    pins.frames("sys.last_traceback", tbs, set())
     tbs.clear()
     ip = sys.modules.get("IPython")
     get = getattr(ip, "get_ipython", None) if ip is not None else None
@@ -364,11 +479,423 @@ def pinned_tensors(
         outs = ns.get("Out")
         if isinstance(outs, dict):
             for k, v in list(outs.items()):
-                add(f"IPython Out[{k}]", _tensors_in(v))
+                pins.add(f"IPython Out[{k}]", _tensors_in(v))
         for name in ("_", "__", "___"):
             if name in ns:
-                add(f"IPython {name}", _tensors_in(ns[name]))
+                pins.add(f"IPython {name}", _tensors_in(ns[name]))
+
+
+def pinned_tensors(
+    device: torch.device | None = None, *, exclude: BaseException | None = None
+) -> list[PinnedTensor]:
+    """Device memory held by a finished exception (``sys.last_exc`` / ``last_traceback``) and by IPython's
+    output history (``Out``, ``_``): storages on ``device`` (every non-CPU device when ``None``), one entry
+    per holder, each storage counted once. Parameters are skipped (a model holds them anyway); an old
+    exception in ``exclude``'s cause/context chain (the OOM being explained, or the exception that wraps
+    it) is skipped: its frames are the working set, not an old leftover. Only function frames count (a
+    module's frame holds the program's own namespace).
+    """
+    pins = _Pins(device)
+    _old_exceptions(pins, exclude)
+    return pins.out
+
+
+def _type_name(exc: BaseException) -> str:
+    t = type(exc)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _tracebacks(exc: BaseException | None, limit: int = 16) -> list[types.TracebackType]:
+    out: list[types.TracebackType] = []
+    for i, e in enumerate(exception_chain(exc)):
+        if i >= limit:
+            break
+        if e.__traceback__ is not None:
+            out.append(e.__traceback__)
     return out
+
+
+def _frame_ids(tbs: Iterable[types.TracebackType]) -> set[int]:
+    ids: set[int] = set()
+    for first in tbs:
+        tb: types.TracebackType | None = first
+        while tb is not None:
+            ids.add(id(tb.tb_frame))
+            tb = tb.tb_next
+    return ids
+
+
+def _stack_ids() -> set[int]:
+    ids: set[int] = set()
+    f: types.FrameType | None = sys._getframe(1)
+    while f is not None:
+        ids.add(id(f))
+        f = f.f_back
+    return ids
+
+
+def _handled_pins(pins: _Pins, handled: BaseException, running: set[int]) -> None:
+    """What the frames of ``handled`` (the OOM being handled when a new one was raised) hold, except the
+    frames in ``running`` (still executing then: their locals are the program's, not the failed attempt's)."""
+    pins.frames(f"the handled {_type_name(handled)}'s traceback", _tracebacks(handled), set(running))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# OOM events: every OOM at the moment it is raised, caught or not
+
+
+@dataclass(eq=False)
+class OOMWatch:
+    """Handle returned by :func:`watch_ooms`; a context manager that detaches at the end of the block.
+
+    Attributes:
+        callback: Called with each :class:`~torchmem.results.oom.OOMEvent`, on the thread that hit the OOM,
+            before the error is raised.
+        full: How many events get the full diagnosis; later ones get a brief one.
+        active: Whether it is still registered.
+        seen: Events delivered so far.
+    """
+
+    callback: EventCallback
+    full: int = FULL_EVENTS
+    active: bool = True
+    seen: int = 0
+    failed: bool = False
+
+    @property
+    def problem(self) -> str | None:
+        """Why CUDA OOMs cannot be seen (``None``: they are, or CUDA is not in use yet or not at all)."""
+        return _observer_problem()
+
+    def detach(self) -> None:
+        """Deliver no more events to this callback (idempotent)."""
+        with _lock:
+            _registry["watchers"][:] = [w for w in _registry["watchers"] if w is not self]
+        self.active = False
+
+    def __enter__(self) -> OOMWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+
+def _attach_at_init() -> None:
+    """Queued on torch's lazy CUDA initialisation (or run at once when CUDA is initialised)."""
+    _ensure_attached()
+
+
+def check_cuda_observer() -> str | None:
+    """Attach the CUDA observer now if CUDA came up without torch's lazy-init queue (an old or changed
+    torch); cheap otherwise. Returns why CUDA OOMs cannot be seen, ``None`` when they can (or CUDA is
+    unused)."""
+    al.run_pending_cuda_init()
+    return _observer_problem()
+
+
+def _observer_problem() -> str | None:
+    with _lock:
+        problem: str | None = _registry["problem"] or _registry["init_problem"]
+    return problem
+
+
+def watch_ooms(callback: EventCallback, *, full: int = FULL_EVENTS) -> OOMWatch:
+    """Call ``callback`` with an :class:`~torchmem.results.oom.OOMEvent` for every out-of-memory error this
+    process raises from now on — at the moment it is raised, before the program can catch it.
+
+    - **CUDA**: torch's caching-allocator OOM observer. It is attached when the program initialises CUDA
+      (torch's lazy-init queue), so watching never initialises CUDA itself; where CUDA already is, at once.
+      Where the allocator has no observer (``cudaMallocAsync``, an old torch) ``handle.problem`` says so.
+    - **CPU**: the errors raised by the caps of :func:`torchmem.limit` and ``torchmem.budget(hard=True)``.
+
+    Each event names the user's line that raised it, the OOM being handled at that moment if any (a retry
+    inside ``except``, whose failed attempt's frames are still alive: the diagnosis is then
+    ``pinned_by_exception`` with what they hold) and a diagnosis made from the allocator's state then. The
+    first ``full`` events get the full diagnosis (segments, other processes, pinned memory); later ones a
+    brief one from the figures of the moment, so a retry loop that raises hundreds stays cheap. The
+    callback runs on the allocating thread; an error in it is reported once and the OOM goes on unchanged.
+    :func:`same_event` tells whether an exception (one that ended the program) is an event's.
+
+    Args:
+        callback: Called with each event.
+        full: How many events get the full diagnosis.
+
+    Returns:
+        An :class:`OOMWatch` (``detach()``, or use it as a context manager).
+
+    Raises:
+        OOMInputError: ``callback`` is not callable.
+
+    Example:
+        >>> import torch, torchmem
+        >>> from torchmem.capture.oom import watch_ooms
+        >>> events = []
+        >>> with watch_ooms(events.append), torchmem.limit("1MiB", "cpu"):
+        ...     try:
+        ...         x = torch.ones(1 << 19)          # 2 MiB over a 1 MiB cap: caught below
+        ...     except torch.OutOfMemoryError:
+        ...         pass
+        >>> events[0].device, events[0].kind
+        ('cpu', 'too_large')
+    """
+    if not callable(callback):
+        raise OOMInputError(
+            f"watch_ooms needs a callable, not a {type(callback).__name__}.",
+            "Pass a function that takes one OOMEvent, e.g. watch_ooms(events.append).",
+        )
+    handle = OOMWatch(callback, max(0, int(full)))
+    with _lock:
+        _registry["watchers"].append(handle)
+        queue = not _registry["attached"] and not _registry["queued"]
+        if queue:
+            _registry["queued"] = True
+    if queue:
+        why = al.on_cuda_init(_attach_at_init)
+        if why is not None:
+            with _lock:
+                _registry["init_problem"] = why
+    return handle
+
+
+def record_cap_oom(cap: Any) -> None:
+    """A hard cap of :func:`torchmem.limit` / ``budget(hard=True)`` (a ``devices._ledger.Cap``) refused an op;
+    the op raises ``torch.OutOfMemoryError`` next. Called once per refused op (by ``actions/limit.py``), on
+    the allocating thread; never raises."""
+    if getattr(_tls, "busy", False):
+        return
+    with _lock:
+        watchers = [w for w in _registry["watchers"] if w.active]
+        if not watchers:
+            return
+        _registry["index"] += 1
+        index = _registry["index"]
+        full = any(w.seen < w.full for w in watchers)
+        for w in watchers:
+            w.seen += 1
+    _tls.busy = True
+    try:
+        dev = torch.device(cap.device)
+        used = ledger().current(cap.device)
+        requested = int(cap.requested)
+        parsed = ParsedOOM(
+            # the words of the error the ledger raises next, with the figures after its outputs were freed
+            text=f"{cap.device.upper()} out of memory. Tried to allocate {fmt_bytes(requested)}. Device "
+            f"{cap.device} has a limit of {fmt_bytes(cap.bytes)} set by {cap.owner}, of which "
+            f"{fmt_bytes(max(int(cap.bytes) - used, 0))} is free. Of the allocated memory {fmt_bytes(used)} "
+            f"is allocated by tensors torchmem tracks on {cap.device}.",
+            is_oom=True,
+            source="torchmem_cap",
+            backend=dev.type,
+            format="torchmem",
+            exception_type="torch.OutOfMemoryError",
+            requested=requested,
+            device_index=dev.index,
+            device_free=max(int(cap.bytes) - used, 0),
+            allowed=int(cap.bytes),
+            allocated=used,
+            cap_owner=str(cap.owner),
+        )
+        _emit(watchers, index, full, dev, "torchmem_cap", parsed, None)
+    except Exception as exc:
+        _report_once("cap-event", f"torchmem could not record an OOM event ({type(exc).__name__}: {exc}).")
+    finally:
+        _tls.busy = False
+
+
+def _observer_message(
+    device: int,
+    requested: int,
+    limit_or_total: int,
+    device_free: int,
+    state: AllocatorState | None,
+) -> ParsedOOM:
+    """The figures torch hands its observer, as the message it is about to raise would give them."""
+    plat = al.platform()
+    total = state.device_total if state is not None else None
+    allowed = limit_or_total if total is not None and limit_or_total < total else None
+    text = (
+        f"{'HIP' if plat == 'rocm' else 'CUDA'} out of memory. Tried to allocate {fmt_bytes(requested)}. "
+        f"GPU {device} has a total capacity of {fmt_bytes(total)} of which {fmt_bytes(device_free)} is free."
+    )
+    if allowed is not None:
+        text += f" {fmt_bytes(allowed)} allowed;"
+    if state is not None and state.allocated is not None and state.cached_free is not None:
+        text += (
+            f" Of the allocated memory {fmt_bytes(state.allocated)} is allocated by PyTorch, and "
+            f"{fmt_bytes(state.cached_free)} is reserved by PyTorch but unallocated."
+        )
+    return ParsedOOM(
+        text=text,
+        is_oom=True,
+        source="allocator",
+        backend=plat,
+        format="observer",
+        exception_type="torch.OutOfMemoryError",
+        requested=requested,
+        device_index=device,
+        device_total=total,
+        device_free=device_free,
+        allowed=allowed,
+    )
+
+
+def _site() -> tuple[Any, tuple[int, int] | None]:
+    """The user's line that is allocating (``devices._ledger.birth_site``) and its frame's key."""
+    site = birth_site(1)
+    if site is None:
+        return None, None
+    f: types.FrameType | None = sys._getframe(1)
+    while f is not None:
+        c = f.f_code
+        if c.co_filename == site.filename and c.co_name == site.function and f.f_lineno == site.lineno:
+            return site, (id(f), site.lineno)
+        f = f.f_back
+    return site, None
+
+
+def _emit(
+    watchers: list[OOMWatch],
+    index: int,
+    full: bool,
+    device: torch.device,
+    source: str,
+    parsed: ParsedOOM,
+    state: AllocatorState | None,
+) -> None:
+    """Build the event of one OOM (site, OOM being handled, diagnosis) and deliver it. Never raises."""
+    site, key = _site()
+    handled_exc = sys.exc_info()[1]
+    handled = oom_exception(handled_exc) if handled_exc is not None else None
+    del handled_exc
+    while_handling = _type_name(handled) if handled is not None else None
+    handling_index: int | None = None
+    if handled is not None:
+        with _lock:
+            recent = list(_registry["recent"])
+        earlier = match_event(recent, handled)
+        handling_index = earlier.index if earlier is not None else None
+    diagnosis: OOMDiagnosis | None = None
+    try:
+        pins = _Pins(device if device.type == "cpu" or device.index is not None else None)
+        if full:
+            _old_exceptions(pins, handled)
+        if handled is not None:
+            _handled_pins(pins, handled, _stack_ids())
+        notes = []
+        if not full:
+            notes.append(
+                f"Brief diagnosis: OOM #{index} of this process; the first ones were read in full "
+                "(segments, other processes, memory held by old exceptions)."
+            )
+        conf = state.alloc_conf if state is not None else (al.alloc_conf() if source == "allocator" else None)
+        diagnosis = diagnose(
+            parsed,
+            state,
+            alloc_conf=conf,
+            pinned=pins.out,
+            grad_enabled=torch.is_grad_enabled(),
+            notes=notes,
+            while_handling=while_handling,
+        )
+    except Exception as exc:
+        _report_once("event-diagnosis", f"torchmem could not diagnose an OOM ({type(exc).__name__}: {exc}).")
+    del handled
+    event = OOMEvent(
+        index=index,
+        device=str(device),
+        requested=parsed.requested,
+        site=str(site) if site is not None else None,
+        function=site.function if site is not None else None,
+        filename=site.filename if site is not None else None,
+        thread=threading.current_thread().name,
+        timestamp=time.time(),
+        while_handling=while_handling,
+        handling_index=handling_index,
+        source=source,
+        detail="full" if full else "brief",
+        diagnosis=diagnosis,
+    )
+    with _lock:
+        _registry["recent"].append(event)
+        keys: dict[int, tuple[int, int] | None] = _registry["keys"]
+        keys[index] = key
+        while len(keys) > 4 * _RECENT:
+            del keys[next(iter(keys))]
+    for w in watchers:
+        if not w.active:
+            continue
+        try:
+            w.callback(event)
+        except Exception as exc:
+            if not w.failed:
+                w.failed = True
+                emit_warning(
+                    f"torchmem: an OOM event callback failed ({type(exc).__name__}: {exc}); the "
+                    "out-of-memory error itself goes on unchanged."
+                )
+
+
+def _message_device(p: ParsedOOM) -> str | None:
+    if p.backend == "cpu":
+        return "cpu"
+    if p.backend in ("cuda", "rocm") and p.device_index is not None:
+        return f"cuda:{p.device_index}"
+    return None
+
+
+def same_event(event: OOMEvent, exc: BaseException) -> bool:
+    """Whether ``exc`` (or the OOM in its cause/context chain) is the error ``event`` recorded — e.g. the
+    exception that ended the program, to record that event as not caught.
+
+    Matched on the frame and line that raised it (the event's site frame is in the exception's traceback),
+    the device and the request. Frames are reused after they die, so several old events of one retry loop
+    may match: :func:`match_event` takes the latest.
+
+    Example:
+        >>> import torch, torchmem
+        >>> events = []
+        >>> with watch_ooms(events.append), torchmem.limit("1MiB", "cpu"):
+        ...     try:
+        ...         x = torch.ones(1 << 19)
+        ...     except torch.OutOfMemoryError as e:
+        ...         print(same_event(events[-1], e))
+        True
+    """
+    if not isinstance(exc, BaseException):
+        return False
+    oom = oom_exception(exc)
+    if oom is None:
+        return False
+    parsed = parse_oom_message(str(oom))
+    if parsed is not None and parsed.is_oom:
+        if (
+            parsed.requested is not None
+            and event.requested is not None
+            and not _same_request(event.requested, parsed.requested)
+        ):
+            return False
+        dev = _message_device(parsed)
+        if dev is not None and dev != event.device:
+            return False
+    with _lock:
+        key = _registry["keys"].get(event.index)
+    if key is None:
+        return event.site is None  # raised where no user frame was (a backward thread): request and device
+    frame_id, line = key
+    tb: types.TracebackType | None = oom.__traceback__
+    while tb is not None:
+        if id(tb.tb_frame) == frame_id and tb.tb_lineno == line:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def match_event(events: Sequence[OOMEvent], exc: BaseException) -> OOMEvent | None:
+    """The latest of ``events`` that :func:`same_event` matches with ``exc``, or ``None``."""
+    for event in reversed(events):
+        if same_event(event, exc):
+            return event
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -391,7 +918,9 @@ def explain_oom(
     allocator state comes from the OOM observer (:func:`attach_oom_observer`) when it captured this OOM,
     else it is read now (a note says so). Given a message (a pasted log line), only the message is used —
     unless ``device`` or ``state`` is given, which says the message comes from this process. Memory held by
-    an earlier exception or notebook output is looked for in this process when explaining a live exception.
+    an earlier exception or notebook output is looked for in this process when explaining a live exception;
+    an OOM raised while an earlier OOM was being handled (its ``__context__``: a retry inside ``except``)
+    is ``pinned_by_exception`` by what the earlier one's finished frames hold.
 
     Args:
         exc_or_message: The exception (any exception whose chain holds the OOM) or the message text.
@@ -466,12 +995,28 @@ def explain_oom(
                     "moment); temporaries freed while the exception unwound are not in it."
                 )
     pinned: list[PinnedTensor] = []
+    while_handling: str | None = None
     if live_exc is not None:
         try:
             # the OOM's device: torchmem's CPU cap counts CPU tensors; elsewhere the accelerators' ones
             on = torch.device("cpu") if parsed.backend == "cpu" else None
             outer = exc_or_message if isinstance(exc_or_message, BaseException) else live_exc
-            pinned = pinned_tensors(on, exclude=outer)
+            pins = _Pins(on)
+            _old_exceptions(pins, outer)
+            # raised while an earlier OOM was being handled (a retry inside except): that OOM's finished
+            # frames were alive at the raise; the frames this one went through were running then
+            ctx = live_exc.__context__
+            handled = oom_exception(ctx) if ctx is not None else None
+            if handled is not None:
+                while_handling = _type_name(handled)
+                earlier = {id(e) for e in exception_chain(handled)}
+                running = _stack_ids() | _frame_ids(
+                    e.__traceback__
+                    for e in exception_chain(outer)
+                    if id(e) not in earlier and e.__traceback__ is not None
+                )
+                _handled_pins(pins, handled, running)
+            pinned = pins.out
         except Exception as exc:
             notes.append(f"Could not look for memory held by old exceptions ({type(exc).__name__}).")
     conf = (
@@ -492,6 +1037,7 @@ def explain_oom(
         grad_enabled=None if state is None else state.grad_enabled,
         notes=notes,
         machine=machine,
+        while_handling=while_handling,
     )
 
 

@@ -49,7 +49,9 @@ class SessionResult:
     host_leak: LeakReport | None = None
     """The host-memory verdict (device ``"host"``)."""
     ooms: tuple[Any, ...] = ()
-    """Every out-of-memory error the program raised, caught or not (the capture's ``oom`` records)."""
+    """Every out-of-memory error the program raised, caught or not (``OOMEvent`` s, in order)."""
+    caught_ooms: tuple[Any, ...] = ()
+    """Those the program caught and went on."""
 
 
 class _StatusAwareStream:
@@ -144,6 +146,11 @@ class Session:
         self._peak_seen = 0
         self._last_step_write = 0.0
         self._survivors: Any = None
+        self._oom_events: list[Any] = []  # every OOM event, in order
+        self._pending_ooms: list[tuple[Any, int]] = []  # (event, step) not yet written
+        self._oom_lock = threading.Lock()
+        self._caught_ooms: list[Any] = []
+        self._born_before: set[int] = set()  # storages alive when the program started (the timeline census)
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> Session:
@@ -161,6 +168,7 @@ class Session:
             protect=self.protect,
         )
         self._record_stats("start")
+        self._born_before = _live_storage_keys(self.device)
         if self.memory_viz is not None:
             from torchmem.devices import _ops
 
@@ -168,6 +176,14 @@ class Session:
             if problem is not None:
                 self._note(f"--memory-viz: {problem}")
                 self.memory_viz = None
+        try:
+            from torchmem.capture.oom import watch_ooms
+
+            self._observer = watch_ooms(self._on_oom_event)
+            if self.device.type == "cuda" and self._observer.problem:
+                self._note(f"out-of-memory errors the program catches are not seen: {self._observer.problem}")
+        except Exception as exc:
+            self._note(f"the OOM observer could not be set up ({type(exc).__name__}: {exc})")
         self._watcher = self._new_watcher()
         self._survivors = self._new_survivors()
         from torchmem.capture.boundaries import StepBoundaries
@@ -212,10 +228,45 @@ class Session:
         w.__enter__()
         return w
 
+    def _on_oom_event(self, event: Any) -> None:
+        """An OOM was raised (on any thread): written once we know whether the program caught it."""
+        if self._disabled or os.getpid() != self._pid:
+            return
+        with self._oom_lock:
+            self._oom_events.append(event)
+            self._pending_ooms.append((event, self._steps))
+
+    def _flush_ooms(self, caught_by: BaseException | None, final: bool = False) -> None:
+        """Write the pending OOM events: at a step boundary they were all caught (the program went on); at
+        the end, the one that ended the program (``caught_by``) is not."""
+        with self._oom_lock:
+            pending, self._pending_ooms = self._pending_ooms, []
+        if not pending:
+            return
+        uncaught = None
+        if final and caught_by is not None:
+            from torchmem.capture.oom import match_event
+
+            uncaught = match_event([e for e, _ in pending], caught_by)
+        for event, step in pending:
+            if event is not uncaught:
+                self._caught_ooms.append(event)
+            d = event.diagnosis
+            self._write(
+                "oom",
+                diagnosis=d.to_dict() if d is not None else {},
+                step=step,
+                caught=event is not uncaught,
+                site=event.site,
+                event=event.to_dict() | {"diagnosis": None},
+            )
+
     def _new_survivors(self) -> Any:
         from torchmem.capture.survivors import LoopSurvivors
 
-        return LoopSurvivors(str(self.device))
+        # A quarter of the leak threshold per step: a short loop's site that keeps less (predicted labels,
+        # a few scalars) is not a leak, as it would not be for the growth detector.
+        return LoopSurvivors(str(self.device), min_bytes_per_step=64 * 1024)
 
     def _on_boundary(self) -> None:
         if not self._disabled and not self.step_marker:
@@ -291,10 +342,8 @@ class Session:
                     self._write("leak", report=self._labelled(rep).to_dict())
             if self.modules and not self._profiled:
                 self._module_profile_step()
-            if self._observer is None and self.device.type == "cuda" and cuda_initialized():
-                from torchmem.capture.oom import attach_oom_observer
-
-                self._observer = attach_oom_observer()
+            if self._pending_ooms:
+                self._flush_ooms(caught_by=None)  # the program went on: it caught them
         except Exception as exc:  # never break the program
             self._note(f"step bookkeeping failed: {type(exc).__name__}: {exc}")
 
@@ -393,6 +442,14 @@ class Session:
         g = detect_growth(xs, ys, min_bytes_per_step=per_second * dt, window=64)
         rate = g.bytes_per_step / dt
         w = self._watcher
+        culprits: tuple[Any, ...] = ()
+        notes = ["no repeating step was found: the verdict is per second of the sampled timeline"]
+        if g.leaking:
+            try:
+                culprits, more = self._timeline_culprits(rate)
+                notes += more
+            except Exception as exc:
+                notes.append(f"what grows could not be named ({type(exc).__name__}: {exc})")
         return LeakReport(
             device=str(self.device),
             source=w.source if w is not None else "n/a",
@@ -409,15 +466,40 @@ class Session:
                 if g.leaking
                 else f"timeline: {g.reason}"
             ),
-            culprits=(),
+            culprits=culprits,
             series=tuple((int(round(t)), v) for t, v in pts[:: max(1, len(pts) // 256)]),
-            notes=("no repeating step was found: the verdict is per second of the sampled timeline",),
+            notes=tuple(notes),
             verdict=g.verdict if not g.leaking else "leak",
             trend_per_step=g.trend_per_step / dt,
             min_bytes_per_step=per_second,
             boundary="second",
             unit="s",
         )
+
+    def _timeline_culprits(self, rate: float) -> tuple[tuple[Any, ...], list[str]]:
+        """Who holds what grew, without steps: the tensors born during the run and still alive, their
+        holders named (there is no allocation site: the exact ledger never ran without a step)."""
+        from torchmem.analysis.holders.survivors import holder_paths_of_storages
+        from torchmem.analysis.leaks import attribute
+        from torchmem.results.leaks import SiteGrowth
+
+        born = [(k, s) for k, s in _live_storages(self.device).items() if k not in self._born_before]
+        if not born:
+            return (), ["no tensor born during the run is alive: what grew is not a tensor storage"]
+        born.sort(key=lambda ks: -_nbytes(ks[1]))
+        live = sum(_nbytes(s) for _, s in born)
+        samples = [s for _, s in born[:6]]
+        born.clear()
+        info: dict[str, Any] = {}
+        paths = holder_paths_of_storages(samples, max_paths=2, time_limit=3.0, info=info)
+        samples.clear()
+        flat = tuple(p for ps in paths for p in ps)
+        fact = SiteGrowth(None, rate, live, len(paths), 1.0, flat)
+        culprits = attribute([fact], min_bytes_per_step=0.0)
+        return culprits, [
+            "per second: without a step the allocation site is unknown; what holds the tensors born "
+            "during the run is named (name the loop's function with --step-marker for the site)"
+        ]
 
     def _labelled(self, rep: LeakReport) -> LeakReport:
         """The watcher's report with the step boundary it was fed and the switches between boundaries."""
@@ -610,23 +692,53 @@ class Session:
                     leak = timeline
             self._write("leak", report=leak.to_dict(), final=True)
         oom = None
+        final_exc = None
         if exc is not None:
             from torchmem.analysis.oom import is_oom
 
             if is_oom(exc):
                 reason = "oom"
-                try:
-                    from torchmem.capture.oom import explain_oom
+                final_exc = exc
+        matched = None
+        if final_exc is not None and self._oom_events:
+            from torchmem.capture.oom import match_event
 
-                    oom = explain_oom(exc, device=self.device, leak=leak if leak and leak.leaking else None)
-                    self._write("oom", diagnosis=oom.to_dict(), step=self._steps)
-                except Exception as e:
-                    self._note(f"the OOM could not be explained ({type(e).__name__}: {e})")
+            with self._oom_lock:
+                matched = match_event([e for e, _ in self._pending_ooms], final_exc)
+        try:
+            self._flush_ooms(caught_by=final_exc, final=True)
+        except Exception as e:
+            self._note(f"the recorded OOMs could not be written ({type(e).__name__}: {e})")
+        if final_exc is not None:
+            try:
+                from torchmem.capture.oom import explain_oom
+
+                oom = explain_oom(final_exc, device=self.device, leak=leak if leak and leak.leaking else None)
+                if matched is None:  # not seen when raised (an OOM outside the observers): written now
+                    self._write("oom", diagnosis=oom.to_dict(), step=self._steps, caught=False, site=None)
+            except Exception as e:
+                self._note(f"the OOM could not be explained ({type(e).__name__}: {e})")
+        if self._observer is not None:
+            self._observer.detach()
         survivors = None
         if self._survivors is not None:
             try:
                 self._survivors.stop()
                 survivors = self._survivors.report(total_steps=self._steps, boundary=self._boundary_label)
+                if survivors.leaking and leak is not None and leak.verdict not in ("too_few", "no_steps"):
+                    # The loop ran long enough for the growth detector: its verdict stands, and what the
+                    # first steps left alive (a cache, a history) is for information only.
+                    import dataclasses
+
+                    survivors = dataclasses.replace(
+                        survivors,
+                        leaking=False,
+                        notes=(
+                            *survivors.notes,
+                            f"the loop ran {self._steps} steps, enough for the growth detector's verdict "
+                            f"({leak.verdict}): these survivors are listed for information",
+                        ),
+                    )
                 self._write("survivors", report=survivors.to_dict())
             except Exception as e:
                 self._note(f"the loop's survivors could not be reported ({type(e).__name__}: {e})")
@@ -655,6 +767,8 @@ class Session:
             children=tuple(self._children),
             survivors=survivors,
             boundary=self._boundary_label,
+            ooms=tuple(self._oom_events),
+            caught_ooms=tuple(self._caught_ooms),
         )
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -693,6 +807,39 @@ class Session:
         if os.getpid() != self._pid:
             self._disabled = True
             self._writer = None
+
+
+def _live_storages(device: torch.device) -> dict[int, Any]:
+    """The storages of the live tensors on ``device`` (gc), by key. Strong references: drop soon."""
+    import gc
+
+    out: dict[int, Any] = {}
+    tensor_t = torch.Tensor
+    for o in gc.get_objects():
+        if not issubclass(type(o), tensor_t):
+            continue
+        try:
+            if o.device.type != device.type or (device.index is not None and o.device.index != device.index):
+                continue
+            st = o.untyped_storage()
+        except Exception:  # sparse, nested, meta and other storage-less layouts
+            continue
+        out.setdefault(st._cdata, st)
+    return out
+
+
+def _live_storage_keys(device: torch.device) -> set[int]:
+    try:
+        return set(_live_storages(device))
+    except Exception:
+        return set()
+
+
+def _nbytes(storage: Any) -> int:
+    try:
+        return int(storage.nbytes())
+    except Exception:
+        return 0
 
 
 def _device_name(dev: torch.device) -> str | None:

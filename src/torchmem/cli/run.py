@@ -547,16 +547,20 @@ def _summary(result: Any, err: TextIO) -> None:
             f"({', '.join(children[:3])}); "
             "their memory is not in this capture."
         )
-    caught = [o for o in getattr(result, "ooms", ()) if getattr(o, "caught", False)]
+    caught = list(getattr(result, "caught_ooms", ()))
     if caught:
+        # The most telling one: a retry that ran out of memory while the failed attempt was still alive.
+        shown = next((e for e in caught if e.kind == "pinned_by_exception"), caught[0])
+        sites = sorted({e.site for e in caught if e.site})
         lines.append(
             f"{len(caught)} out-of-memory error{'s' if len(caught) > 1 else ''} caught by the program"
-            + (f" (first at {caught[0].site})" if getattr(caught[0], "site", None) else "")
-            + ":"
+            + (f" (raised at {', '.join(sites[:3])})" if sites else "")
+            + f"; OOM #{shown.index} at {shown.site or 'an unknown line'}:"
         )
-        lines.extend("  " + x for x in str(caught[0].diagnosis).splitlines())
+        if shown.diagnosis is not None:
+            lines.extend("  " + x for x in str(shown.diagnosis).splitlines())
         if len(caught) > 1:
-            lines.append(f"  ... and {len(caught) - 1} more: torchmem report {result.capture}")
+            lines.append(f"  every one is in the capture: torchmem report {result.capture}")
     if result.oom is not None:
         lines.append(str(result.oom))
     lines.append(f"capture: {result.capture}  (torchmem report {result.capture} --html report.html)")

@@ -118,15 +118,16 @@ class Culprit:
     graph_bytes: float
     fix: str
 
-    def lines(self) -> list[str]:
-        """Its lines: what and where, then (indented by two) holder, graph bytes, other sites and fix."""
-        out = [f"{self.kind}: {_rate(self.bytes_per_step)} born at {self.site or 'an unknown site'}"]
+    def lines(self, unit: str = "step") -> list[str]:
+        """Its lines: what and where, then (indented by two) holder, graph bytes, other sites and fix
+        (``unit``: ``"step"``, or ``"s"`` for a per-second timeline verdict)."""
+        out = [f"{self.kind}: {_rate(self.bytes_per_step, unit)} born at {self.site or 'an unknown site'}"]
         if self.holder:
             out.append(f"  held by {self.holder}")
         if self.graph_bytes:
-            out.append(f"  of which autograd-saved tensors: {_rate(self.graph_bytes)}")
+            out.append(f"  of which autograd-saved tensors: {_rate(self.graph_bytes, unit)}")
         for site, per in self.sites[1:4]:
-            out.append(f"  also born at {site}: {_rate(per)}")
+            out.append(f"  also born at {site}: {_rate(per, unit)}")
         out.append(f"  fix: {self.fix}")
         return out
 
@@ -314,7 +315,7 @@ class LeakReport:
         elif self.stopped_at is not None and self.reason:
             lines.append(f"  now: {self.reason}")
         for i, c in enumerate(self.culprits, 1):
-            first_line, *rest = c.lines()
+            first_line, *rest = c.lines(self.unit)
             lines.append(f"  [{i}] {first_line}")
             lines.extend(f"    {line}" for line in rest)
         if self.leaking and not self.culprits:

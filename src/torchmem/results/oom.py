@@ -1,5 +1,7 @@
 """What an out-of-memory diagnosis returns, and its plain-text rendering.
 
+* :class:`OOMEvent` — one out-of-memory error at the moment it was raised, caught by the program or not: the
+  device, the request, the user's line, the OOM being handled when it was raised, and its diagnosis.
 * :class:`OOMDiagnosis` — the ranked :class:`Cause` s, each with its evidence and :class:`Fix` es, the fields
   of the message (:class:`ParsedOOM`), the allocator state it used (:class:`AllocatorState`, its segments and
   blocks) and what that state says about fragmentation (:class:`FragmentationReport`), and the host memory a
@@ -483,6 +485,7 @@ FORMAT_WORDS = {
     "torchmem": "torchmem's cap (limit() / budget(hard=True))",
     "library": "a library or driver status",
     "bare": "no figures",
+    "observer": "the allocator's OOM observer, at the moment of the OOM (figures, no message yet)",
 }
 
 #: The sources that are one of PyTorch's allocators (or torchmem's cap), not the driver or a library.
@@ -726,7 +729,7 @@ CAUSE_TITLES = {
     "fragmentation": "fragmentation",
     "other_processes": "other processes",
     "leak": "leak",
-    "pinned_by_exception": "memory pinned by an old exception / notebook output",
+    "pinned_by_exception": "memory pinned by an exception's frames / notebook output",
     "working_set": "working set",
     "outside_allocator": "memory error outside PyTorch's allocator",
 }
@@ -1034,6 +1037,93 @@ class OOMDiagnosis:
         return from_mapping(cls, d, state=None)
 
 
+@dataclass(frozen=True)
+class OOMEvent:
+    """One out-of-memory error, recorded at the moment it was raised — whether the program then caught it
+    or not (:func:`torchmem.capture.oom.watch_ooms` delivers these). ``str()`` is two or three lines: where,
+    what, and the most likely cause with its first fix.
+
+    Attributes:
+        index: The number of this OOM in the process (1, 2, ...), all devices together.
+        device: ``"cuda:0"``, ``"cpu"`` (a cap set by ``torchmem.limit()`` / ``budget(hard=True)``)...
+        requested: The request that failed, in bytes (the allocator's rounded block on CUDA).
+        site: The user's line that raised it, ``"train.py:12"``: the innermost frame outside torch, torchmem
+            and the standard library (``None``: no such frame, e.g. autograd's backward thread).
+        function: The function of that line.
+        filename: The full path of that line's file.
+        thread: The name of the thread that raised it.
+        timestamp: ``time.time()`` of the OOM.
+        while_handling: The type of the out-of-memory error that was being handled on that thread when this
+            one was raised (``"torch.OutOfMemoryError"``): a retry inside an ``except`` block, while the
+            failed attempt's frames — and their tensors — are still alive. ``None``: none was.
+        handling_index: The ``index`` of that earlier OOM, when it was recorded too.
+        source: Who raised it: ``"allocator"`` (PyTorch's caching allocator) or ``"torchmem_cap"``.
+        detail: ``"full"`` (allocator segments, other processes and pinned memory were read) or ``"brief"``
+            (a later OOM of a long run of them: the figures of the moment only, to keep each one cheap).
+        diagnosis: The :class:`OOMDiagnosis` made at that moment (``None`` if it could not be made).
+    """
+
+    index: int
+    device: str
+    requested: int | None = None
+    site: str | None = None
+    function: str | None = None
+    filename: str | None = None
+    thread: str | None = None
+    timestamp: float | None = None
+    while_handling: str | None = None
+    handling_index: int | None = None
+    source: str | None = None
+    detail: str = "full"
+    diagnosis: OOMDiagnosis | None = None
+
+    @property
+    def kind(self) -> str | None:
+        """The most likely cause's kind (``"pinned_by_exception"``, ``"fragmentation"``...), if any."""
+        d = self.diagnosis
+        return d.causes[0].kind if d is not None and d.causes else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "device": self.device,
+            "requested": self.requested,
+            "site": self.site,
+            "function": self.function,
+            "filename": self.filename,
+            "thread": self.thread,
+            "timestamp": self.timestamp,
+            "while_handling": self.while_handling,
+            "handling_index": self.handling_index,
+            "source": self.source,
+            "detail": self.detail,
+            "diagnosis": None if self.diagnosis is None else self.diagnosis.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> OOMEvent:
+        """Inverse of :meth:`to_dict` (the diagnosis comes back without its allocator state's segments)."""
+        return from_mapping(cls, d)
+
+    def __str__(self) -> str:
+        where = f" at {self.site}" if self.site else ""
+        if self.site and self.function:
+            where += f" in {self.function}()"
+        head = f"OOM #{self.index} on {self.device}{where}"
+        if self.requested is not None:
+            head += f": {fmt_bytes(self.requested)} requested"
+        if self.while_handling:
+            earlier = f" (OOM #{self.handling_index})" if self.handling_index is not None else ""
+            head += f", raised while handling an earlier {self.while_handling}{earlier}"
+        lines = [head]
+        d = self.diagnosis
+        if d is not None and d.causes:
+            lines.append("  " + _cause_lines(d.causes[0])[0])
+        if d is not None and d.fixes:
+            lines += _fix_lines(d.fixes[0], "  ")
+        return "\n".join(lines)
+
+
 def render_diagnosis(d: OOMDiagnosis, fields: bool = False) -> str:
     """The diagnosis in plain words: the causes ranked with their evidence, then the fixes; with ``fields``,
     every field of the message first (what ``torchmem explain`` prints)."""
@@ -1186,6 +1276,7 @@ __all__ = [
     "LeakSite",
     "MachineMemory",
     "OOMDiagnosis",
+    "OOMEvent",
     "OOMRecovery",
     "OtherProcess",
     "ParsedOOM",

@@ -15,7 +15,14 @@ from collections.abc import Mapping, Sequence
 
 from torchmem._format import fmt_bytes
 from torchmem.analysis.fragmentation import round_request
-from torchmem.analysis.oom.figures import Figures, used_outside
+from torchmem.analysis.oom.figures import (
+    Figures,
+    limited,
+    room_left,
+    torch_room,
+    used_outside,
+)
+from torchmem.analysis.oom.figures import non_torch as outside_torch
 from torchmem.analysis.oom.fixes import (
     CHECKPOINT,
     ITEM,
@@ -47,11 +54,9 @@ def too_large(f: Figures, batch_size: int | None) -> Cause | None:
     r, ceiling = f.requested, f.ceiling
     if r is None or ceiling is None:
         return None
-    non_torch = None
-    if f.process_used is not None and f.reserved is not None:
-        non_torch = max(0, f.process_used - f.reserved)
-    most = ceiling - (non_torch or 0)
-    if r <= most + f.tol:
+    non_torch = outside_torch(f)
+    most = torch_room(f)
+    if most is None or r <= most + f.tol:
         return None
     ev = [f"requested: {fmt_bytes(r)}"]
     limit_set = f.source == "torchmem_cap" or (
@@ -70,12 +75,13 @@ def too_large(f: Figures, batch_size: int | None) -> Cause | None:
         summary = f"The single request of {fmt_bytes(r)} is larger than {what} ({fmt_bytes(ceiling)})."
         ev.append(f"{what}: {fmt_bytes(ceiling)}")
     else:
+        base = f.total if limited(f) and f.total is not None else ceiling
         summary = (
             f"The single request of {fmt_bytes(r)} is more than PyTorch can ever get on this device "
-            f"({fmt_bytes(most)}: {fmt_bytes(ceiling)} less {fmt_bytes(non_torch)} outside PyTorch's "
+            f"({fmt_bytes(most)}: {fmt_bytes(base)} less {fmt_bytes(non_torch)} outside PyTorch's "
             "allocator)."
         )
-        ev.append(f"device total{' (limit)' if limit_set else ''}: {fmt_bytes(ceiling)}")
+        ev.append(f"device total{' (limit)' if limit_set and base == ceiling else ''}: {fmt_bytes(base)}")
         ev.append(
             f"this process outside PyTorch's allocator (CUDA context, libraries): {fmt_bytes(non_torch)}"
         )
@@ -328,11 +334,10 @@ def working_set(
     if ceiling:
         share = alloc / ceiling
         ev[0] += f" ({share:.0%} of the {fmt_bytes(ceiling)} {'limit' if f.limit else 'device'})"
-        non_torch = max(0, (f.process_used or 0) - (f.reserved or 0))
         outside = used_outside(f)
         others = max(sum(b for _, b in f.others), 0 if outside is None else outside[0])
-        room = ceiling - non_torch - others
-        own_room = ceiling - non_torch
+        room = torch_room(f, others)
+        own_room = torch_room(f)
     if r is not None:
         ev.append(f"requested on top: {fmt_bytes(r)}")
     if f.process_used is not None and f.reserved is not None and f.process_used > f.reserved:
@@ -441,13 +446,53 @@ def leak(trend: LeakEvidence | None) -> Cause | None:
     )
 
 
-def pinned(tensors: Sequence[PinnedTensor], f: Figures) -> Cause | None:
-    """``pinned_by_exception``: a finished exception's frames or notebook outputs still hold device memory."""
+def pinned(tensors: Sequence[PinnedTensor], f: Figures, while_handling: str | None = None) -> Cause | None:
+    """``pinned_by_exception``: an exception's frames (a finished one's, or — ``while_handling`` — the one
+    being handled when this OOM was raised, i.e. a retry inside ``except``) or notebook outputs still hold
+    device memory."""
     held = sum(p.bytes for p in tensors)
     if held <= 0:
         return None
     ev = [f"{p.where}: {fmt_bytes(p.bytes)}" for p in sorted(tensors, key=lambda p: -p.bytes)[:10]]
-    big = f.requested is not None and held >= f.requested
+    r = f.requested
+    if while_handling:
+        left = room_left(f)
+        fits = r is not None and (held >= r or (left is not None and held + left + f.tol >= r))
+        if left is not None and r is not None:
+            ev.append(
+                f"free at the OOM: {fmt_bytes(left)}; with the failed attempt's {fmt_bytes(held)} freed: "
+                f"{fmt_bytes(left + held)} for the {fmt_bytes(r)} request"
+            )
+        summary = (
+            f"Raised while an earlier {while_handling} was being handled (a retry inside the except "
+            f"block): the exception's traceback keeps the failed attempt's frames alive, and they hold "
+            f"{fmt_bytes(held)}"
+            + (f" — without them the {fmt_bytes(r)} request would have fit." if fits else ".")
+        )
+        retry_fixes = (
+            Fix(
+                "release",
+                "Retry after the except block, not inside it: while `except` runs, the exception's "
+                "traceback keeps every frame of the failed attempt, and the tensors they hold, alive. Only "
+                "note the failure in the except block (e.g. `failed = True`) and retry below it.",
+            ),
+            Fix(
+                "release",
+                "Or free the failed attempt's frames before retrying inside the except block "
+                "(`except torch.OutOfMemoryError as e:`), then empty the cache.",
+                "traceback.clear_frames(e.__traceback__)",
+            ),
+        )
+        return Cause(
+            "pinned_by_exception",
+            summary,
+            tuple(ev),
+            held,
+            "high" if fits else "medium",
+            retry_fixes,
+            score=9.8 if fits else 5.0,
+        )
+    big = r is not None and held >= r
     summary = (
         f"{fmt_bytes(held)} of device memory is still held by a finished exception's frames or notebook "
         f"output history" + (" — enough to fit the request." if big else ".")

@@ -19,7 +19,7 @@ from typing import Any
 from torchmem._format import fmt_bytes
 from torchmem.analysis.fragmentation import analyze_fragmentation
 from torchmem.analysis.oom import causes as rules
-from torchmem.analysis.oom.figures import merge_figures, parse_alloc_conf
+from torchmem.analysis.oom.figures import limited, merge_figures, parse_alloc_conf
 from torchmem.results.oom import (
     AllocatorState,
     Cause,
@@ -92,6 +92,7 @@ def diagnose(
     grad_enabled: bool | None = None,
     notes: Sequence[str] = (),
     machine: MachineMemory | None = None,
+    while_handling: str | None = None,
 ) -> OOMDiagnosis:
     """Classify an OOM from its parsed message and whatever else is known. Pure: no device is read.
 
@@ -108,6 +109,9 @@ def diagnose(
         notes: Notes to carry into the diagnosis (what capture could not read).
         machine: The host's memory (total RAM, container limit), for an OOM of the CPU allocator, whose
             message gives only the request: a request larger than it is ``too_large``.
+        while_handling: The type of an earlier OOM that was being handled when this one was raised (a retry
+            inside ``except``): ``pinned`` then lists what that exception's frames hold, and the cause is
+            ``pinned_by_exception`` with the fix of retrying after the ``except`` block.
 
     Example:
         >>> from torchmem.analysis.oom import parse_oom_message
@@ -138,6 +142,7 @@ def diagnose(
     leak_evidence = as_leak_evidence(leak)
     if (
         f.source == "allocator"
+        and not limited(f)
         and f.requested is not None
         and f.free is not None
         and f.free > f.requested + f.tol
@@ -170,9 +175,19 @@ def diagnose(
         lc = rules.leak(leak_evidence)
         if lc is not None:
             causes.append(lc)
-        pc = rules.pinned(pinned, f)
+        pc = rules.pinned(pinned, f, while_handling)
         if pc is not None:
             causes.append(pc)
+        elif while_handling:
+            out_notes.append(
+                f"Raised while an earlier {while_handling} was being handled (a retry inside the except "
+                "block), but that exception's frames hold no tensors on this device."
+            )
+    elif while_handling:
+        out_notes.append(
+            f"Raised while an earlier {while_handling} was being handled; no freeing would help, as the "
+            "request can never fit."
+        )
     if f.source == "cpu_allocator" and f.total is None:
         out_notes.append(
             "The CPU allocator's message gives only the request size, and the machine's memory is not known."

@@ -146,4 +146,64 @@ def used_outside(f: Figures) -> tuple[int, str] | None:
     return (out, "other processes, or this process's CUDA context and libraries") if out > 0 else None
 
 
-__all__ = ["Figures", "merge_figures", "parse_alloc_conf", "used_outside"]
+def limited(f: Figures) -> bool:
+    """A per-process limit below the device's total is in effect (a memory fraction, MPS's watermark)."""
+    return f.limit is not None and f.total is not None and f.limit < f.total
+
+
+def non_torch(f: Figures) -> int | None:
+    """This process's device memory outside PyTorch's allocator (CUDA context, libraries), when known."""
+    if f.process_used is None or f.reserved is None:
+        return None
+    return max(0, f.process_used - f.reserved)
+
+
+def torch_room(f: Figures, others: int = 0) -> int | None:
+    """The most PyTorch's allocator can hold on the device: the limit where one is set (a memory fraction
+    counts the allocator's reserved memory only, not the CUDA context), but never more than the device less
+    what this process uses outside the allocator and ``others`` use; ``None`` when the ceiling is unknown.
+
+    Example:
+        >>> GiB = 1 << 30
+        >>> f = Figures(total=80 * GiB, limit=GiB, ceiling=GiB, process_used=2 * GiB, reserved=GiB)
+        >>> torch_room(f) == GiB   # the 1 GiB outside the allocator does not count against the fraction
+        True
+    """
+    if f.ceiling is None:
+        return None
+    if f.source == "torchmem_cap":
+        return f.ceiling  # the cap counts tensors only
+    outside = (non_torch(f) or 0) + others
+    if limited(f):
+        assert f.limit is not None and f.total is not None
+        return min(f.limit, f.total - outside)
+    return f.ceiling - outside
+
+
+def room_left(f: Figures) -> int | None:
+    """What the allocator could still have given at the OOM without freeing a tensor: free memory under the
+    limit (or on the device) plus the cache's free bytes; ``None`` when the figures do not say."""
+    if f.source == "torchmem_cap":
+        return f.free  # free under the cap
+    cached = f.cached or 0
+    if limited(f) and f.reserved is not None:
+        assert f.limit is not None
+        left = max(0, f.limit - f.reserved)
+        if f.free is not None:
+            left = min(left, f.free)
+        return left + cached
+    if f.free is not None:
+        return f.free + cached
+    return None
+
+
+__all__ = [
+    "Figures",
+    "limited",
+    "merge_figures",
+    "non_torch",
+    "parse_alloc_conf",
+    "room_left",
+    "torch_room",
+    "used_outside",
+]
