@@ -11,9 +11,12 @@ from typing import Any
 import pytest
 import torch
 
+import torchmem.analysis.leaks as leaks_mod
 from torchmem.analysis.holders import find_holders
 from torchmem.analysis.leaks import (
     KINDS,
+    ROBUST_EVERY,
+    GrowthStream,
     LeakReport,
     SiteGrowth,
     attribute,
@@ -149,6 +152,93 @@ def test_suggested_threshold_leaves_a_margin() -> None:
 def test_mismatched_lengths_are_an_error() -> None:
     with pytest.raises(ValueError):
         detect_growth([1, 2, 3], [1, 2])
+
+
+def _series_zoo(rng: random.Random) -> list[list[int]]:
+    """Series of 120 readings of every shape the detector meets: steady leaks (also below the threshold),
+    noisy leaks, one-time jumps, leaks that stop, noise, periodic spikes, shrinking, flat."""
+    base = 50 * MiB
+    zoo = [
+        [base + i * MiB for i in range(120)],
+        [base + i * 64 * 1024 for i in range(120)],
+        [base + i * 300 * 1024 + rng.randint(0, 3 * MiB) for i in range(120)],
+        [base + i * MiB + rng.randint(0, 12 * MiB) for i in range(120)],
+        [base + (40 * MiB if i > 50 else 0) for i in range(120)],
+        [base + min(i, 40) * MiB for i in range(120)],
+        [base + rng.randint(0, 8 * MiB) for _ in range(120)],
+        [base + (30 * MiB if i % 7 == 0 else 0) for i in range(120)],
+        [base + 200 * MiB - i * MiB for i in range(120)],
+        [base] * 120,
+        [base + (i // 10) * 4 * MiB + rng.randint(0, MiB) for i in range(120)],
+    ]
+    # Rises of 0.85x and 1.2x the threshold in turn: a steady leak (median above it) whose every other rise
+    # is below it.
+    uneven = [base]
+    for i in range(119):
+        uneven.append(uneven[-1] + (int(0.85 * 256 * 1024) if i % 2 else int(1.2 * 256 * 1024)))
+    noisy_steps = [base + rng.randint(0, 2 * MiB) + i * rng.choice((0, 256 * 1024)) for i in range(120)]
+    return [*zoo, uneven, noisy_steps]
+
+
+def test_the_stream_gives_detect_growths_verdict_at_every_reading() -> None:
+    """With the robust test run at every reading, the stream's cheap pre-checks change no verdict."""
+    rng = random.Random(7)
+    for ys in _series_zoo(rng):
+        for stride in (1, 3):
+            xs = [10 + stride * i for i in range(len(ys))]
+            s = GrowthStream(256 * 1024, robust_every=1)
+            for k, (x, y) in enumerate(zip(xs, ys), start=1):
+                got = s.add(x, y)
+                want = detect_growth(xs[:k], ys[:k], explain=False)
+                assert (got.leaking, got.method, got.bytes_per_step) == (
+                    want.leaking,
+                    want.method,
+                    want.bytes_per_step,
+                ), (ys[:3], k)
+                assert s.leaking is got.leaking and s.growth is got
+                assert s._min == min(s.values)  # the window's minimum, kept without a scan per reading
+
+
+def test_the_streams_robust_test_is_at_most_a_few_readings_late() -> None:
+    rng = random.Random(11)
+    for ys in _series_zoo(rng):
+        xs = list(range(len(ys)))
+        s = GrowthStream(256 * 1024)
+        exact = [detect_growth(xs[: k + 1], ys[: k + 1], explain=False).leaking for k in range(len(ys))]
+        for k, (x, y) in enumerate(zip(xs, ys)):
+            got = s.add(x, y).leaking
+            if got != exact[k]:  # only a robust verdict may lag, and only by less than ROBUST_EVERY readings
+                assert s.growth.method in ("robust", "none")
+                assert got in exact[max(0, k - ROBUST_EVERY + 1) : k + 1], (ys[:3], k)
+
+
+def test_the_stream_runs_the_slow_test_rarely(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = [0]
+    real = leaks_mod._robust_rate
+
+    def counting(xs: Sequence[int], ys: Sequence[int], threshold: float) -> Any:
+        calls[0] += 1
+        return real(xs, ys, threshold)
+
+    monkeypatch.setattr(leaks_mod, "_robust_rate", counting)
+    rng = random.Random(5)
+    s = GrowthStream(256 * 1024)
+    for i in range(5000):  # noise: the O(1) pre-check rejects every reading
+        s.add(i, 50 * MiB + rng.randint(0, 2 * MiB))
+    assert calls[0] == 0 and not s.leaking
+    found = 0
+    for i in range(5000, 5400):  # a noisy leak: the test runs once every ROBUST_EVERY readings at most
+        found += s.add(i, 50 * MiB + (i - 5000) * MiB + rng.randint(0, 6 * MiB)).method == "robust"
+    assert found > 300
+    assert 0 < calls[0] <= 400 // ROBUST_EVERY + 1
+
+
+def test_a_one_time_jump_stops_at_the_robust_tests_cheap_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    called = []
+    monkeypatch.setattr(leaks_mod, "_theil_sen", lambda xs, ys: called.append(1) or 0.0)
+    ys = [50 * MiB] * 20 + [90 * MiB] * 12  # the last reading is far above the first quarter's floor
+    assert not detect_growth(_steps(32), ys, explain=False).leaking
+    assert called == []  # the floors rise in one quarter only: no O(n²) slope was computed
 
 
 def test_site_growth_keeps_only_rising_sites() -> None:

@@ -213,3 +213,28 @@ def test_a_dead_weakref_proxy_in_a_cycle_does_not_break_attribution() -> None:
     r = w.report()
     assert r.leaking and r.culprits
     assert not any("internal error" in n for n in r.notes)
+
+
+def test_with_the_ledger_as_the_figure_the_sliding_window_stays_small() -> None:
+    """The attribution window that slides along with the ledger source is renewed: a slow leak below the
+    threshold over a long run does not make each step's bookkeeping grow with the run."""
+    kept: list[torch.Tensor] = []
+    sizes: list[int] = []
+    w = torchmem.watch(range(300), device="cpu", warn=False)
+    for _ in w:
+        kept.append(torch.ones(1024))  # 4 KiB per step, far below the threshold: never reported
+        win = w._window
+        sizes.append(win.cohort.live_count if win is not None else 0)
+    r = w.report()
+    assert r.verdict == "below_threshold", str(r)
+    assert max(sizes) <= 8 * (4 + 1) + 2, max(sizes)  # at most _RENEW_AFTER windows' worth of storages
+    assert w.culprits == r.culprits == ()
+
+
+def test_culprits_are_readable_at_every_step_without_a_report() -> None:
+    w = torchmem.watch(_leaky_eval(14), device="cpu", warn=False)
+    seen = []
+    for _ in w:
+        seen.append(len(w.culprits))
+    assert seen[0] == 0 and seen[-1] >= 1
+    assert w.culprits == w.report().culprits

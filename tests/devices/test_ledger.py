@@ -259,6 +259,55 @@ def test_out_variants(nbytes: NB) -> None:
     del pre_out
 
 
+def test_an_unannotated_alias_of_a_storage_from_before_counts_nothing(nbytes: NB) -> None:
+    """``_unsafe_view`` returns its input's storage without saying so in its schema: the ledger still sees
+    that the storage is the input's (it compares storages, it does not trust alias annotations)."""
+    pre = torch.ones(100)
+    with torchmem.cpu_tracking() as cpu:
+        v = torch.ops.aten._unsafe_view(pre, [10, 10])
+        assert v.untyped_storage()._cdata == pre.untyped_storage()._cdata
+        assert cpu.allocated == 0 and cpu.tensors == 0
+        inside = torch.ones(50)
+        w = torch.ops.aten._unsafe_view(inside, [5, 10])
+        assert cpu.allocated == nbytes(inside, w) == 200 and cpu.tensors == 1
+        del v, w, inside
+        assert cpu.allocated == 0
+
+
+def test_ops_on_lists_and_keyword_tensors(nbytes: NB) -> None:
+    pre = [torch.ones(10), torch.ones(10)]
+    pre_out = torch.empty(0)
+    with torchmem.cpu_tracking() as cpu:
+        cat = torch.cat(pre)  # a list of inputs from before: the output is new
+        assert cpu.allocated == nbytes(cat) == 80
+        torch._foreach_add_(pre, 1.0)  # in place on a list from before: nothing new
+        assert cpu.allocated == 80
+        news = torch._foreach_add(pre, 1.0)  # a list of new outputs
+        assert cpu.allocated == nbytes(cat, *news) == 160
+        torch.ops.aten.add.out(pre[0], pre[1], out=pre_out)  # out= as a keyword, from before: its growth
+        assert cpu.allocated == nbytes(cat, *news, pre_out) == 200
+        pre_out.resize_(0)
+        torch.ops.aten.add.out(cat, cat, out=pre_out)  # and again, larger
+        assert cpu.allocated == nbytes(cat, *news, pre_out) == 240
+        del cat, news
+        assert cpu.allocated == nbytes(pre_out) == 80  # pre_out's growth (it had no bytes before)
+    del pre_out
+
+
+def test_an_op_without_a_schema_is_recorded_as_one_that_writes_its_arguments() -> None:
+    led = ledger()
+    a = torch.ones(4)
+
+    class NoSchema:  # what a higher-order or Python-only op may look like to the mode
+        __name__ = "no_schema"
+
+    facts = led._facts(NoSchema())
+    assert facts.written == () and not facts.fresh  # no schema: writes nothing it can name
+    before = led.sizes_before(torch.ops.aten.add_.Tensor, (a, a), {})
+    assert before is not None and list(before) == [a.untyped_storage()._cdata]  # only `self` is written
+    assert led.sizes_before(torch.ops.aten.add.Tensor, (a, a), {}) is None  # a functional op writes nothing
+
+
 # -- autograd -----------------------------------------------------------------------------------------
 
 

@@ -5,6 +5,8 @@ reads a device or changes an object, so every rule is testable with plain data.
 
 - :func:`detect_growth` judges a per-step series: a steady test (every recent step grew by a similar amount)
   and a noise-robust one (Theil–Sen slope, rising floors, Mann–Kendall); when it is not a leak it says why.
+- :class:`GrowthStream` gives the same verdict one reading at a time, at O(1) per reading for the series
+  that are not leaks (what a watcher calls at every step).
 - :func:`site_growth` finds the allocation sites whose live bytes keep rising over an attribution window.
 - :func:`attribute` groups growing sites by the holder that keeps them (:func:`holder_pattern`) and decides
   each group's kind from the *kinds of the steps* of its holder paths (a ``grad_fn`` or ``saved_tensor``
@@ -13,11 +15,13 @@ reads a device or changes an object, so every rule is testable with plain data.
 
 The result types (:class:`Growth`, :class:`SiteGrowth`, :class:`Culprit`, :class:`LeakReport`) live in
 :mod:`torchmem.results.leaks` and are re-exported here. Cost: O(n²) in the readings of one window (32 at
-most) to explain a series; linear in the paths for the attribution.
+most) to explain a series or to run the robust test (only after O(n) pre-checks pass); linear in the paths
+for the attribution.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -115,11 +119,17 @@ def _robust_rate(xs: Sequence[int], ys: Sequence[int], threshold: float) -> tupl
     q = n // 4
     bounds = [0, q, 2 * q, 3 * q, n]
     floors = [min(ys[bounds[i] : bounds[i + 1]]) for i in range(4)]
-    # Cheap pre-check: the last reading must be above the first quarter's floor by the minimum rate.
+    # Cheap pre-checks: the last reading must be above the first quarter's floor by the minimum rate ...
     if ys[-1] - floors[0] < threshold * (xs[-1] - xs[0]) / 2:
         return None
-    slope = _theil_sen(xs, ys)
     span = (xs[-1] - xs[0]) / 4
+    # ... and each floor above the previous one by half of what the minimum rate predicts (implied by the
+    # `rising` test below, since the slope must be at least the threshold): a one-time jump stops here,
+    # before the O(n²) slope and trend statistics.
+    least = 0.5 * threshold * span
+    if threshold > 0 and any(floors[i + 1] - floors[i] < least for i in range(3)):
+        return None
+    slope = _theil_sen(xs, ys)
     trend = [ys[i] - slope * (xs[i] - xs[0]) for i in range(n)]
     mid = _median(trend)
     noise = _median([abs(t - mid) for t in trend])
@@ -298,36 +308,171 @@ def detect_growth(
     if n < 2:
         return not_leaking("not enough steps yet")
     # Steady: the last k readings each rose by a similar amount (checked only when they all rose).
-    med = _steady_rate(xs, ys, steady_samples)
-    if med is not None and med >= thr:
-        return Growth(
-            True,
-            med,
-            _concordance(xs[-steady_samples:], ys[-steady_samples:]),
-            "steady",
-            n,
-            f"grew by {med:.0f} B/step on each of the last {steady_samples - 1} readings",
-            "leak",
-            med,
-            thr,
-        )
+    steady = _steady_growth(xs, ys, thr, steady_samples)
+    if steady is not None:
+        return steady
     if n < ROBUST_SAMPLES:
         return not_leaking(f"{n} readings after warm-up, no steady growth yet")
-    found = _robust_rate(xs, ys, thr)
-    if found is not None:
-        slope, conf = found
-        return Growth(
-            True,
-            slope,
-            conf,
-            "robust",
-            n,
-            f"the floor rose in each quarter of the last {n} readings, {slope:.0f} B/step (Theil–Sen)",
-            "leak",
-            slope,
-            thr,
-        )
+    robust = _robust_growth(xs, ys, thr)
+    if robust is not None:
+        return robust
     return not_leaking("no sustained growth")
+
+
+def _steady_growth(xs: Sequence[int], ys: Sequence[int], thr: float, k: int) -> Growth | None:
+    """The steady test's leak verdict, or None."""
+    med = _steady_rate(xs, ys, k)
+    if med is None or med < thr:
+        return None
+    return Growth(
+        True,
+        med,
+        _concordance(xs[-k:], ys[-k:]),
+        "steady",
+        len(ys),
+        f"grew by {med:.0f} B/step on each of the last {k - 1} readings",
+        "leak",
+        med,
+        thr,
+    )
+
+
+def _robust_growth(xs: Sequence[int], ys: Sequence[int], thr: float) -> Growth | None:
+    """The noise-robust test's leak verdict, or None."""
+    found = _robust_rate(xs, ys, thr)
+    if found is None:
+        return None
+    slope, conf = found
+    n = len(ys)
+    return Growth(
+        True,
+        slope,
+        conf,
+        "robust",
+        n,
+        f"the floor rose in each quarter of the last {n} readings, {slope:.0f} B/step (Theil–Sen)",
+        "leak",
+        slope,
+        thr,
+    )
+
+
+# How often (in readings) the noise-robust test is re-run while its cheap pre-check keeps passing.
+ROBUST_EVERY = 4
+
+
+class GrowthStream:
+    """:func:`detect_growth` fed one reading at a time, at a cost that does not grow with the run.
+
+    Keeps the last ``window`` readings. Each :meth:`add` first runs O(1) necessary conditions of the two
+    tests: the steady test is run only when the last ``steady_samples - 1`` rises were each at least 0.8x
+    ``min_bytes_per_step`` per step, and the noise-robust one only when the newest reading is above the
+    window's minimum by half of what ``min_bytes_per_step`` predicts over the window (a C-level ``min()``
+    of ``window`` numbers). A flat or noisy series costs a few microseconds per reading, whatever the run's
+    length. The verdict is that of ``detect_growth(steps, values, explain=False)`` on the window, except
+    that while the robust test's pre-check keeps passing (a noisy leak, or growth just under the
+    threshold) the O(window²) test is re-run every ``robust_every`` readings rather than at each one: its
+    verdict may come up to ``robust_every - 1`` readings late (``robust_every=1``: exactly
+    :func:`detect_growth`'s verdict at every reading). ``leaking`` is an attribute (O(1)).
+
+    Example:
+        >>> g = GrowthStream(min_bytes_per_step=1024)
+        >>> for step in range(1, 9):
+        ...     _ = g.add(step, 10_000 + 4096 * step)
+        >>> g.leaking, g.growth.method, g.growth.bytes_per_step
+        (True, 'steady', 4096.0)
+    """
+
+    __slots__ = (
+        "_cached",
+        "_last_step",
+        "_last_value",
+        "_min",
+        "_min_at",
+        "_next_robust",
+        "_not",
+        "_rises",
+        "_robust_every",
+        "_robust_min",
+        "_steady_rise",
+        "added",
+        "growth",
+        "leaking",
+        "min_bytes_per_step",
+        "steady_samples",
+        "steps",
+        "values",
+        "window",
+    )
+
+    def __init__(
+        self,
+        min_bytes_per_step: float = 256 * 1024,
+        steady_samples: int = 5,
+        window: int = 32,
+        robust_every: int = ROBUST_EVERY,
+    ) -> None:
+        self.min_bytes_per_step = min_bytes_per_step
+        self.steady_samples = steady_samples
+        self.window = window
+        self.steps: collections.deque[int] = collections.deque(maxlen=window)
+        self.values: collections.deque[int] = collections.deque(maxlen=window)
+        self._not = Growth(False, 0.0, 0.0, "none", 0, "no sustained growth", "", 0.0, min_bytes_per_step)
+        self.growth = self._not
+        self.leaking = False
+        self.added = 0  # readings added
+        self._rises = 0  # consecutive rises of at least 0.8x the threshold per step, ending at the newest
+        self._steady_rise = 0.8 * min_bytes_per_step
+        self._robust_min = max(ROBUST_SAMPLES, 2)
+        self._robust_every = max(1, robust_every)
+        self._next_robust = 0  # the reading count at which the robust test may run again
+        self._cached: Growth | None = None  # its last verdict, while its pre-check keeps passing
+        self._last_step: float = -math.inf  # the previous reading
+        self._last_value = 0
+        self._min = 0  # the window's minimum (valid once a reading is in) and the latest step it was read at
+        self._min_at: float = -math.inf
+
+    def add(self, step: int, value: int) -> Growth:
+        """Add the reading ``value`` taken at ``step`` (steps strictly increasing); return the verdict (also
+        kept in ``growth``; ``leaking`` is its ``leaking``)."""
+        dx = step - self._last_step
+        if dx > 0 and (value - self._last_value) / dx >= self._steady_rise:  # (first reading: 0 / inf)
+            self._rises += 1
+        else:
+            self._rises = 0
+        self._last_step = step
+        self._last_value = value
+        steps, values = self.steps, self.values
+        steps.append(step)
+        values.append(value)
+        self.added += 1
+        # The window's minimum, kept without scanning the window at each reading: rescanned only when the
+        # reading that held it leaves the window.
+        if value <= self._min or self.added == 1:
+            self._min, self._min_at = value, step
+        elif self._min_at < steps[0]:
+            self._min = low = min(values)
+            self._min_at = next(s for s, v in zip(reversed(steps), reversed(values)) if v == low)
+        n = len(values)
+        thr = self.min_bytes_per_step
+        k = self.steady_samples
+        growth: Growth | None = None
+        if self._rises >= k - 1 and n >= k:  # every rise of the steady test is there: run it
+            growth = _steady_growth(list(steps), list(values), thr, k)
+        if growth is None:
+            growth = self._not
+            if n >= self._robust_min and value - self._min >= thr * (step - steps[0]) / 2:
+                # The robust test's pre-check (loosened: the window's minimum is at most the first
+                # quarter's floor) passed: run the test, or keep its verdict of a few readings ago.
+                if self._cached is None or self.added >= self._next_robust:
+                    self._cached = _robust_growth(list(steps), list(values), thr) or self._not
+                    self._next_robust = self.added + self._robust_every
+                growth = self._cached
+            else:
+                self._cached = None  # closed: the next opening runs the test at once
+        self.growth = growth
+        self.leaking = growth.leaking
+        return growth
 
 
 # --------------------------------------------------------------------------------------------------
@@ -640,6 +785,7 @@ __all__ = [
     "KINDS",
     "Culprit",
     "Growth",
+    "GrowthStream",
     "LeakReport",
     "SiteGrowth",
     "attribute",

@@ -335,11 +335,9 @@ class Session:
                 if n <= 1000 or now - self._last_step_write >= 0.01:
                     self._last_step_write = now
                     self._write("step", step=n, allocated=series[-1][1])
-            if w.leaking and not self._leak_written:
-                rep = w.report()
-                if rep.culprits:
-                    self._leak_written = True
-                    self._write("leak", report=self._labelled(rep).to_dict())
+            if w.leaking and not self._leak_written and w.culprits:
+                self._leak_written = True
+                self._write("leak", report=self._labelled(w.report()).to_dict())
             if self.modules and not self._profiled:
                 self._module_profile_step()
             if self._pending_ooms:

@@ -203,6 +203,45 @@ def _tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Iterato
                         yield b
 
 
+def _is_input_storage(key: int, out: torch.Tensor, args: tuple[Any, ...], kwargs: Any) -> bool:
+    """Whether the storage ``key`` of an op's output is one of its input tensors' (read after the op: set_()
+    and out= may have changed which storage an input has)."""
+    tensor = torch.Tensor
+    for a in args:
+        if isinstance(a, tensor):
+            if a is out:
+                return True
+            try:
+                if a.untyped_storage()._cdata == key:
+                    return True
+            except (RuntimeError, NotImplementedError, TypeError):
+                pass
+        elif type(a) is list or type(a) is tuple:
+            for b in a:
+                if isinstance(b, tensor):
+                    if b is out:
+                        return True
+                    try:
+                        if b.untyped_storage()._cdata == key:
+                            return True
+                    except (RuntimeError, NotImplementedError, TypeError):
+                        pass
+    if kwargs:
+        for b in _tensors_in((), kwargs):
+            if b is out:
+                return True
+            found = _storage_key(b)
+            if found is not None and found[0] == key:
+                return True
+    return False
+
+
+class _OpFacts(NamedTuple):
+    func: Any
+    written: tuple[tuple[int, str], ...]  # (position or -1 for keyword-only, name) of each written argument
+    fresh: bool  # in _FRESH
+
+
 class Ledger:
     """Live bytes per device, counted exactly from storage births and deaths.
 
@@ -219,9 +258,11 @@ class Ledger:
         self._watermarks: list[Watermark] = []
         self._users = 0
         self._tls = threading.local()
-        self._mutable: dict[Any, bool] = {}
+        self._ops: dict[int, _OpFacts] = {}  # id(op) -> its facts (each keeps its op alive)
         self._errors_reported: set[str] = set()
         self._caps: list[Cap] = []  # limit()/budget(): see the "caps" section
+        self._device_names: dict[Any, str] = {}  # torch.device -> "cpu", "cuda:0"
+        self._on_death = self._released  # one bound method for every entry's callback
 
     # -- reading ---------------------------------------------------------------------------------
     @property
@@ -250,7 +291,7 @@ class Ledger:
         with self._lock:
             for key in list(cohort._keys):
                 e = self._live.get(key)
-                s = e.ref() if e is not None and e.ref is not None else None
+                s = e() if e is not None else None
                 if s is not None:
                     out.append(s)
         return out
@@ -266,7 +307,7 @@ class Ledger:
             for key, e in list(self._live.items()):  # insertion order is birth order
                 if key not in keys:
                     continue
-                s = e.ref() if e.ref is not None else None
+                s = e()
                 if s is not None:
                     out.append((s, e.nbytes, e.site))
         return out
@@ -345,64 +386,89 @@ class Ledger:
         return getattr(self._tls, "depth", 0) > 0
 
     def _forget(self) -> None:
-        # Last user gone: drop every weak reference so no callback fires into stale counts.
-        for e in self._live.values():
-            e.ref = None
+        # Last user gone: forget every entry; a late callback finds its entry gone and does nothing.
         self._live.clear()
         self._current.clear()
         self._peak.clear()
 
     # -- recording -------------------------------------------------------------------------------
+    def _facts(self, func: Any) -> _OpFacts:
+        """What the recording path needs to know about an op, read from its schema once."""
+        found = self._ops.get(id(func))
+        if found is not None and found.func is func:
+            return found
+        written: list[tuple[int, str]] = []
+        schema = getattr(func, "_schema", None)
+        try:
+            for i, a in enumerate(getattr(schema, "arguments", ())):
+                info = a.alias_info
+                if info is not None and info.is_write:
+                    written.append((-1 if a.kwarg_only else i, a.name))
+        except Exception:  # an op without a readable schema: treat every tensor argument as written
+            written = [(-2, "")]
+        facts = _OpFacts(func, tuple(written), func in _FRESH)
+        self._ops[id(func)] = facts  # keeps func alive: its id is never reused while it is a key
+        return facts
+
     def _is_mutable(self, func: Any) -> bool:
-        m = self._mutable.get(func)
-        if m is None:
-            schema = getattr(func, "_schema", None)
-            m = bool(getattr(schema, "is_mutable", False))
-            self._mutable[func] = m
-        return m
+        return bool(self._facts(func).written)
 
     def _add(self, key: int, storage: Any, device: str, nbytes: int, base: int = 0) -> None:
-        e = _Entry(device, nbytes, base)
-        e.ref = weakref.ref(storage, self._make_release(key, e))
-        cohorts = tuple(c for c in self._cohorts if c.device is None or c.device == device)
-        if cohorts:
-            e.cohorts = cohorts
-            if any(c.sites for c in cohorts):
-                e.site = birth_site(2)
-            for c in cohorts:
-                c._keys.add(key)
-                c.devices.add(device)
-                c.born_bytes += nbytes
-                c.born_count += 1
-                c.live_bytes += nbytes
+        """Count a new storage (called under the lock)."""
+        e = _Entry(storage, self._on_death)
+        e.key = key
+        e.device = device
+        e.nbytes = nbytes
+        e.base = base
+        e.site = None
+        e.cohorts = ()
+        if self._cohorts:
+            cohorts = tuple(c for c in self._cohorts if c.device is None or c.device == device)
+            if cohorts:
+                e.cohorts = cohorts
+                if any(c.sites for c in cohorts):
+                    e.site = birth_site(3)
+                for c in cohorts:
+                    c._keys.add(key)
+                    c.devices.add(device)
+                    c.born_bytes += nbytes
+                    c.born_count += 1
+                    c.live_bytes += nbytes
         self._live[key] = e
-        self._grow(device, nbytes)
+        current = self._current
+        cur = current.get(device, 0) + nbytes
+        current[device] = cur
+        if nbytes > 0 and (self._caps or self._watermarks or cur > self._peak.get(device, 0)):
+            self._grown(device, cur, nbytes)
 
     def _grow(self, device: str, delta: int) -> None:
         cur = self._current.get(device, 0) + delta
         self._current[device] = cur
-        if delta > 0 and self._caps and self._check_caps(device, cur, delta):
+        if delta > 0:
+            self._grown(device, cur, delta)
+
+    def _grown(self, device: str, cur: int, delta: int) -> None:
+        """After a growth by ``delta`` to ``cur``: caps, the peak, the watermarks."""
+        if self._caps and self._check_caps(device, cur, delta):
             return  # a hard cap refused it: the op will fail, so it never reaches a peak
         if cur > self._peak.get(device, 0):
             self._peak[device] = cur
-        if delta > 0:
-            for w in self._watermarks:
-                if w.device == device and cur > w.peak:
-                    w.peak = cur
+        for w in self._watermarks:
+            if w.device == device and cur > w.peak:
+                w.peak = cur
 
-    def _make_release(self, key: int, entry: _Entry) -> Callable[[Any], None]:
-        def release(_ref: Any) -> None:
-            with self._lock:
-                if self._live.get(key) is not entry:
-                    return
-                del self._live[key]
-                self._current[entry.device] = self._current.get(entry.device, 0) - entry.nbytes
-                for c in entry.cohorts:
-                    if key in c._keys:
-                        c._keys.discard(key)
-                        c.live_bytes -= entry.nbytes
-
-        return release
+    def _released(self, entry: _Entry) -> None:
+        """A counted storage died (the weak reference's callback; any thread, any time)."""
+        with self._lock:
+            key = entry.key
+            if self._live.get(key) is not entry:
+                return  # forgotten (the ledger went off), or a newer storage reuses the key
+            del self._live[key]
+            self._current[entry.device] = self._current.get(entry.device, 0) - entry.nbytes
+            for c in entry.cohorts:
+                if key in c._keys:
+                    c._keys.discard(key)
+                    c.live_bytes -= entry.nbytes
 
     def _resize(self, entry: _Entry, key: int, total: int) -> None:
         counted = max(total - entry.base, 0)
@@ -415,36 +481,49 @@ class Ledger:
                     c.born_bytes += delta
         self._grow(entry.device, delta)
 
+    def _device_name(self, device: Any) -> str:
+        """``"cpu"``, ``"cuda:0"``; ``""`` for a device whose storages are not counted (meta)."""
+        name = self._device_names.get(device)
+        if name is None:
+            name = "" if device.type in _SKIP_DEVICES else str(device)
+            self._device_names[device] = name
+        return name
+
+    def _record_output(self, fresh: bool, args: tuple[Any, ...], kwargs: Any, t: torch.Tensor) -> None:
+        """Account for one output tensor of an op (called under the lock). ``fresh``: an op whose output
+        is a new allocation even when it is handed through as an input (``lift_fresh``)."""
+        try:
+            s = t.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested and other storage-less
+            return
+        key = s._cdata
+        e = self._live.get(key)
+        if e is not None:  # a storage the ledger counts: a view, an in-place or out= result (size may change)
+            n = s.nbytes()
+            if n != e.nbytes + e.base:
+                self._resize(e, key, n)
+            return
+        # A storage the ledger has not seen is new unless it is an input's: a view or in-place result of a
+        # storage that predates the ledger.
+        if not fresh and _is_input_storage(key, t, args, kwargs):
+            return
+        dev = s.device
+        name = self._device_names.get(dev)
+        if name is None:
+            name = self._device_name(dev)
+        if name:
+            self._add(key, s, name, s.nbytes())
+
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None, out: Any) -> None:
         """Account for the outputs of one op (called by the mode after the op ran)."""
-        outs = out if isinstance(out, (tuple, list)) else (out,)
+        fresh = self._facts(func).fresh
         with self._lock:
-            inputs: dict[int, Any] | None = None
-            for t in outs:
-                if not isinstance(t, torch.Tensor):
-                    continue
-                found = _storage_key(t)
-                if found is None:
-                    continue
-                key, s = found
-                e = self._live.get(key)
-                if e is not None:
-                    n = s.nbytes()
-                    if n != e.nbytes + e.base:
-                        self._resize(e, key, n)
-                    continue
-                if inputs is None:
-                    inputs = {}
-                    for a in _tensors_in(args, kwargs):
-                        k = _storage_key(a)
-                        if k is not None:
-                            inputs[k[0]] = k[1]
-                if key in inputs and func not in _FRESH:
-                    continue  # a view or in-place result of a storage that predates the ledger
-                dev = s.device
-                if dev.type in _SKIP_DEVICES:
-                    continue
-                self._add(key, s, str(dev), s.nbytes())
+            if isinstance(out, torch.Tensor):
+                self._record_output(fresh, args, kwargs, out)
+            elif isinstance(out, (tuple, list)):
+                for t in out:
+                    if isinstance(t, torch.Tensor):
+                        self._record_output(fresh, args, kwargs, t)
 
     def record_mutation(self, before: dict[int, tuple[Any, int]]) -> None:
         """After a mutating op: follow storages whose size changed (``resize_``, ``out=``)."""
@@ -456,17 +535,40 @@ class Ledger:
                 e = self._live.get(key)
                 if e is not None:
                     self._resize(e, key, n)
-                elif n > old and s.device.type not in _SKIP_DEVICES:
+                elif n > old:
                     # A storage from before the ledger grew: count the growth only.
-                    self._add(key, s, str(s.device), n - old, base=old)
+                    name = self._device_name(s.device)
+                    if name:
+                        self._add(key, s, name, n - old, base=old)
 
     def sizes_before(
         self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
     ) -> dict[int, tuple[Any, int]] | None:
-        if not self._is_mutable(func):
+        """Before a mutating op: the storages of the arguments it writes (only those can be resized or
+        re-pointed: ``resize_``, ``out=``, ``set_``), with their sizes; ``None`` for an op that writes
+        none."""
+        return self._sizes_before(self._facts(func), args, kwargs)
+
+    def _sizes_before(
+        self, facts: _OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any] | None
+    ) -> dict[int, tuple[Any, int]] | None:
+        written = facts.written
+        if not written:
             return None
+        if len(written) == 1 and 0 <= written[0][0] < len(args):  # the common case: one written `self`
+            a = args[written[0][0]]
+            if isinstance(a, torch.Tensor):
+                try:
+                    s = a.untyped_storage()
+                except (RuntimeError, NotImplementedError, TypeError):
+                    return None
+                return {s._cdata: (s, s.nbytes())}
+        if written[0][0] == -2:
+            picked: tuple[Any, ...] = tuple(_tensors_in(args, kwargs))
+        else:
+            picked = tuple(args[i] if 0 <= i < len(args) else (kwargs or {}).get(name) for i, name in written)
         before: dict[int, tuple[Any, int]] = {}
-        for a in _tensors_in(args, kwargs):
+        for a in _tensors_in(picked, None):
             k = _storage_key(a)
             if k is not None:
                 before[k[0]] = (k[1], k[1].nbytes())
@@ -490,13 +592,13 @@ class Ledger:
         """The ``n`` largest live counted storages of ``device``: ``(storage, bytes)`` (strong references)."""
         with self._lock:
             entries = sorted(
-                (e for e in self._live.values() if e.device == device and e.ref is not None),
+                (e for e in self._live.values() if e.device == device),
                 key=lambda e: e.nbytes,
                 reverse=True,
             )
             out = []
             for e in entries:
-                s = e.ref() if e.ref is not None else None
+                s = e()
                 if s is not None:
                     out.append((s, e.nbytes))
                 if len(out) >= n:
@@ -570,19 +672,31 @@ if _TorchDispatchMode is not None:
         def __init__(self, owner: Ledger) -> None:
             super().__init__()
             self._owner = owner
+            self._ops = owner._ops
 
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
         ) -> Any:
             owner = self._owner
+            facts = self._ops.get(id(func))
+            before = None
             try:
-                before = owner.sizes_before(func, args, kwargs)
+                if facts is None or facts.func is not func:
+                    facts = owner._facts(func)
+                if facts.written:  # an op that may resize or re-point an argument (resize_, out=, set_)
+                    before = owner._sizes_before(facts, args, kwargs)
             except Exception as exc:
                 owner.report_error("pre-op", exc)
-                before = None
-            out = func(*args, **(kwargs or {}))
+            out = func(*args, **kwargs) if kwargs else func(*args)
             try:
-                owner.record(func, args, kwargs, out)
+                fresh = facts is not None and facts.fresh
+                with owner._lock:
+                    if isinstance(out, torch.Tensor):
+                        owner._record_output(fresh, args, kwargs, out)
+                    elif isinstance(out, (tuple, list)):
+                        for t in out:
+                            if isinstance(t, torch.Tensor):
+                                owner._record_output(fresh, args, kwargs, t)
                 if before:
                     owner.record_mutation(before)
             except Exception as exc:
