@@ -207,3 +207,16 @@ def test_a_failing_step_callback_is_reported_once(rec: Recorder) -> None:
     finally:
         b.stop()
     assert len(rec.errors) == 1 and "boom" in rec.errors[0]
+
+
+def test_model_and_loss_module_per_iteration_is_one_step(rec: Recorder) -> None:
+    model, criterion = _model(), torch.nn.MSELoss()
+    b = _boundaries(rec)
+    try:
+        for _ in range(10):
+            criterion(model(torch.randn(4, 8)), torch.zeros(4, 1))
+    finally:
+        b.stop()
+    assert b.chosen == "module" and b.label == "top-level Sequential() call"
+    assert b.counts["module"] == 10  # the model's calls, not the loss module's
+    assert not criterion._forward_hooks

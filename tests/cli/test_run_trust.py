@@ -249,7 +249,7 @@ def test_zero_steps_says_why_and_what_to_do(tmp_path: Path, capsys: pytest.Captu
     # No loop at all: one model call, one tensor op. "No repeating step" and what to do, never a silent 0.
     script = _write(
         tmp_path / "infer.py",
-        "import torch\nm = torch.nn.Linear(4, 4)\ny = m(torch.ones(1, 4))\nprint(float(y.sum()))\n",
+        "import torch\nm = torch.nn.Linear(4, 4)\ny = m(torch.ones(1, 4))\nprint(float(y.detach().sum()))\n",
     )
     assert main(["run", "--no-status", "-o", str(tmp_path / "a.jsonl"), str(script)]) == 0
     err = capsys.readouterr().err

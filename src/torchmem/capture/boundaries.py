@@ -34,7 +34,7 @@ _RANK = {k: i for i, k in enumerate(KINDS)}
 REPEAT = {"optimizer": 1, "backward": 2, "module": 2, "dataloader": 2, "generate": 2}
 # Module calls seen by the global hooks before they are replaced by hooks on the top-level modules.
 DISCOVERY_CALLS = 4096
-DISCOVERY_TOPS = 3
+DISCOVERY_TOPS = 8
 _GENERATE_NAMES = frozenset({"generate"})
 
 
@@ -253,34 +253,47 @@ class StepBoundaries:
             if sys.exc_info()[0] is not None:  # the forward raised (always_call): not the end of a step
                 return
             if not self._narrowed:
-                self._tops.setdefault(id(module), module)
-                self._labels.setdefault("module", f"top-level {type(module).__name__}() call")
-                if (
-                    len(self._tops) > DISCOVERY_TOPS
-                    or self._module_calls >= DISCOVERY_CALLS
-                    or (self.counts["module"] + 1 >= DISCOVERY_TOPS)
-                ):
-                    self._narrow()
+                # One step per iteration even when an iteration makes several top-level calls (the model,
+                # then the loss module): the boundary is the call of the top-level module with the most
+                # parameters, fixed once a top-level module is called a second time (one iteration seen).
+                key = id(module)
+                repeat = key in self._tops
+                self._tops.setdefault(key, module)
+                best = self._best_top()
+                if repeat or len(self._tops) > DISCOVERY_TOPS or self._module_calls >= DISCOVERY_CALLS:
+                    self._narrow(best)
+                if best is not module:
+                    return
+                self._labels["module"] = f"top-level {type(module).__name__}() call"
             self._event("module")
         except Exception as exc:
             self._error("a module hook", exc)
 
-    def _narrow(self) -> None:
-        """Replace the global hooks (every module call pays) by hooks on the top-level modules seen."""
+    def _best_top(self) -> Any:
+        best, best_n = None, -1
+        for m in self._tops.values():
+            try:
+                n = sum(p.numel() for p in m.parameters())
+            except Exception:
+                n = 0
+            if n > best_n:  # the first seen wins a tie
+                best, best_n = m, n
+        return best
+
+    def _narrow(self, main: Any) -> None:
+        """Replace the global hooks (every module call pays) by hooks on the main top-level module."""
         if self._narrowed or self._stopped:
             return
         self._narrowed = True
         self._remove_module_hooks()
-        if self.chosen is not None and _RANK[self.chosen] < _RANK["module"]:
-            return
-        handles = []
-        for m in list(self._tops.values())[:DISCOVERY_TOPS]:
-            handles.append(m.register_forward_pre_hook(self._module_pre))
-            try:
-                handles.append(m.register_forward_hook(self._module_post, always_call=True))
-            except TypeError:  # pragma: no cover
-                handles.append(m.register_forward_hook(self._module_post))
         self._tops.clear()
+        if main is None or (self.chosen is not None and _RANK[self.chosen] < _RANK["module"]):
+            return
+        handles = [main.register_forward_pre_hook(self._module_pre)]
+        try:
+            handles.append(main.register_forward_hook(self._module_post, always_call=True))
+        except TypeError:  # pragma: no cover
+            handles.append(main.register_forward_hook(self._module_post))
         self._module_handles = handles
 
     def _check_generate(self, module: Any) -> bool:
