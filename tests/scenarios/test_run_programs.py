@@ -25,9 +25,22 @@ CPU = [s for s in for_device("cpu") if not s.timed]
 TIMED = [s for s in for_device("cpu") if s.timed]
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every program run once, three at a time (each is mostly interpreter and torch start-up): the suite
+    stays within the CPU suite's time budget."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(s: Expected) -> tuple[str, Any]:
+        return s.name, run_program(s, tmp_path_factory.mktemp(s.name), env=CPU_ENV)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(pool.map(one, CPU))
+
+
 @pytest.mark.parametrize("s", CPU, ids=[s.name for s in CPU])
-def test_program_is_reported_as_expected(s: Expected, tmp_path: Path) -> None:
-    r = run_program(s, tmp_path, env=CPU_ENV)
+def test_program_is_reported_as_expected(s: Expected, runs: dict[str, Any]) -> None:
+    r = runs[s.name]
     failures = safety_failures(s, r)
     assert r.capture is not None and r.capture.exists(), f"no capture written\n{r.stderr[-3000:]}"
     failures += check(r.capture, s)
