@@ -146,6 +146,7 @@ class Session:
         self._peak_seen = 0
         self._last_step_write = 0.0
         self._survivors: Any = None
+        self._host: Any = None
         self._oom_events: list[Any] = []  # every OOM event, in order
         self._pending_ooms: list[tuple[Any, int]] = []  # (event, step) not yet written
         self._oom_lock = threading.Lock()
@@ -186,6 +187,7 @@ class Session:
             self._note(f"the OOM observer could not be set up ({type(exc).__name__}: {exc})")
         self._watcher = self._new_watcher()
         self._survivors = self._new_survivors()
+        self._host = self._new_host()
         from torchmem.capture.boundaries import StepBoundaries
 
         self._boundaries = StepBoundaries(
@@ -261,6 +263,16 @@ class Session:
                 event=event.to_dict() | {"diagnosis": None},
             )
 
+    def _new_host(self, boundary: str = "") -> Any:
+        """The host-memory watcher (RSS and C heap per step; autograd chains and Python objects)."""
+        try:
+            from torchmem.capture.host import HostWatcher
+
+            return HostWatcher(warmup=self.warmup, boundary=boundary).start()
+        except Exception as exc:
+            self._note(f"host memory is not watched ({type(exc).__name__}: {exc})")
+            return None
+
     def _new_survivors(self) -> Any:
         from torchmem.capture.survivors import LoopSurvivors
 
@@ -291,6 +303,9 @@ class Session:
                 if self._survivors is not None:  # its recorded steps were steps of the old kind
                     self._survivors.stop()
                 self._survivors = self._new_survivors()
+                if self._host is not None:
+                    self._host.stop()
+                self._host = self._new_host(label)
                 self._steps = 0
                 self._leak_written = False
             self._write("boundary", kind=kind, label=label, count=0)
@@ -327,6 +342,8 @@ class Session:
             self._steps = n = w.steps
             if self._survivors is not None:
                 self._survivors.boundary(n)
+            if self._host is not None:
+                self._host.step()
             series = w._series
             # One step record per reading the watcher took, at most one per 10 ms (a loop of thousands of
             # steps per second must not pay a JSON line per step); the sampler keeps the timeline.
@@ -498,6 +515,12 @@ class Session:
             "per second: without a step the allocation site is unknown; what holds the tensors born "
             "during the run is named (name the loop's function with --step-marker for the site)"
         ]
+
+    def _labelled_host(self, rep: LeakReport) -> LeakReport:
+        import dataclasses
+
+        label = f"return of {self.step_marker}()" if self.step_marker else self._boundary_label
+        return dataclasses.replace(rep, boundary=label)
 
     def _labelled(self, rep: LeakReport) -> LeakReport:
         """The watcher's report with the step boundary it was fed and the switches between boundaries."""
@@ -718,6 +741,26 @@ class Session:
                 self._note(f"the OOM could not be explained ({type(e).__name__}: {e})")
         if self._observer is not None:
             self._observer.detach()
+        host = None
+        if self._host is not None:
+            try:
+                self._host.stop()
+                host = self._host.report()
+                if self._boundary_label or self.step_marker:
+                    host = self._labelled_host(host)
+                if host.leaking and self.device.type == "cpu" and leak is not None and leak.leaking:
+                    # On the CPU the device figure is the C heap: the device report already is this growth.
+                    import dataclasses
+
+                    host = dataclasses.replace(
+                        host,
+                        leaking=False,
+                        verdict="flat" if not host.culprits else host.verdict,
+                        notes=(*host.notes, "on the CPU the device report covers this growth"),
+                    )
+                self._write("host_leak", report=host.to_dict(), final=True)
+            except Exception as e:
+                self._note(f"the host memory verdict could not be made ({type(e).__name__}: {e})")
         survivors = None
         if self._survivors is not None:
             try:
@@ -766,6 +809,7 @@ class Session:
             survivors=survivors,
             boundary=self._boundary_label,
             ooms=tuple(self._oom_events),
+            host_leak=host,
             caught_ooms=tuple(self._caught_ooms),
         )
 
