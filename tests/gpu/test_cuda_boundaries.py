@@ -20,7 +20,9 @@ HERE = Path(__file__).parent / "programs"
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
-def _run(name: str, tmp_path: Path, timeout: float = 400) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+def _run(
+    name: str, tmp_path: Path, timeout: float = 400
+) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
     cap = tmp_path / f"{name}.jsonl"
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     r = subprocess.run(

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,9 +24,23 @@ CUDA = [s for s in for_device("cuda") if not s.timed]
 TIMED = [s for s in for_device("cuda") if s.timed]
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every program run once, four at a time (the GPU machine has 16 cores; each run is mostly start-up)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dirs = {s.name: tmp_path_factory.mktemp(s.name) for s in CUDA}  # mktemp is not thread-safe
+
+    def one(s: Expected) -> tuple[str, Any]:
+        return s.name, run_program(s, dirs[s.name])
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return dict(pool.map(one, CUDA))
+
+
 @pytest.mark.parametrize("s", CUDA, ids=[s.name for s in CUDA])
-def test_program_is_reported_as_expected_on_cuda(s: Expected, tmp_path: Path) -> None:
-    r = run_program(s, tmp_path)
+def test_program_is_reported_as_expected_on_cuda(s: Expected, runs: dict[str, Any]) -> None:
+    r = runs[s.name]
     failures = safety_failures(s, r)
     assert r.capture is not None and r.capture.exists(), f"no capture written\n{r.stderr[-3000:]}"
     with open(r.capture, encoding="utf-8") as f:

@@ -31,8 +31,10 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     stays within the CPU suite's time budget."""
     from concurrent.futures import ThreadPoolExecutor
 
+    dirs = {s.name: tmp_path_factory.mktemp(s.name) for s in CPU}  # mktemp is not thread-safe
+
     def one(s: Expected) -> tuple[str, Any]:
-        return s.name, run_program(s, tmp_path_factory.mktemp(s.name), env=CPU_ENV)
+        return s.name, run_program(s, dirs[s.name], env=CPU_ENV)
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         return dict(pool.map(one, CPU))

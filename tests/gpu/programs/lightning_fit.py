@@ -1,6 +1,7 @@
 """A small Lightning fit (sanity validation first, then training): the boundary is the optimizer step."""
-import torch
+
 import lightning as L
+import torch
 
 
 class M(L.LightningModule):
@@ -22,7 +23,14 @@ class M(L.LightningModule):
 
 ds = torch.utils.data.TensorDataset(torch.randn(2048, 64), torch.randn(2048, 1))
 dl = torch.utils.data.DataLoader(ds, batch_size=32)
-trainer = L.Trainer(max_epochs=1, accelerator="gpu", devices=1, logger=False, enable_checkpointing=False,
-                    enable_progress_bar=False, enable_model_summary=False)
+trainer = L.Trainer(
+    max_epochs=1,
+    accelerator="gpu",
+    devices=1,
+    logger=False,
+    enable_checkpointing=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+)
 trainer.fit(M(), dl, dl)
 print("fit done")
