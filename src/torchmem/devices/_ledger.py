@@ -149,32 +149,46 @@ def _internal_dirs() -> tuple[str, ...]:
 
 _INTERNAL: tuple[str, ...] | None = None
 _DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_demo", "")
-_internal_code: dict[Any, bool] = {}
+_internal_code: dict[Any, int] = {}
 
 
 def birth_site(skip: int = 1) -> Site | None:
     """The user's frame that caused the current allocation (None when every frame is internal).
 
-    Frames of torch, torchmem and the standard library are skipped; the decision is cached per code object,
-    so a birth costs a few frame hops.
+    Frames of torch, torchmem and the standard library are skipped, and so are installed libraries
+    (``site-packages``: transformers' generate, Lightning's loop) when a frame of the program itself is
+    further out; a library's frame is the site only when no program frame is on the stack. The decision is
+    cached per code object, so a birth costs a few frame hops.
     """
     global _INTERNAL
     if _INTERNAL is None:
         _INTERNAL = _internal_dirs()
     f: types.FrameType | None = sys._getframe(skip)
     cache = _internal_code
+    library: Site | None = None
     while f is not None:
         code = f.f_code
-        internal = cache.get(code)
-        if internal is None:
+        kind = cache.get(code)
+        if kind is None:
             fn = code.co_filename
             # The bundled demo script lives in the package but is user code.
-            internal = (fn.startswith(_INTERNAL) and not fn.startswith(_DEMO)) or fn.startswith("<frozen")
-            cache[code] = internal
-        if not internal:
+            if (fn.startswith(_INTERNAL) and not fn.startswith(_DEMO)) or fn.startswith("<frozen"):
+                kind = 1  # internal
+            elif _LIBRARY in fn or _LIBRARY_DEB in fn:
+                kind = 2  # an installed library
+            else:
+                kind = 0  # the program
+            cache[code] = kind
+        if not kind:
             return Site(code.co_filename, f.f_lineno, code.co_name)
+        if kind == 2 and library is None:
+            library = Site(code.co_filename, f.f_lineno, code.co_name)
         f = f.f_back
-    return None
+    return library
+
+
+_LIBRARY = os.sep + "site-packages" + os.sep
+_LIBRARY_DEB = os.sep + "dist-packages" + os.sep
 
 
 def _storage_key(t: torch.Tensor) -> tuple[int, Any] | None:
