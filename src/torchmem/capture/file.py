@@ -626,7 +626,9 @@ def _parse_record(raw: bytes) -> Any:
                 site if isinstance(site, str) else None,
             )
         if kind == "boundary":
-            return BoundaryRecord(t, str(obj.get("kind", "")), str(obj.get("label", "")), _int(obj.get("count")))
+            return BoundaryRecord(
+                t, str(obj.get("kind", "")), str(obj.get("label", "")), _int(obj.get("count"))
+            )
         if kind == "host_leak":
             return HostLeakRecord(t, _mapping(obj.get("report")))
         if kind == "survivors":
