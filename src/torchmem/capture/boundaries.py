@@ -52,8 +52,7 @@ class StepBoundaries:
     """Counts candidate step boundaries on one thread and reports the chosen kind's to ``on_step``.
 
     ``on_step()`` is called at each boundary of the chosen kind; ``on_switch(kind, label)`` when a kind is
-    chosen or a better one takes over (the caller restarts its per-step state). ``marker`` is ``--step-marker``:
-    then nothing is detected here.
+    chosen or a better one takes over (the caller restarts its per-step state).
     """
 
     def __init__(

@@ -21,7 +21,7 @@ import torch
 from torchmem._format import fmt_bytes
 from torchmem.capture.read import counters
 from torchmem.capture.watch import Watcher, watch
-from torchmem.devices import DeviceLike, cuda_initialized, resolve
+from torchmem.devices import DeviceLike, resolve
 from torchmem.results.leaks import LeakReport
 
 
@@ -347,11 +347,12 @@ class Session:
             series = w._series
             # One step record per reading the watcher took, at most one per 10 ms (a loop of thousands of
             # steps per second must not pay a JSON line per step); the sampler keeps the timeline.
-            if series and series[-1][0] == n:
+            read_now = bool(series) and series[-1][0] == n
+            if n <= 1000 or read_now:
                 now = time.perf_counter()
                 if n <= 1000 or now - self._last_step_write >= 0.01:
                     self._last_step_write = now
-                    self._write("step", step=n, allocated=series[-1][1])
+                    self._write("step", step=n, allocated=series[-1][1] if read_now else None)
             if w.leaking and not self._leak_written and w.culprits:
                 self._leak_written = True
                 self._write("leak", report=self._labelled(w.report()).to_dict())
@@ -451,7 +452,7 @@ class Session:
         if len(pts) < 8:
             return None
         dt = max((pts[-1][0] - pts[0][0]) / max(len(pts) - 1, 1), 1e-3)
-        xs = [int(round((t - pts[0][0]) / dt)) for t, _ in pts]
+        xs = [round((t - pts[0][0]) / dt) for t, _ in pts]
         ys = [v for _, v in pts]
         per_second = 1024 * 1024  # 1 MiB/s: a process that keeps what it allocates at that pace is leaking
         g = detect_growth(xs, ys, min_bytes_per_step=per_second * dt, window=64)
@@ -469,7 +470,7 @@ class Session:
             device=str(self.device),
             source=w.source if w is not None else "n/a",
             mode="light",
-            steps=int(round(pts[-1][0] - pts[0][0])),
+            steps=round(pts[-1][0] - pts[0][0]),
             warmup=0,
             leaking=g.leaking,
             bytes_per_step=rate,
@@ -482,7 +483,7 @@ class Session:
                 else f"timeline: {g.reason}"
             ),
             culprits=culprits,
-            series=tuple((int(round(t)), v) for t, v in pts[:: max(1, len(pts) // 256)]),
+            series=tuple((round(t), v) for t, v in pts[:: max(1, len(pts) // 256)]),
             notes=tuple(notes),
             verdict=g.verdict if not g.leaking else "leak",
             trend_per_step=g.trend_per_step / dt,

@@ -225,7 +225,18 @@ def _load_mallinfo2() -> Any:
     try:
         import ctypes
 
-        fields = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()
+        fields = [
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        ]
 
         class _MallInfo2(ctypes.Structure):
             _fields_ = [(name, ctypes.c_size_t) for name in fields]

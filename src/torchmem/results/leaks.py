@@ -280,8 +280,8 @@ class LeakReport:
         """The terminal text: verdict, figures, then each culprit with site, holder and fix."""
         if self.leaking and self.unit == "s":
             head = (
-                f"LEAK on {self.device}: {_rate(self.bytes_per_step, 's')} over {self.steps} s of the timeline "
-                f"(no repeating step was found; confidence {self.confidence:.2f})"
+                f"LEAK on {self.device}: {_rate(self.bytes_per_step, 's')} over {self.steps} s of the "
+                f"timeline (no repeating step was found; confidence {self.confidence:.2f})"
             )
         elif self.leaking:
             head = (

@@ -12,7 +12,8 @@ locals alive; :class:`FrameSnapshots` records the snapshots the search made and 
 nobody else holds them and no Python-level tracer could write them back (:func:`tracing_may_rewrite_locals`).
 Frames that run ``torchmem`` code and frames the caller excluded are not roots: their locals are the
 search's own. Neither are torch's frames on the searching thread: the call path that reached torchmem (a
-module call whose hook ended a step) holds its arguments, which the program's frame above names. Cost: one pass over ``sys.modules`` and the frame stacks, microseconds per frame.
+module call whose hook ended a step) holds its arguments, which the program's frame above names.
+Cost: one pass over ``sys.modules`` and the frame stacks, microseconds per frame.
 """
 
 from __future__ import annotations
@@ -220,9 +221,7 @@ class RootSet:
         # torch's own frames on this thread are the plumbing that called us (a module call whose hook fired a
         # step boundary: its `args`, `result`): the program's frame above names the same objects.
         plumbing = mine and (mod == "torch" or mod.startswith("torch."))
-        own = (
-            id(f) in self.exclude_frames or mod == "torchmem" or mod.startswith("torchmem.") or plumbing
-        )
+        own = id(f) in self.exclude_frames or mod == "torchmem" or mod.startswith("torchmem.") or plumbing
         if id(g) not in self.by_id:
             self.by_id[id(g)] = Root(
                 "module", str(g.get("__name__", "<globals>")), True, is_ipython_namespace(g)
