@@ -20,6 +20,7 @@ outranks (the global module hooks) are removed.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import types
@@ -182,25 +183,8 @@ class StepBoundaries:
     def _install_backward(self) -> None:
         import torch.autograd as ag
 
-        boundaries = self
-
         def make(original: Any) -> Any:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                if threading.get_ident() != boundaries.thread or boundaries._compiling():
-                    return original(*args, **kwargs)
-                boundaries._in_backward += 1
-                try:
-                    result = original(*args, **kwargs)
-                finally:
-                    boundaries._in_backward -= 1
-                # Only a backward that returned ends a step (an error propagating is not a boundary).
-                if boundaries._in_backward == 0:
-                    boundaries._event("backward")
-                return result
-
-            wrapper.__doc__ = original.__doc__
-            wrapper.__name__ = getattr(original, "__name__", "backward")
-            return wrapper
+            return self._outermost_call(original, "backward", "_in_backward", skip_compiling=True)
 
         self._patch(ag, "backward", make)
         self._patch(ag, "grad", make)
@@ -337,24 +321,27 @@ class StepBoundaries:
                 return
 
     def _generate_wrapper(self, original: Any) -> Any:
+        return self._outermost_call(original, "generate", "_in_generate")
+
+    def _outermost_call(self, original: Any, kind: str, depth: str, skip_compiling: bool = False) -> Any:
+        """``original`` wrapped to count a ``kind`` boundary when its outermost call on the session's thread
+        returns (a call that raises is not a boundary); ``depth`` names the nesting counter it keeps."""
         boundaries = self
 
-        def generate(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != boundaries.thread:
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != boundaries.thread or (skip_compiling and boundaries._compiling()):
                 return original(*args, **kwargs)
-            boundaries._in_generate += 1
+            setattr(boundaries, depth, getattr(boundaries, depth) + 1)
             try:
                 result = original(*args, **kwargs)
             finally:
-                boundaries._in_generate -= 1
-            if boundaries._in_generate == 0:
-                boundaries._event("generate")
+                setattr(boundaries, depth, getattr(boundaries, depth) - 1)
+            if getattr(boundaries, depth) == 0:
+                boundaries._event(kind)
             return result
 
-        generate.__doc__ = getattr(original, "__doc__", None)
-        generate.__name__ = "generate"
-        generate.__qualname__ = getattr(original, "__qualname__", "generate")
-        return generate
+        return wrapper
 
     # -- 4. DataLoader batches ---------------------------------------------------------------------
     def _install_dataloader(self) -> None:
