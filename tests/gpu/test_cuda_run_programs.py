@@ -13,7 +13,14 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from scenarios.run_catalog import Expected, check, for_device, paired_runs, run_program, safety_failures
+from scenarios.run_catalog import (
+    Expected,
+    check,
+    for_device,
+    paired_runs,
+    run_all,
+    safety_failures,
+)
 
 pytestmark = [
     pytest.mark.cuda,
@@ -27,15 +34,7 @@ TIMED = [s for s in for_device("cuda") if s.timed]
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every program run once, four at a time (the GPU machine has 16 cores; each run is mostly start-up)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    dirs = {s.name: tmp_path_factory.mktemp(s.name) for s in CUDA}  # mktemp is not thread-safe
-
-    def one(s: Expected) -> tuple[str, Any]:
-        return s.name, run_program(s, dirs[s.name])
-
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return dict(pool.map(one, CUDA))
+    return run_all(CUDA, tmp_path_factory, workers=4, env=None)
 
 
 @pytest.mark.parametrize("s", CUDA, ids=[s.name for s in CUDA])

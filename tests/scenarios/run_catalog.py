@@ -218,6 +218,26 @@ def run_program(
     return Run(out.returncode, out.stdout, out.stderr, None if plain else capture, time.perf_counter() - t0)
 
 
+def run_all(
+    scenarios: Sequence[Expected],
+    tmp_path_factory: Any,
+    *,
+    workers: int,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, Run]:
+    """Run every scenario once, ``workers`` at a time (each run is mostly interpreter and torch start-up),
+    each in its own temporary folder; by name."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    dirs = {s.name: tmp_path_factory.mktemp(s.name) for s in scenarios}  # mktemp is not thread-safe
+
+    def one(s: Expected) -> tuple[str, Run]:
+        return s.name, run_program(s, dirs[s.name], env=env)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return dict(pool.map(one, scenarios))
+
+
 def paired_runs(
     s: Expected, workdir: Path, *, env: Mapping[str, str] | None = None, pairs: int = 2
 ) -> tuple[str, float, Run]:

@@ -16,7 +16,7 @@ from scenarios.run_catalog import (
     check,
     for_device,
     paired_runs,
-    run_program,
+    run_all,
     safety_failures,
 )
 
@@ -29,15 +29,7 @@ TIMED = [s for s in for_device("cpu") if s.timed]
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every program run once, three at a time (each is mostly interpreter and torch start-up): the suite
     stays within the CPU suite's time budget."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    dirs = {s.name: tmp_path_factory.mktemp(s.name) for s in CPU}  # mktemp is not thread-safe
-
-    def one(s: Expected) -> tuple[str, Any]:
-        return s.name, run_program(s, dirs[s.name], env=CPU_ENV)
-
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(pool.map(one, CPU))
+    return run_all(CPU, tmp_path_factory, workers=3, env=CPU_ENV)
 
 
 @pytest.mark.parametrize("s", CPU, ids=[s.name for s in CPU])
