@@ -16,6 +16,9 @@ import pytest
 import torchmem
 
 EXPECTED_ALL = {
+    "survivors",
+    "SurvivorGroup",
+    "SurvivorReport",
     "ModuleProfile",
     "ProfileReconciliation",
     "ProfileReport",
@@ -123,6 +126,7 @@ PUBLIC_FUNCTIONS = [
     "scope",
     "stats",
     "track",
+    "survivors",
 ]
 
 ERRORS = [

@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they 
     from torchmem.capture.cpu import CpuTracking, cpu_tracking
     from torchmem.capture.file import Capture, CaptureError, read_capture
     from torchmem.capture.measure import estimate
+    from torchmem.capture.ondemand import survivors
     from torchmem.capture.oom import OOMInputError, OOMObserver, attach_oom_observer, explain_oom
     from torchmem.capture.profile import ProfileError, Profiler, profile
     from torchmem.capture.read import counters, live_tensors, reset_peak, stats
@@ -71,6 +72,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they 
     from torchmem.results.profile import ModuleProfile, ProfileReconciliation, ProfileReport
     from torchmem.results.release import DeviceFigures, ReleaseReport, Remaining, ScopeReport
     from torchmem.results.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
+    from torchmem.results.survivors import SurvivorGroup, SurvivorReport
     from torchmem.results.track import TrackResult
 
 # Public name -> the module that defines it. ``import torchmem`` imports none of them (nor torch): each loads
@@ -153,6 +155,9 @@ _EXPORTS: dict[str, str] = {
     "reset_peak": "torchmem.capture.read",
     "scope": "torchmem.actions.scope",
     "stats": "torchmem.capture.read",
+    "survivors": "torchmem.capture.ondemand",
+    "SurvivorGroup": "torchmem.results.survivors",
+    "SurvivorReport": "torchmem.results.survivors",
     "track": "torchmem.capture.track",
     "uninstall": "torchmem.integrations.excepthook",
     "watch": "torchmem.capture.watch",
@@ -206,6 +211,8 @@ __all__ = [
     "Remaining",
     "Scope",
     "ScopeReport",
+    "SurvivorGroup",
+    "SurvivorReport",
     "TorchmemError",
     "TrackResult",
     "Tracker",
@@ -237,6 +244,7 @@ __all__ = [
     "reset_peak",
     "scope",
     "stats",
+    "survivors",
     "track",
     "uninstall",
     "watch",

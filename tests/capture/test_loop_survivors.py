@@ -392,3 +392,20 @@ def test_judge_small_and_fix_wording() -> None:
     )
     assert "the cache `memo`" in survivor_fix("cache", "memo", 4096, 1.0)
     assert step_ranges((2, 3, 4, 6, 8, 9)) == "2-4, 6, 8-9"
+
+
+def test_a_watcher_with_survivors_names_a_three_step_leak_on_demand() -> None:
+    model, kept = _model(), []
+    with torchmem.watch(device="cpu", survivors=True, warn=False) as w:
+        for _ in range(3):
+            kept.append(model(torch.randn(512, 64)))  # WATCHED
+            w.step()
+        mid = torchmem.survivors()  # the same report through the public function, in the loop
+    after = w.survivors()
+    assert w.report().verdict in ("too_few", "no_steps"), str(w.report())  # too short for the detector
+    for rep in (mid, after):
+        assert rep.leaking, str(rep)
+        top = rep.groups[0]
+        assert top.site == _line("WATCHED") and top.verdict == "accumulates", str(rep)
+        assert any("'kept'[" in str(h) for h in top.holders), str(rep)
+    assert not ledger().active  # the recording's ledger went off with the watch

@@ -263,3 +263,43 @@ def test_a_program_that_uses_torchmem_watch_itself_runs_under_torchmem_run(tmp_p
     )
     assert main(["run", "-q", "--no-status", "-o", str(tmp_path / "o.jsonl"), str(script)]) == 0
     assert _records(tmp_path / "o.jsonl")[-1]["exit_code"] == 0
+
+
+def test_survivors_on_demand_inside_torchmem_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The program asks, in the middle of its run, what its loop allocated and still holds: the run's own
+    # record answers (no watcher of its own), with the site and the holder.
+    script = _write(
+        tmp_path,
+        "ask.py",
+        textwrap.dedent(
+            """
+            import torch, torchmem
+            model = torch.nn.Linear(256, 256)
+            kept = []
+            for step in range(5):
+                out = model(torch.randn(128, 256))  # born here (line 6)
+                out.sum().backward()
+                kept.append(out)
+            rep = torchmem.survivors()
+            print("ON DEMAND", rep.leaking, rep.groups[0].site, rep.groups[0].verdict)
+            print(rep)
+            """
+        ),
+    )
+    assert main(["run", "--no-status", "-o", str(tmp_path / "o.jsonl"), str(script)]) == 0
+    out, _ = capsys.readouterr()
+    line = next(x for x in out.splitlines() if x.startswith("ON DEMAND"))
+    assert line == "ON DEMAND True ask.py:6 accumulates", out
+    assert "held by __main__.kept[" in out, out
+
+
+def test_survivors_outside_any_recording_is_a_clear_error() -> None:
+    with pytest.raises(torchmem.WatchError, match="Nothing records the loop's survivors") as e:
+        torchmem.survivors()
+    assert "torchmem run" in str(e.value)
+    with torchmem.watch(device="cpu", warn=False) as w:  # made without survivors=True
+        w.step()
+        with pytest.raises(torchmem.WatchError, match="survivors=True"):
+            w.survivors()
+        with pytest.raises(torchmem.WatchError, match="Nothing records"):
+            torchmem.survivors()

@@ -24,6 +24,16 @@ from torchmem.capture.watch import Watcher, watch
 from torchmem.devices import DeviceLike, resolve
 from torchmem.results.leaks import LeakReport
 
+# The session running now in this process (``torchmem run``/``demo``), for on-demand reports; weak.
+_current: weakref.ref[Session] | None = None
+
+
+def current_session() -> Session | None:
+    """The session running now in this process, if any (``torchmem run``), else ``None``."""
+    ref = _current
+    session = ref() if ref is not None else None
+    return session if session is not None and not session._stop.is_set() else None
+
 
 @dataclass(frozen=True)
 class SessionResult:
@@ -214,7 +224,18 @@ class Session:
             self._wrap_streams()
         self._thread = threading.Thread(target=self._sample_loop, name="torchmem-sampler", daemon=True)
         self._thread.start()
+        global _current
+        _current = ref
         return self
+
+    def survivors_now(self, time_limit: float = 2.0) -> Any:
+        """What the loop allocated in its recorded steps and is still alive, now (a
+        :class:`~torchmem.results.survivors.SurvivorReport`); ``None`` when the loop's survivors are not
+        recorded (a step marker's session before its first step)."""
+        rec = self._survivors
+        if rec is None:
+            return None
+        return rec.report(total_steps=self._steps, time_limit=time_limit, boundary=self._boundary_label)
 
     # -- steps -----------------------------------------------------------------------------------
     def _new_watcher(self) -> Watcher[Any]:
@@ -677,6 +698,9 @@ class Session:
     # -- end -------------------------------------------------------------------------------------
     def finish(self, exit_code: int | None, reason: str, exc: BaseException | None = None) -> SessionResult:
         """Stop monitoring, explain an OOM, write the final records and close the capture."""
+        global _current
+        if _current is not None and _current() is self:
+            _current = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
