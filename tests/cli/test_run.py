@@ -303,3 +303,54 @@ def test_survivors_outside_any_recording_is_a_clear_error() -> None:
             w.survivors()
         with pytest.raises(torchmem.WatchError, match="Nothing records"):
             torchmem.survivors()
+
+
+OP_HEAVY = textwrap.dedent(
+    """
+    import torch
+    torch.set_num_threads(1)
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.01)
+    for step in range(60):
+        x = torch.randn(4, 8)
+        for _ in range(1000):  # thousands of tiny ops per step: the exact accounting's worst case
+            x = torch.tanh(lin(x))
+        x.sum().backward(); opt.step(); opt.zero_grad()
+    """
+)
+
+
+def test_what_torchmem_cost_is_recorded_and_said_when_large(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Steps of thousands of tiny ops are several times slower while the exact accounting records the loop's
+    # first steps: the run says what torchmem's own work cost, by part, in the summary and the capture.
+    cap = tmp_path / "heavy.jsonl"
+    assert main(["run", "--no-status", "-o", str(cap), str(_write(tmp_path, "heavy.py", OP_HEAVY))]) == 0
+    _, err = capsys.readouterr()
+    over = [r for r in _records(cap) if r["type"] == "overhead"]
+    assert len(over) == 1
+    o = over[0]
+    parts = o["parts"]
+    assert isinstance(parts, dict) and set(parts) == {"steps", "sampler", "ledger"}
+    assert 0 < o["own_s"] < o["wall_s"]  # type: ignore[operator]
+    assert abs(sum(parts.values()) - o["own_s"]) < 1e-3  # type: ignore[operator]
+    assert o["ledger_steps"] >= 2 and o["ledger_known"] is True  # type: ignore[operator]
+    assert o["ratio"] == pytest.approx(o["wall_s"] / (o["wall_s"] - o["own_s"]), rel=1e-3)  # type: ignore[operator]
+    assert parts["ledger"] > parts["steps"]  # the recording, not the readings, is what costs here
+    assert o["ratio"] >= 1.2, o  # type: ignore[operator]
+    assert "note: torchmem's own work took about" in err and "exact tensor accounting" in err, err
+    read = torchmem.read_capture(str(cap))
+    assert len(read.overheads) == 1 and read.overheads[0].ratio == o["ratio"]
+    assert any("torchmem's own work took about" in n.text for n in read.notes)
+
+
+def test_a_cheap_run_records_its_cost_without_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cap = tmp_path / "cheap.jsonl"
+    assert main(["run", "--no-status", "-o", str(cap), str(_write(tmp_path, "train.py", LEAKY)), "6"]) == 0
+    _, err = capsys.readouterr()
+    o = next(r for r in _records(cap) if r["type"] == "overhead")
+    assert o["steps"] == 6 and 0 <= o["own_s"] < o["wall_s"]  # type: ignore[operator]
+    assert "torchmem's own work" not in err  # a run of under a second gets no note, whatever its ratio

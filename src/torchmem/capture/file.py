@@ -41,6 +41,7 @@ from torchmem.results.capture import (
     ModulesRecord,
     Note,
     OOMRecord,
+    OverheadRecord,
     Sample,
     StatsRecord,
     StepMark,
@@ -558,6 +559,7 @@ def read_capture(path: str | os.PathLike[str]) -> Capture:
         boundaries=tuple(groups["boundary"]),
         host_leaks=tuple(groups["host_leak"]),
         survivors=tuple(groups["survivors"]),
+        overheads=tuple(groups["overhead"]),
         end=end,
         truncated=truncated,
         unknown=tuple(unknown),
@@ -576,6 +578,7 @@ _KIND: dict[type, str] = {
     BoundaryRecord: "boundary",
     HostLeakRecord: "host_leak",
     SurvivorsRecord: "survivors",
+    OverheadRecord: "overhead",
 }
 
 
@@ -633,6 +636,18 @@ def _parse_record(raw: bytes) -> Any:
             return HostLeakRecord(t, _mapping(obj.get("report")))
         if kind == "survivors":
             return SurvivorsRecord(t, _mapping(obj.get("report")))
+        if kind == "overhead":
+            parts = _mapping(obj.get("parts"))
+            wall, own, ratio = _float(obj.get("wall_s")), _float(obj.get("own_s")), _float(obj.get("ratio"))
+            if wall is None or own is None or ratio is None:
+                raise _Bad("overhead without its figures")
+            return OverheadRecord(
+                t,
+                wall,
+                own,
+                ratio,
+                {str(k): float(v) for k, v in parts.items() if isinstance(v, (int, float))},
+            )
         if kind == "modules":
             rows = obj.get("rows")
             if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):

@@ -428,6 +428,12 @@ class HostWatcher:
         return self._growth.leaking or self._rss_growth.leaking
 
     @property
+    def instrumenting(self) -> bool:
+        """Whether a site window (a function mode that sees every op) is on now."""
+        w = self._window
+        return w is not None and w.active
+
+    @property
     def autograd_nodes(self) -> tuple[tuple[int, int], ...]:
         """The sampled counts of live autograd nodes (reachable from live tensors), as ``(step, nodes)``."""
         return tuple(self._nodes)

@@ -7,6 +7,7 @@ timeline and the live status line, the CUDA OOM observer, and the readings at st
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
@@ -21,7 +22,7 @@ import torch
 from torchmem._format import fmt_bytes
 from torchmem.capture.read import counters
 from torchmem.capture.watch import Watcher, watch
-from torchmem.devices import DeviceLike, resolve
+from torchmem.devices import DeviceLike, ledger, resolve
 from torchmem.results.leaks import LeakReport
 
 # The session running now in this process (``torchmem run``/``demo``), for on-demand reports; weak.
@@ -62,6 +63,8 @@ class SessionResult:
     """Every out-of-memory error the program raised, caught or not (``OOMEvent`` s, in order)."""
     caught_ooms: tuple[Any, ...] = ()
     """Those the program caught and went on."""
+    overhead: str | None = None
+    """What torchmem's own work added to the run, in words, when the run took 1.2x as long or more."""
 
 
 class _StatusAwareStream:
@@ -162,6 +165,14 @@ class Session:
         self._oom_lock = threading.Lock()
         self._caught_ooms: list[Any] = []
         self._born_before: set[int] = set()  # storages alive when the program started (the timeline census)
+        # What torchmem's own work costs the program (the "overhead" record, and a note when it is large):
+        self._own_step_s = 0.0  # time inside step(): readings, scans, holder searches, records
+        self._sampler_s = 0.0  # the sampler thread's work (it holds the GIL while it works)
+        self._step_end_t: float | None = None
+        self._instrumented = False  # the exact ledger or a site window is on for the step under way
+        self._plain_steps: collections.deque[float] = collections.deque(maxlen=512)
+        self._instr_sum = 0.0
+        self._instr_n = 0
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> Session:
@@ -355,6 +366,26 @@ class Session:
 
     def step(self) -> None:
         """One step ended: the watcher's reading, a step marker in the capture, the leak record once."""
+        t0 = time.perf_counter()
+        if self._step_end_t is not None:
+            d = t0 - self._step_end_t  # the program's own step (without this bookkeeping)
+            if self._instrumented:
+                self._instr_sum += d
+                self._instr_n += 1
+            else:
+                self._plain_steps.append(d)
+        try:
+            self._step_work()
+        finally:
+            t1 = time.perf_counter()
+            self._own_step_s += t1 - t0
+            self._step_end_t = t1
+            try:
+                self._instrumented = ledger().active or (self._host is not None and self._host.instrumenting)
+            except Exception:
+                self._instrumented = False
+
+    def _step_work(self) -> None:
         try:
             w = self._watcher
             if w is None:
@@ -417,6 +448,7 @@ class Session:
         while not self._stop.wait(self.interval):
             if self._disabled:
                 return
+            t_s = time.perf_counter()
             try:
                 r = self._reading()
                 self._write(
@@ -438,6 +470,7 @@ class Session:
             except Exception as exc:
                 self._note(f"sampler stopped: {type(exc).__name__}: {exc}")
                 return
+            self._sampler_s += time.perf_counter() - t_s
 
     def _reading(self) -> Any:
         """The session's figure: the allocator's counters, or on the CPU the C heap in use (the exact
@@ -698,6 +731,7 @@ class Session:
     # -- end -------------------------------------------------------------------------------------
     def finish(self, exit_code: int | None, reason: str, exc: BaseException | None = None) -> SessionResult:
         """Stop monitoring, explain an OOM, write the final records and close the capture."""
+        finish_t = time.perf_counter()
         global _current
         if _current is not None and _current() is self:
             _current = None
@@ -816,6 +850,11 @@ class Session:
         no_steps = self._why_no_steps() if self._steps == 0 else None
         if no_steps is not None:
             self._note(f"0 steps: {no_steps}")
+        overhead = None
+        try:
+            overhead = self._overhead(finish_t)
+        except Exception as e:
+            self._note(f"torchmem's own cost could not be estimated ({type(e).__name__}: {e})")
         seconds = time.perf_counter() - self._t0
         if self._writer is not None and not self._disabled:
             with self._lock:
@@ -837,7 +876,60 @@ class Session:
             ooms=tuple(self._oom_events),
             host_leak=host,
             caught_ooms=tuple(self._caught_ooms),
+            overhead=overhead,
         )
+
+    # -- what torchmem cost --------------------------------------------------------------------
+    def _overhead(self, finish_t: float) -> str | None:
+        """Estimate what torchmem's own work added to the program's run (up to its end), write it as the
+        ``overhead`` record, and say so in a note when the run took 1.2x as long as it would without it.
+
+        The parts, each measured as it ran: the step bookkeeping (readings, scans, holder searches,
+        records: timed inside :meth:`step`), the sampler thread's work, and the exact ledger's per-op cost
+        in the steps it was on (those steps' time beyond the median step without it). The module hooks that
+        find the steps are not timed (about a microsecond per top-level call).
+        """
+        wall = finish_t - self._t0
+        base = _median(self._plain_steps)
+        if self._instr_n == 0:
+            ledger_s: float | None = 0.0
+        elif base is None:
+            ledger_s = None  # every step was instrumented: nothing to compare with
+        else:
+            ledger_s = max(0.0, self._instr_sum - self._instr_n * base)
+        parts = {
+            "steps": self._own_step_s,
+            "sampler": self._sampler_s,
+            "ledger": ledger_s if ledger_s is not None else 0.0,
+        }
+        own = min(sum(parts.values()), 0.95 * wall)
+        ratio = wall / (wall - own) if wall > 0 else 1.0
+        self._write(
+            "overhead",
+            wall_s=round(wall, 6),
+            own_s=round(own, 6),
+            ratio=round(ratio, 4),
+            parts={k: round(v, 6) for k, v in parts.items()},
+            steps=self._steps,
+            ledger_steps=self._instr_n,
+            ledger_known=ledger_s is not None,
+        )
+        if ratio < OVERHEAD_NOTE_RATIO or wall < 1.0:
+            return None
+        words = {
+            "steps": f"step bookkeeping {parts['steps']:.1f} s over {self._steps} steps (readings, scans, "
+            "holder searches)",
+            "sampler": f"the background sampler {parts['sampler']:.1f} s",
+            "ledger": f"exact tensor accounting {parts['ledger']:.1f} s in the {self._instr_n} steps it was "
+            "on (recording the loop's first steps, naming growth)",
+        }
+        top = [words[k] for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.05 * own]
+        text = (
+            f"torchmem's own work took about {own:.1f} s of this {wall:.1f} s run: the program ran about "
+            f"{ratio:.2f}x as long as it would without it ({'; '.join(top)})"
+        )
+        self._note(text)
+        return text
 
     # -- helpers ---------------------------------------------------------------------------------
     def _record_stats(self, when: str) -> None:
@@ -880,6 +972,18 @@ class Session:
 # Host growth that names no culprit (no growing autograd chain, no accumulating Python objects) is data the
 # program keeps on purpose (predicted labels, a history of numbers) unless it is as large as a device leak.
 _HOST_UNEXPLAINED_MIN = 256 * 1024
+
+
+# The estimated slowdown from which the end summary says what torchmem cost (issue 12's target for the usual
+# program; op-heavy programs may reach 2x).
+OVERHEAD_NOTE_RATIO = 1.2
+
+
+def _median(values: collections.deque[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def _host_policy(host: LeakReport) -> LeakReport:

@@ -563,6 +563,9 @@ def _summary(result: Any, err: TextIO) -> None:
             lines.append(f"  every one is in the capture: torchmem report {result.capture}")
     if result.oom is not None:
         lines.append(str(result.oom))
+    overhead = getattr(result, "overhead", None)
+    if overhead:
+        lines.append(f"note: {overhead}")
     lines.append(f"capture: {result.capture}  (torchmem report {result.capture} --html report.html)")
     print("\n".join(lines), file=err)
 

@@ -43,11 +43,12 @@ RECORD_TYPES = (
     "boundary",
     "host_leak",
     "survivors",
+    "overhead",
     "end",
 )
 """Record types of version 1. A reader skips types it does not know (later minor additions: ``boundary``,
-``host_leak`` and ``survivors`` came with torchmem 0.1's zero-config runs; older readers keep them as
-unknown)."""
+``host_leak``, ``survivors`` and ``overhead`` came with torchmem 0.1's zero-config runs; older readers keep
+them as unknown)."""
 
 END_REASONS = ("exit", "exception", "keyboard_interrupt", "oom", "signal")
 
@@ -211,6 +212,25 @@ class SurvivorsRecord:
 
 
 @dataclass(frozen=True)
+class OverheadRecord:
+    """What torchmem's own work added to the program's run (an estimate, measured as it ran).
+
+    Attributes:
+        wall_s: The program's run under torchmem, in seconds (to its end, before the final reports).
+        own_s: torchmem's own time within it.
+        ratio: ``wall_s / (wall_s - own_s)``: how many times as long the run took as it would without it.
+        parts: ``own_s`` by part: ``steps`` (step bookkeeping), ``sampler`` (the background thread),
+            ``ledger`` (the exact accounting's per-op cost in the steps it was on).
+    """
+
+    t: float
+    wall_s: float
+    own_s: float
+    ratio: float
+    parts: Mapping[str, float]
+
+
+@dataclass(frozen=True)
 class ModulesRecord:
     """The per-module profile: one row per module, byte columns named in :data:`MODULE_COLUMNS`."""
 
@@ -256,6 +276,7 @@ class Capture:
         boundaries: What a step was (the last is the final choice).
         host_leaks: Host-memory verdicts (the last is the final one).
         survivors: What the loop allocated and is still alive at the end.
+        overheads: What torchmem's own work added to the run (one, at the end).
         end: How the run ended; ``None`` when the file has no end record (the run was killed).
         truncated: ``None``, or where the readable part stops and why.
         unknown: Records of types this torchmem does not know (kept as written, otherwise ignored).
@@ -274,6 +295,7 @@ class Capture:
     boundaries: tuple[BoundaryRecord, ...] = ()
     host_leaks: tuple[HostLeakRecord, ...] = ()
     survivors: tuple[SurvivorsRecord, ...] = ()
+    overheads: tuple[OverheadRecord, ...] = ()
     end: End | None = None
     truncated: str | None = None
     unknown: tuple[Mapping[str, Any], ...] = field(default=())
@@ -635,6 +657,7 @@ __all__ = [
     "ModulesRecord",
     "Note",
     "OOMRecord",
+    "OverheadRecord",
     "RunFacts",
     "Sample",
     "StatsRecord",
