@@ -378,7 +378,7 @@ class Ledger:
             self._users += 1
         depth = getattr(self._tls, "depth", 0)
         if depth == 0:
-            mode = _LedgerMode(self)
+            mode = _mode_class()(self)
             mode.__enter__()
             self._tls.mode = mode
         self._tls.depth = depth + 1
@@ -680,49 +680,76 @@ class Ledger:
         emit_warning(msg, stacklevel=3)
 
 
+def _dispatch(
+    self: Any, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+) -> Any:
+    """The ledger's ``__torch_dispatch__``: run the op, then record its outputs (and a resize's change)."""
+    owner = self._owner
+    facts = self._ops.get(id(func))
+    before = None
+    try:
+        if facts is None or facts.func is not func:
+            facts = owner._facts(func)
+        if facts.written:  # an op that may resize or re-point an argument (resize_, out=, set_)
+            before = owner._sizes_before(facts, args, kwargs)
+    except Exception as exc:
+        owner.report_error("pre-op", exc)
+    out = func(*args, **kwargs) if kwargs else func(*args)
+    try:
+        fresh = facts is not None and facts.fresh
+        with owner._lock:
+            if isinstance(out, torch.Tensor):
+                owner._record_output(fresh, args, kwargs, out)
+            elif isinstance(out, (tuple, list)):
+                for t in out:
+                    if isinstance(t, torch.Tensor):
+                        owner._record_output(fresh, args, kwargs, t)
+        if before:
+            owner.record_mutation(before)
+    except Exception as exc:
+        owner.report_error(str(func), exc)
+    if owner._caps:  # torchmem.limit()/budget(): a refused op frees its outputs, then fails
+        refused = owner.after_op()
+        if refused is not None:
+            del out, before
+            owner.run_cap_callbacks()
+            raise torch.OutOfMemoryError(refused)
+        owner.run_cap_callbacks()
+    return out
+
+
 if _TorchDispatchMode is not None:
 
-    class _LedgerMode(_TorchDispatchMode):
+    class _LedgerModeLight(_TorchDispatchMode):
+        """The mode while ``torch._dynamo`` is not loaded: its handler is not wrapped in dynamo's
+        ``disable`` (torch >= 2.6 wraps every mode's handler, and the wrapper imports ``torch._dynamo`` at the
+        first op: 0.7-2 s once). Nothing compiles without dynamo loaded, so there is nothing to skip."""
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            return False
+
         def __init__(self, owner: Ledger) -> None:
             super().__init__()
             self._owner = owner
             self._ops = owner._ops
 
-        def __torch_dispatch__(
-            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-        ) -> Any:
-            owner = self._owner
-            facts = self._ops.get(id(func))
-            before = None
-            try:
-                if facts is None or facts.func is not func:
-                    facts = owner._facts(func)
-                if facts.written:  # an op that may resize or re-point an argument (resize_, out=, set_)
-                    before = owner._sizes_before(facts, args, kwargs)
-            except Exception as exc:
-                owner.report_error("pre-op", exc)
-            out = func(*args, **kwargs) if kwargs else func(*args)
-            try:
-                fresh = facts is not None and facts.fresh
-                with owner._lock:
-                    if isinstance(out, torch.Tensor):
-                        owner._record_output(fresh, args, kwargs, out)
-                    elif isinstance(out, (tuple, list)):
-                        for t in out:
-                            if isinstance(t, torch.Tensor):
-                                owner._record_output(fresh, args, kwargs, t)
-                if before:
-                    owner.record_mutation(before)
-            except Exception as exc:
-                owner.report_error(str(func), exc)
-            if owner._caps:  # torchmem.limit()/budget(): a refused op frees its outputs, then fails
-                refused = owner.after_op()
-                if refused is not None:
-                    del out, before
-                    owner.run_cap_callbacks()
-                    raise torch.OutOfMemoryError(refused)
-                owner.run_cap_callbacks()
-            return out
+        __torch_dispatch__ = _dispatch
+
+    class _LedgerMode(_LedgerModeLight):
+        """The mode once ``torch._dynamo`` is loaded (the program compiles): torch's own handling, so that
+        dynamo never traces the handler."""
+
+        _should_skip_dynamo = _TorchDispatchMode.__dict__.get(  # type: ignore[assignment]
+            "_should_skip_dynamo", _LedgerModeLight.__dict__["_should_skip_dynamo"]
+        )
+
+        __torch_dispatch__ = _dispatch  # wrapped by torch when the class is made, under the base's rule
+
+
+def _mode_class() -> Any:
+    """The ledger mode for the next push: the light one unless ``torch._dynamo`` is loaded."""
+    return _LedgerMode if "torch._dynamo" in sys.modules else _LedgerModeLight
 
 
 _LEDGER = Ledger()
