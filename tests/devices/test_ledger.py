@@ -694,3 +694,37 @@ def test_users_of_one_thread_may_end_in_any_order() -> None:
     with led.enabled():  # and a later user records again
         b = torch.ones(2000)
         assert led.current("cpu") == b.untyped_storage().nbytes()
+
+
+def test_turning_the_ledger_on_does_not_import_dynamo_and_compiled_code_still_counts() -> None:
+    # torch wraps a dispatch mode's handler in dynamo's `disable`, which imports torch._dynamo at the first
+    # op (0.6-2 s): the ledger's mode is not wrapped while dynamo is not loaded. A program that compiles
+    # (dynamo loaded in the middle of a window) is still counted, and gets torch's own handling afterwards.
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import sys, torch
+        from torchmem.devices import ledger
+        from torchmem.devices import _ledger as L
+        with ledger().enabled():
+            x = torch.ones(1000) + 1
+            print("no dynamo", "torch._dynamo" not in sys.modules, ledger().current("cpu"))
+            f = torch.compile(lambda t: (t * 2).sin() + 1, backend="eager")
+            y = f(torch.ones(1000))
+            print("compiled", "torch._dynamo" in sys.modules, ledger().current("cpu"))
+        with ledger().enabled():
+            z = f(torch.ones(1000))
+            print("after", type(ledger()._tls.mode).__name__, ledger().current("cpu"), torch.equal(y, z))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.splitlines() == [
+        "no dynamo True 4000",
+        "compiled True 8000",
+        "after _LedgerMode 4000 True",
+    ], out.stdout + out.stderr
