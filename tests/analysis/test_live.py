@@ -102,3 +102,66 @@ def test_fake_tensors_hold_no_memory_and_are_not_counted() -> None:
     assert not any(t.shape == (4096, 4096) for t in r.tensors)
     assert any(t.bytes == real.untyped_storage().nbytes() for t in r.tensors)
     del fake
+
+
+def _create_graph_cycle(n: int) -> list[int]:
+    """``n`` parameters whose ``.grad`` is a gradient made with ``create_graph=True``: each keeps itself,
+    its gradient and the second-order graph alive, and nothing in Python refers to any of them."""
+    ptrs = []
+    for _ in range(n):
+        x = torch.randn(256, 1024, requires_grad=True)
+        (g,) = torch.autograd.grad((x * x).sum(), x, create_graph=True)
+        x.grad = g
+        ptrs.append(x.data_ptr())
+    return ptrs
+
+
+class _Node:
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+        self.me = self
+
+
+def test_a_create_graph_gradient_stored_in_grad_is_reported_as_an_autograd_cycle() -> None:
+    import gc
+
+    gc.collect()
+    _create_graph_cycle(3)
+    gc.collect()  # the garbage collector cannot free it: the cycle runs through autograd's C++ graph
+    report = torchmem.live_tensors("cpu")
+    cycles = [c for c in report.cycles if c.kind == "autograd"]
+    assert len(cycles) == 1, str(report)
+    c = cycles[0]
+    assert not c.collectable and c.tensors >= 6 and c.bytes >= 6 * 256 * 1024 * 4, str(report)
+    assert c.paths and all(p.startswith("<reference cycle through Tensor>") for p in c.paths)
+    assert any(".grad" in p for p in c.paths)
+    assert "create_graph=True" in c.fix and ".grad = None" in c.fix
+    big = [t for t in report.tensors if t.bytes == 256 * 1024 * 4]
+    assert len(big) >= 6 and all(t.holder is not None and "reference cycle" in t.holder for t in big)
+    text = str(report)
+    assert "kept only by a reference cycle through autograd's graph (gc.collect() cannot free it)" in text
+    again = type(report).from_dict(report.to_dict())
+    assert again.cycles == report.cycles
+    # The fix works: dropping .grad frees them.
+    for o in gc.get_objects():
+        if type(o) is torch.Tensor and o.is_leaf and o.grad is not None and o.grad.grad_fn is not None:
+            o.grad = None
+    gc.collect()
+    assert not [c for c in torchmem.live_tensors("cpu", holders=True).cycles if c.kind == "autograd"]
+
+
+def test_a_python_reference_cycle_is_reported_as_collectable() -> None:
+    import gc
+
+    gc.collect()
+    gc.disable()  # the collector must not run before the report
+    try:
+        _Node(torch.randn(512, 1024))
+        report = torchmem.live_tensors("cpu")
+    finally:
+        gc.enable()
+    cycles = [c for c in report.cycles if c.kind == "python"]
+    assert len(cycles) == 1 and cycles[0].collectable and cycles[0].bytes >= 512 * 1024 * 4, str(report)
+    assert "_Node" in cycles[0].paths[0] and "gc.collect()" in cycles[0].fix
+    gc.collect()
+    assert not torchmem.live_tensors("cpu").cycles

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from torchmem.analysis.holders.cycles import classify_cycle, fix_rank, is_cycle
 from torchmem.results.live import (
     BUFFER,
     CATEGORIES,
@@ -18,6 +19,7 @@ from torchmem.results.live import (
     SAVED,
     LiveTensor,
     LiveTensorReport,
+    TensorCycle,
 )
 
 # When one storage plays several roles, the first wins: a parameter that autograd saved is a parameter, an
@@ -223,6 +225,7 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
                 store[k][3] += 1
 
     holders: list[str | None] = [None] * len(store)
+    cycle_paths: list[Any] = [None] * len(store)
     truncated = False
     entries = list(store.values())
     if with_holders and entries:
@@ -248,6 +251,8 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         truncated = search.truncated and bool(limits)
         found = [str(p[0]) if p else None for p in search.paths[:n_targets]]
         holders = [found[index[id(e[0])]] for e in entries]
+        first = [p[0] if p else None for p in search.paths[:n_targets]]
+        cycle_paths = [first[index[id(e[0])]] for e in entries]
         root_names = [str(p[0]) if p else type(m).__name__ for p, m in zip(search.paths[n_targets:], roots)]
         targets.clear()
         index.clear()
@@ -258,7 +263,9 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     by_category = dict.fromkeys(CATEGORIES, 0)
     by_module: dict[str, int] = {}
     rounding = 0
-    for (k, e), holder in zip(store.items(), holders):
+    # (kind, collectable) -> [storages, bytes, paths, fix]
+    cycles: dict[tuple[str, bool], list[Any]] = {}
+    for (k, e), holder, hp in zip(store.items(), holders, cycle_paths):
         t, category, name, views, dense, part = e
         if isinstance(name, tuple):
             name = f"{root_names[name[0]]}.{name[1]}"
@@ -280,6 +287,15 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
             )
         )
         by_category[category] += nbytes
+        if hp is not None and is_cycle(hp):
+            cycle_kind, collectable, fix = classify_cycle(hp)
+            c = cycles.setdefault((cycle_kind, collectable), [0, 0, [], fix])
+            c[0] += 1
+            c[1] += nbytes
+            if len(c[2]) < 3:
+                c[2].append(str(hp))
+            if fix_rank(fix) < fix_rank(c[3]):
+                c[3] = fix
         if k in module_of:
             mname = root_names[module_of[k]]
             by_module[mname] = by_module.get(mname, 0) + nbytes
@@ -298,6 +314,10 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         total=total,
         allocated=allocated,
         unexplained=None if allocated is None else allocated - total,
+        cycles=tuple(
+            TensorCycle(kind, coll, n, b, tuple(paths), fix)
+            for (kind, coll), (n, b, paths, fix) in sorted(cycles.items(), key=lambda kv: -kv[1][1])
+        ),
         rounding=rounding if device.type == "cuda" else None,
         truncated=truncated,
         unreadable=tuple(

@@ -42,6 +42,36 @@ class LiveTensor:
 
 
 @dataclass(frozen=True)
+class TensorCycle:
+    """Tensors that only a reference cycle keeps alive, grouped by the kind of cycle.
+
+    Attributes:
+        kind: ``"autograd"`` (the cycle runs through autograd's C++ graph: a gradient made with
+            ``create_graph=True`` stored in ``.grad``, whose graph saved the tensor itself) or ``"python"``
+            (Python references only).
+        collectable: Whether ``gc.collect()`` frees it. A cycle through autograd's C++ graph is invisible to
+            the garbage collector: it stays until a reference in it is dropped.
+        tensors: How many storages it keeps.
+        bytes: Their bytes.
+        paths: Up to three members' paths round the cycle (readable, as holder paths).
+        fix: What to change.
+    """
+
+    kind: str
+    collectable: bool
+    tensors: int
+    bytes: int
+    paths: tuple[str, ...]
+    fix: str
+
+    def line(self) -> str:
+        gc_word = "gc.collect() frees it" if self.collectable else "gc.collect() cannot free it"
+        what = "autograd's graph" if self.kind == "autograd" else "Python references"
+        n = count(self.tensors, "tensor storage")
+        return f"{n}, {fmt_bytes(self.bytes)} kept only by a reference cycle through {what} ({gc_word})"
+
+
+@dataclass(frozen=True)
 class LiveTensorReport:
     """The device's live tensors, largest first, with totals that reconcile with the allocator.
 
@@ -60,6 +90,7 @@ class LiveTensorReport:
         unreadable: Live tensors on the device whose memory torchmem cannot read (a layout without a
             storage it knows, e.g. MKL-DNN), one line per layout with a count. They are not in ``total``:
             their bytes stay in ``unexplained``.
+        cycles: Tensors only a reference cycle keeps alive, by kind of cycle, with the fix.
 
     Sparse tensors (COO, CSR, CSC, BSR, BSC) are counted by their parts: one entry per storage of their
     indices and values, with ``layout`` and ``part`` set, the sparse tensor's shape, and its holder.
@@ -75,6 +106,7 @@ class LiveTensorReport:
     rounding: int | None = None
     truncated: bool = False
     unreadable: tuple[str, ...] = ()
+    cycles: tuple[TensorCycle, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,6 +138,10 @@ def render_live(r: LiveTensorReport, top: int = 20) -> str:
             lines.append(f"  {'':>12}  held by {t.holder}")
     if len(r.tensors) > top:
         lines.append(f"  ... {len(r.tensors) - top} more")
+    for c in r.cycles:
+        lines.append(f"  cycle: {c.line()}")
+        lines += [f"    {p}" for p in c.paths]
+        lines.append(f"    fix: {c.fix}")
     if r.truncated:
         lines.append("  note: the holder search hit its limit; some holders are missing")
     return "\n".join(lines)
@@ -121,5 +157,6 @@ __all__ = [
     "SAVED",
     "LiveTensor",
     "LiveTensorReport",
+    "TensorCycle",
     "render_live",
 ]

@@ -206,17 +206,27 @@ def autograd_edges(
         except Exception:
             g = None
         if g is not None:
-            for ti, shares in match(g):
+            hits = match(g)
+            for ti, shares in hits:
                 text = f".grad{shares and ' (shares storage)'}"
                 add(ti, t, (HolderStep(StepKind.ATTRIBUTE, text, "grad", type(t).__name__),), 1)
+            if not hits:
+                # Not a target: an edge by identity, for a search that climbs through it (a gradient whose
+                # graph saved its own tensor: ``x.grad = g`` with ``create_graph=True``, a cycle).
+                step = HolderStep(StepKind.ATTRIBUTE, ".grad", "grad", type(t).__name__)
+                edges.setdefault(id(g), []).append((t, (step,), 1))
         try:
             b = BASE(t) if IS_VIEW(t) else None
         except Exception:
             b = None
         if b is not None:
-            for ti, shares in match(b):
+            hits = match(b)
+            for ti, shares in hits:
                 text = f"._base{shares and ' (shares storage)'}"
                 add(ti, t, (HolderStep(StepKind.ATTRIBUTE, text, "_base", type(t).__name__),), 1)
+            if not hits:
+                step = HolderStep(StepKind.ATTRIBUTE, "._base", "_base", type(t).__name__)
+                edges.setdefault(id(b), []).append((t, (step,), 1))
     for o in python_nodes:
         graph_roots.append((o, o, (), 1))
     if not graph_roots:

@@ -422,7 +422,13 @@ class _BackwardSearch:
         n = tn
         for _ in range(10_000):
             ps = self.parents[n]
-            nxt = next(((p, s, w) for p, s, w in ps if p not in self.held_by_ignored), ps[0] if ps else None)
+            # Up through a referrer that leads somewhere (it has referrers of its own, or it is the target):
+            # the search's own containers hold the targets too, and end there.
+            leads = [e for e in ps if e[0] == tn or self.parents[e[0]] or e[0] in self.self_referring]
+            nxt = next(
+                (e for e in leads if e[0] not in self.held_by_ignored),
+                leads[0] if leads else (ps[0] if ps else None),
+            )
             if nxt is None:
                 # a node that refers only to itself closes the cycle
                 if n not in self.self_referring:
@@ -430,6 +436,9 @@ class _BackwardSearch:
                 return next(iter(self._render(namer, link, _link_depth(link), "cycle", 1)), None)
             p, s, w = nxt
             link = (p, s, w, link)
+            if p == tn:
+                # the target is on the cycle: the whole loop, from the target round to itself
+                return next(iter(self._render(namer, link, _link_depth(link), "cycle", 1)), None)
             if p in seen:
                 # start the path at the first (lowest) occurrence of the node that closes the cycle
                 ln = link[3]
