@@ -20,6 +20,19 @@ def fmt_bytes(n: int | float | None, signed: bool = False) -> str:
     raise AssertionError("unreachable")
 
 
+def fmt_remainder(n: int | None) -> str:
+    """A remainder figure (what one reading leaves after the others), never negative: a negative remainder
+    means two readings disagree, and says by how much instead.
+
+    Example:
+        >>> fmt_remainder(2048), fmt_remainder(-1536), fmt_remainder(None)
+        ('2.00 KiB', '0 B (the readings disagree by 1.50 KiB)', 'n/a')
+    """
+    if n is None or n >= 0:
+        return fmt_bytes(n)
+    return f"0 B (the readings disagree by {fmt_bytes(-n)})"
+
+
 def fmt_ratio(r: float | None) -> str:
     return "n/a" if r is None else f"{r:.1%}"
 

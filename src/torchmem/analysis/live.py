@@ -130,6 +130,17 @@ def tensor_parts(t: torch.Tensor) -> list[tuple[str | None, torch.Tensor, int]] 
     return out or None
 
 
+def _union_bytes(ranges: list[tuple[int, int]]) -> int:
+    """Bytes covered by the ``[start, end)`` ranges, overlaps counted once."""
+    total, reach = 0, -1
+    for start, end in sorted(ranges):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
 def _storage_key(t: torch.Tensor) -> int | None:
     try:
         return int(t.untyped_storage()._cdata)
@@ -263,6 +274,7 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     by_category = dict.fromkeys(CATEGORIES, 0)
     by_module: dict[str, int] = {}
     rounding = 0
+    ranges: list[tuple[int, int]] = []  # the storages' memory, to count memory they share once
     # (kind, collectable) -> [storages, bytes, paths, fix]
     cycles: dict[tuple[str, bool], list[Any]] = {}
     for (k, e), holder, hp in zip(store.items(), holders, cycle_paths):
@@ -272,7 +284,14 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         layout = str(t.layout).replace("torch.", "")
         if part is not None:  # a part of a sparse tensor: say so in the name people read
             name = f"{name} ({layout} {part})" if name else f"{layout} {part}"
-        nbytes = int(dense.untyped_storage().nbytes())
+        storage = dense.untyped_storage()
+        nbytes = int(storage.nbytes())
+        try:
+            ptr = int(storage.data_ptr())
+        except (RuntimeError, NotImplementedError):
+            ptr = 0
+        if ptr and nbytes:
+            ranges.append((ptr, ptr + nbytes))
         out.append(
             LiveTensor(
                 nbytes,
@@ -302,7 +321,9 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         if device.type == "cuda":
             rounding += (-nbytes) % 512 if nbytes else 0
     out.sort(key=lambda x: -x.bytes)
-    total = sum(x.bytes for x in out)
+    summed = sum(x.bytes for x in out)
+    total = _union_bytes(ranges) if ranges else summed
+    diff = None if allocated is None else allocated - total
     tensors.clear()
     store.clear()
     entries.clear()
@@ -313,7 +334,9 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         by_module=by_module,
         total=total,
         allocated=allocated,
-        unexplained=None if allocated is None else allocated - total,
+        unexplained=None if diff is None else max(diff, 0),
+        excess=0 if diff is None else max(-diff, 0),
+        aliased=max(summed - total, 0),
         cycles=tuple(
             TensorCycle(kind, coll, n, b, tuple(paths), fix)
             for (kind, coll), (n, b, paths, fix) in sorted(cycles.items(), key=lambda kv: -kv[1][1])

@@ -81,10 +81,18 @@ class LiveTensorReport:
         by_category: Bytes per category (parameter, gradient, optimizer state, buffer, saved for
             backward, other).
         by_module: Bytes of parameters, buffers and gradients per top-level module, by its holder path.
-        total: Sum of the storages' bytes.
+        total: The bytes of the storages' memory, memory that several storages share (``aliased``) counted
+            once.
         allocated: The allocator's allocated bytes at the same moment (``None`` where unknown).
         unexplained: ``allocated - total``: memory no live tensor explains (cuBLAS workspaces, allocator
-            rounding, tensors only C++ code holds). Never hidden; ``None`` where ``allocated`` is unknown.
+            rounding, tensors only C++ code holds). Never hidden, never negative (see ``excess``); ``None``
+            where ``allocated`` is unknown.
+        excess: ``total - allocated`` when the live tensors add up to more than the allocator counts (the
+            two readings disagree: storages over memory the allocator does not count as allocated, such as
+            CUDA-graph pool memory torch.compile reuses, or memory from another allocator); else 0.
+        aliased: Bytes counted in more than one storage's ``bytes`` because separate storages share that
+            memory (CUDA-graph outputs of torch.compile, ``from_blob``/DLPack views); ``total`` counts them
+            once.
         rounding: Part of ``unexplained`` that is the allocator's 512-byte block rounding (CUDA).
         truncated: The holder search hit a limit (some ``holder`` fields are ``None``).
         unreadable: Live tensors on the device whose memory torchmem cannot read (a layout without a
@@ -107,6 +115,8 @@ class LiveTensorReport:
     truncated: bool = False
     unreadable: tuple[str, ...] = ()
     cycles: tuple[TensorCycle, ...] = ()
+    excess: int = 0
+    aliased: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,6 +138,16 @@ def render_live(r: LiveTensorReport, top: int = 20) -> str:
         lines.append(f"  {'allocator allocated':<20} {fmt_bytes(r.allocated):>12}")
         extra = f" (of which block rounding {fmt_bytes(r.rounding)})" if r.rounding else ""
         lines.append(f"  {'not a live tensor':<20} {fmt_bytes(r.unexplained):>12}{extra}")
+        if r.excess:
+            lines.append(
+                f"  note: the live tensors add up to {fmt_bytes(r.excess)} more than the allocator counts as "
+                "allocated: the two readings disagree (storages over memory the allocator does not count, "
+                "such as torch.compile's CUDA-graph pools, or memory from another allocator)"
+            )
+    if r.aliased:
+        lines.append(
+            f"  note: {fmt_bytes(r.aliased)} are shared by several storages (counted once in the total)"
+        )
     for m, n in sorted(r.by_module.items(), key=lambda kv: -kv[1]):
         lines.append(f"  module {m}: {fmt_bytes(n)}")
     for t in r.tensors[:top]:

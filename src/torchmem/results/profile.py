@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from torchmem._format import count, fmt_bytes
+from torchmem._format import count, fmt_bytes, fmt_remainder
 from torchmem.results._dicts import from_mapping
 
 ROW_KEYS = ("module", "params", "grads", "optimizer_state", "activations", "forward_peak", "backward_peak")
@@ -222,7 +222,7 @@ def render_profile(p: ProfileReport, max_rows: int = MAX_ROWS) -> str:
     lines.append(f"  {'sum of parts':<36} {fmt_bytes(c.sum_of_parts):>11}")
     lines.append(f"  {'measured peak':<36} {fmt_bytes(c.measured_peak):>11}")
     lines.append(
-        f"  {'unexplained':<36} {fmt_bytes(c.unexplained):>11}"
+        f"  {'unexplained':<36} {fmt_remainder(c.unexplained):>11}"
         "  (inputs, outputs, loss, gradients flowing between modules, other temporaries, rounding)"
     )
     for r in p.rows:

@@ -259,17 +259,31 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
     ]
     for lib, n in sorted(s.other_allocators.items()):
         rows.append(BreakdownRow(f"{lib} memory pool", n, "other allocator in this process"))
-    rows.append(
-        BreakdownRow(
-            "unexplained" if s.context is not None else "context + unexplained",
-            s.unexplained
-            if s.context is not None
-            else _sub(s.process_used, s.reserved, sum(s.other_allocators.values())),
-            "library handles and lazily loaded kernels (cuBLAS, cuDNN), NCCL buffers, raw cudaMalloc",
+    rest = (
+        s.unexplained
+        if s.context is not None
+        else _sub(s.process_used, s.reserved, sum(s.other_allocators.values()))
+    )
+    rest_note = "library handles and lazily loaded kernels (cuBLAS, cuDNN), NCCL buffers, raw cudaMalloc"
+    if rest is not None and rest < 0:
+        # No figure is ever negative: the rows above add up to more than this process's usage.
+        rest_note = (
+            f"the readings disagree by {fmt_bytes(-rest)}: the rows above add up to more than this process's "
+            "usage (read at different moments, or the context estimate is too high)"
         )
+        rest = 0
+    rows.append(
+        BreakdownRow("unexplained" if s.context is not None else "context + unexplained", rest, rest_note)
     )
     others = s.other_processes_used
     unattributed = _sub(s.device_used, s.process_used, others)
+    if unattributed is not None and unattributed < 0:
+        notes.append(
+            f"The device's usage is {fmt_bytes(-unattributed)} below this process's plus the other "
+            "processes' (NVML and the process readings were taken at different moments): nothing is left "
+            "unattributed."
+        )
+        unattributed = 0
     if s.process_used is None:
         notes.append("This process's usage is n/a, so the rows above cannot be reconciled.")
     return Breakdown(
