@@ -165,3 +165,51 @@ def test_a_python_reference_cycle_is_reported_as_collectable() -> None:
     assert "_Node" in cycles[0].paths[0] and "gc.collect()" in cycles[0].fix
     gc.collect()
     assert not torchmem.live_tensors("cpu").cycles
+
+
+def test_an_optimizer_keeps_parameters_of_a_deleted_model_named_and_categorised() -> None:
+    # The model is gone; a scheduler still holds the optimizer, which holds the parameters, their
+    # gradients and its state: all named from the optimizer, grouped under it, categorised as such.
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 256)).sum().backward()
+    opt.step()
+    sched = torch.optim.lr_scheduler.StepLR(opt, 10)
+    del model, opt
+    r = torchmem.live_tensors("cpu")
+    weights = [t for t in r.tensors if t.shape == (256, 256)]
+    by_cat = {
+        c: [t for t in weights if t.category == c] for c in ("parameter", "gradient", "optimizer state")
+    }
+    assert len(by_cat["parameter"]) == 2 and len(by_cat["gradient"]) == 2, str(r)
+    assert len(by_cat["optimizer state"]) == 4, str(r)
+    names = sorted(str(t.name) for t in by_cat["parameter"])
+    assert all("'sched'" in n and ".optimizer.param_groups[0]['params'][" in n for n in names), names
+    assert any(str(t.name).endswith(".grad") for t in by_cat["gradient"])
+    state = sorted(str(t.name) for t in by_cat["optimizer state"])
+    assert all(".optimizer.state[param_groups[0]['params'][" in n for n in state), state
+    top = r.owners[0]
+    assert "'sched'" in top.owner and top.owner.endswith(".optimizer") and top.type == "Adam", r.owners
+    assert top.counts["parameter"] == 4 and top.counts["gradient"] == 4, top  # weights and biases
+    text = str(r)
+    assert "held by:" in text and f"largest {min(10, len(r.tensors))} of {len(r.tensors)}:" in text
+    assert text.index("held by:") < text.index("largest")
+    assert "(Adam): 4 parameters, 4 gradients, " in text
+    assert type(r).from_dict(r.to_dict()).owners == r.owners
+    del sched
+
+
+def test_hundreds_of_small_tensors_in_one_object_are_one_summary_line() -> None:
+    class Meter:
+        def __init__(self) -> None:
+            self.values: list[torch.Tensor] = []
+
+    meter = Meter()
+    for _ in range(300):
+        meter.values.append(torch.randn(64))
+    r = torchmem.live_tensors("cpu")
+    mine = [g for g in r.owners if g.type == "Meter"]
+    assert len(mine) == 1 and mine[0].counts == {"other": 300} and mine[0].bytes == 300 * 256, r.owners
+    assert "'meter'" in mine[0].owner
+    assert len(str(r).splitlines()) < 60  # capped: the 300 tensors are one line of the summary
+    del meter

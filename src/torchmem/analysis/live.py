@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from torchmem.analysis.holders.cycles import classify_cycle, fix_rank, is_cycle
+from torchmem.results.holders import StepKind
 from torchmem.results.live import (
     BUFFER,
     CATEGORIES,
@@ -19,6 +20,7 @@ from torchmem.results.live import (
     SAVED,
     LiveTensor,
     LiveTensorReport,
+    OwnerGroup,
     TensorCycle,
 )
 
@@ -130,6 +132,24 @@ def tensor_parts(t: torch.Tensor) -> list[tuple[str | None, torch.Tensor, int]] 
     return out or None
 
 
+_OWNER_STEPS = (StepKind.MODULE_GLOBAL, StepKind.FRAME_LOCAL, StepKind.CLASS_ATTRIBUTE)
+
+
+def _owner(name: Any, path: Any, owner_names: list[str], owner_types: list[str]) -> tuple[str, str]:
+    """``(owner, its type)``: the object a tensor belongs to, for the report's summary. A module or
+    optimizer that names it; else the variable its holder path starts from (``__main__.metric``, a frame's
+    local); else the path itself, or ``"?"`` when no holder was found."""
+    if isinstance(name, tuple):
+        return owner_names[name[0]], owner_types[name[0]]
+    if path is None:
+        return "?", ""
+    steps = path.typed_steps
+    if path.root != "cycle" and len(steps) >= 3 and steps[1].kind in _OWNER_STEPS:
+        kind = steps[2].holder_type or "?"
+        return f"{steps[0].text}{steps[1].text}", kind.rsplit("<locals>.", 1)[-1]
+    return str(path), "Tensor" if path.root != "cycle" else "cycle"
+
+
 def _union_bytes(ranges: list[tuple[int, int]]) -> int:
     """Bytes covered by the ``[start, end)`` ranges, overlaps counted once."""
     total, reach = 0, -1
@@ -201,8 +221,12 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     child_ids = {id(c) for m in modules for c in m.children()}
     roots = [m for m in modules if id(m) not in child_ids]
     module_of: dict[int, int] = {}  # storage key -> index of root module
+    # A name is a string, None, or (owner index, suffix[, the name of the parameter that replaces "{p}"]):
+    # owners (root modules, then optimizers) are named by the holder search.
+    param_name: dict[int, Any] = {}  # id(parameter) -> its name
     for ri, m in enumerate(roots):
         for name, p in m.named_parameters(remove_duplicate=True):
+            param_name.setdefault(id(p), (ri, f".{name}"))
             for k in note(p, PARAMETER, (ri, name)):
                 module_of.setdefault(k, ri)
             if p.grad is not None:
@@ -211,12 +235,25 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         for name, b in m.named_buffers(remove_duplicate=True):
             for k in note(b, BUFFER, (ri, name)):
                 module_of.setdefault(k, ri)
-    for opt in optimizers:
-        for state in list(opt.state.values()):
+    for oj, opt in enumerate(optimizers):
+        oi = len(roots) + oj
+        # Parameters an optimizer keeps after their module is gone are still parameters and gradients.
+        for gi, group in enumerate(opt.param_groups):
+            for pi, gp in enumerate(group.get("params", ())):
+                if not isinstance(gp, torch.Tensor):
+                    continue
+                where = f".param_groups[{gi}]['params'][{pi}]"
+                param_name.setdefault(id(gp), (oi, where))
+                note(gp, PARAMETER, (oi, where))
+                if gp.grad is not None:
+                    note(gp.grad, GRADIENT, (oi, f"{where}.grad"))
+        for sp, state in list(opt.state.items()):
             if isinstance(state, dict):
+                ref = param_name.get(id(sp))
                 for key, v in list(state.items()):
                     if isinstance(v, torch.Tensor):
-                        note(v, OPTIMIZER_STATE, f"{type(opt).__name__}.state[...][{key!r}]")
+                        inner = "{p}" if ref is not None else "..."
+                        note(v, OPTIMIZER_STATE, (oi, f".state[{inner}][{key!r}]", ref))
     for t in tensors:
         if isinstance(t, torch.nn.Parameter):
             note(t, PARAMETER, None)
@@ -251,6 +288,7 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
                 targets.append(e[0])
         n_targets = len(targets)
         targets += roots
+        targets += optimizers
         search = find_holders(
             targets,
             max_paths=1,
@@ -264,11 +302,26 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         holders = [found[index[id(e[0])]] for e in entries]
         first = [p[0] if p else None for p in search.paths[:n_targets]]
         cycle_paths = [first[index[id(e[0])]] for e in entries]
-        root_names = [str(p[0]) if p else type(m).__name__ for p, m in zip(search.paths[n_targets:], roots)]
+        owners = [*roots, *optimizers]
+        root_names = [str(p[0]) if p else type(m).__name__ for p, m in zip(search.paths[n_targets:], owners)]
         targets.clear()
         index.clear()
     else:
-        root_names = [type(m).__name__ for m in roots]
+        root_names = [type(m).__name__ for m in [*roots, *optimizers]]
+
+    def resolve(name: Any) -> str:
+        if not isinstance(name, tuple):
+            return str(name)
+        owner = root_names[name[0]]
+        text = f"{owner}{name[1] if name[1][:1] in '.[' else '.' + name[1]}"
+        if len(name) > 2 and name[2] is not None:
+            inner = resolve(name[2])
+            if inner.startswith(owner + ".") or inner.startswith(owner + "["):  # the owner's own parameter
+                inner = inner[len(owner) :].lstrip(".")
+            text = text.replace("{p}", inner)
+        return text
+
+    owner_types = [type(o).__name__ for o in [*roots, *optimizers]]
 
     out: list[LiveTensor] = []
     by_category = dict.fromkeys(CATEGORIES, 0)
@@ -277,10 +330,13 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     ranges: list[tuple[int, int]] = []  # the storages' memory, to count memory they share once
     # (kind, collectable) -> [storages, bytes, paths, fix]
     cycles: dict[tuple[str, bool], list[Any]] = {}
+    # owner -> [type, bytes, {category: storages}]
+    groups: dict[str, list[Any]] = {}
     for (k, e), holder, hp in zip(store.items(), holders, cycle_paths):
         t, category, name, views, dense, part = e
+        owner = _owner(name, hp, root_names, owner_types)
         if isinstance(name, tuple):
-            name = f"{root_names[name[0]]}.{name[1]}"
+            name = resolve(name)
         layout = str(t.layout).replace("torch.", "")
         if part is not None:  # a part of a sparse tensor: say so in the name people read
             name = f"{name} ({layout} {part})" if name else f"{layout} {part}"
@@ -306,6 +362,9 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
             )
         )
         by_category[category] += nbytes
+        g = groups.setdefault(owner[0], [owner[1], 0, {}])
+        g[1] += nbytes
+        g[2][category] = g[2].get(category, 0) + 1
         if hp is not None and is_cycle(hp):
             cycle_kind, collectable, fix = classify_cycle(hp)
             c = cycles.setdefault((cycle_kind, collectable), [0, 0, [], fix])
@@ -337,6 +396,10 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         unexplained=None if diff is None else max(diff, 0),
         excess=0 if diff is None else max(-diff, 0),
         aliased=max(summed - total, 0),
+        owners=tuple(
+            OwnerGroup(owner, kind, nbytes, dict(cats))
+            for owner, (kind, nbytes, cats) in sorted(groups.items(), key=lambda kv: -kv[1][1])
+        ),
         cycles=tuple(
             TensorCycle(kind, coll, n, b, tuple(paths), fix)
             for (kind, coll), (n, b, paths, fix) in sorted(cycles.items(), key=lambda kv: -kv[1][1])

@@ -173,6 +173,9 @@ class Session:
         self._plain_steps: collections.deque[float] = collections.deque(maxlen=512)
         self._instr_sum = 0.0
         self._instr_n = 0
+        # The exact accounting's cost in steps of an earlier boundary kind (steps of one kind are compared
+        # with steps of the same kind only): (seconds, steps, whether it could be estimated).
+        self._ledger_banked = (0.0, 0, True)
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> Session:
@@ -331,6 +334,7 @@ class Session:
                         "restarted"
                     )
                 old.stop()
+                self._bank_ledger()
                 self._watcher = self._new_watcher()
                 if self._survivors is not None:  # its recorded steps were steps of the old kind
                     self._survivors.stop()
@@ -880,6 +884,24 @@ class Session:
         )
 
     # -- what torchmem cost --------------------------------------------------------------------
+    def _ledger_estimate(self) -> tuple[float, int, bool]:
+        """The exact accounting's extra time in this boundary kind's instrumented steps: their time beyond
+        the median step of the same kind without it (``known`` False when every step was instrumented)."""
+        if self._instr_n == 0:
+            return 0.0, 0, True
+        base = _median(self._plain_steps)
+        if base is None:
+            return 0.0, self._instr_n, False
+        return max(0.0, self._instr_sum - self._instr_n * base), self._instr_n, True
+
+    def _bank_ledger(self) -> None:
+        s, n, known = self._ledger_estimate()
+        b = self._ledger_banked
+        self._ledger_banked = (b[0] + s, b[1] + n, b[2] and known)
+        self._plain_steps.clear()
+        self._instr_sum, self._instr_n = 0.0, 0
+        self._step_end_t = None  # the step under way spans the switch: not timed
+
     def _overhead(self, finish_t: float) -> str | None:
         """Estimate what torchmem's own work added to the program's run (up to its end), write it as the
         ``overhead`` record, and say so in a note when the run took 1.2x as long as it would without it.
@@ -890,18 +912,10 @@ class Session:
         find the steps are not timed (about a microsecond per top-level call).
         """
         wall = finish_t - self._t0
-        base = _median(self._plain_steps)
-        if self._instr_n == 0:
-            ledger_s: float | None = 0.0
-        elif base is None:
-            ledger_s = None  # every step was instrumented: nothing to compare with
-        else:
-            ledger_s = max(0.0, self._instr_sum - self._instr_n * base)
-        parts = {
-            "steps": self._own_step_s,
-            "sampler": self._sampler_s,
-            "ledger": ledger_s if ledger_s is not None else 0.0,
-        }
+        cur_s, cur_n, cur_known = self._ledger_estimate()
+        bank_s, bank_n, bank_known = self._ledger_banked
+        ledger_s, ledger_n, known = cur_s + bank_s, cur_n + bank_n, cur_known and bank_known
+        parts = {"steps": self._own_step_s, "sampler": self._sampler_s, "ledger": ledger_s}
         own = min(sum(parts.values()), 0.95 * wall)
         ratio = wall / (wall - own) if wall > 0 else 1.0
         self._write(
@@ -911,8 +925,8 @@ class Session:
             ratio=round(ratio, 4),
             parts={k: round(v, 6) for k, v in parts.items()},
             steps=self._steps,
-            ledger_steps=self._instr_n,
-            ledger_known=ledger_s is not None,
+            ledger_steps=ledger_n,
+            ledger_known=known,
         )
         if ratio < OVERHEAD_NOTE_RATIO or wall < 1.0:
             return None
@@ -920,8 +934,8 @@ class Session:
             "steps": f"step bookkeeping {parts['steps']:.1f} s over {self._steps} steps (readings, scans, "
             "holder searches)",
             "sampler": f"the background sampler {parts['sampler']:.1f} s",
-            "ledger": f"exact tensor accounting {parts['ledger']:.1f} s in the {self._instr_n} steps it was "
-            "on (recording the loop's first steps, naming growth)",
+            "ledger": f"exact tensor accounting {parts['ledger']:.1f} s in the {ledger_n} steps it was on "
+            "(recording the loop's first steps, naming growth; steps of every kind counted)",
         }
         top = [words[k] for k, v in sorted(parts.items(), key=lambda kv: -kv[1]) if v >= 0.05 * own]
         text = (

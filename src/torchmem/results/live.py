@@ -42,6 +42,47 @@ class LiveTensor:
 
 
 @dataclass(frozen=True)
+class OwnerGroup:
+    """The live tensors one object owns, for the report's summary.
+
+    Attributes:
+        owner: The module or optimizer that names them, or the variable their holder paths start from
+            (``__main__.metric``; a frame's local); ``"?"`` for tensors whose holder was not found.
+        type: The owner's type (``Adam``, ``BinaryAUROC``); ``"Tensor"`` for a variable that is a tensor.
+        bytes: Their storages' bytes.
+        counts: Storages per category.
+    """
+
+    owner: str
+    type: str
+    bytes: int
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def line(self) -> str:
+        parts = ", ".join(_count_category(n, c) for c, n in self.counts.items())
+        what = f" ({self.type})" if self.type and self.type != "Tensor" else ""
+        return f"{fmt_bytes(self.bytes):>12}  {self.owner}{what}: {parts}"
+
+
+def _head(path: str) -> str:
+    """``"__main__.opt.state[...]"`` -> ``"__main__.opt"``: the variable a path starts from."""
+    cut = len(path)
+    dots = 0
+    for i, ch in enumerate(path):
+        if ch == "[" or (ch == "." and dots == 1):
+            cut = i
+            break
+        if ch == ".":
+            dots += 1
+    return path[:cut]
+
+
+def _count_category(n: int, category: str) -> str:
+    plural = {"parameter": "parameters", "gradient": "gradients", "buffer": "buffers"}
+    return f"{n} {plural.get(category, category) if n != 1 else category}"
+
+
+@dataclass(frozen=True)
 class TensorCycle:
     """Tensors that only a reference cycle keeps alive, grouped by the kind of cycle.
 
@@ -99,6 +140,8 @@ class LiveTensorReport:
             storage it knows, e.g. MKL-DNN), one line per layout with a count. They are not in ``total``:
             their bytes stay in ``unexplained``.
         cycles: Tensors only a reference cycle keeps alive, by kind of cycle, with the fix.
+        owners: The tensors grouped by the object that owns them, most bytes first (what ``str()`` shows
+            before the largest tensors).
 
     Sparse tensors (COO, CSR, CSC, BSR, BSC) are counted by their parts: one entry per storage of their
     indices and values, with ``layout`` and ``part`` set, the sparse tensor's shape, and its holder.
@@ -117,6 +160,7 @@ class LiveTensorReport:
     cycles: tuple[TensorCycle, ...] = ()
     excess: int = 0
     aliased: int = 0
+    owners: tuple[OwnerGroup, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,7 +174,8 @@ class LiveTensorReport:
         return from_mapping(cls, d)
 
 
-def render_live(r: LiveTensorReport, top: int = 20) -> str:
+def render_live(r: LiveTensorReport, top: int = 10, owners: int = 8) -> str:
+    """The report as text: totals, the owners (``owners`` of them), then the ``top`` largest tensors."""
     lines = [f"{r.device}: {count(len(r.tensors), 'live tensor storage')}, {fmt_bytes(r.total)}"]
     for cat, n in r.by_category.items():
         lines.append(f"  {cat:<20} {fmt_bytes(n):>12}")
@@ -150,11 +195,18 @@ def render_live(r: LiveTensorReport, top: int = 20) -> str:
         )
     for m, n in sorted(r.by_module.items(), key=lambda kv: -kv[1]):
         lines.append(f"  module {m}: {fmt_bytes(n)}")
+    if r.owners:
+        lines.append("  held by:")
+        lines += [f"  {g.line()}" for g in r.owners[:owners]]
+        if len(r.owners) > owners:
+            rest = sum(g.bytes for g in r.owners[owners:])
+            lines.append(f"  {fmt_bytes(rest):>12}  ... {len(r.owners) - owners} more owners")
+        lines.append(f"  largest {min(top, len(r.tensors))} of {len(r.tensors)}:")
     for t in r.tensors[:top]:
         shape = "x".join(str(d) for d in t.shape) or "scalar"
         who = t.name or t.holder or "?"
         lines.append(f"  {fmt_bytes(t.bytes):>12}  {t.category:<18} {shape:<16} {t.dtype:<9} {who}")
-        if t.name and t.holder:
+        if t.name and t.holder and _head(t.holder) != _head(t.name):
             lines.append(f"  {'':>12}  held by {t.holder}")
     if len(r.tensors) > top:
         lines.append(f"  ... {len(r.tensors) - top} more")
@@ -177,6 +229,7 @@ __all__ = [
     "SAVED",
     "LiveTensor",
     "LiveTensorReport",
+    "OwnerGroup",
     "TensorCycle",
     "render_live",
 ]
