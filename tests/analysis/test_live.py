@@ -213,3 +213,28 @@ def test_hundreds_of_small_tensors_in_one_object_are_one_summary_line() -> None:
     assert "'meter'" in mine[0].owner
     assert len(str(r).splitlines()) < 60  # capped: the 300 tensors are one line of the summary
     del meter
+
+
+def test_a_frozen_heap_still_names_every_holder() -> None:
+    # Servers and torch's async checkpointing call gc.freeze(): module namespaces then leave gc's view, and
+    # the search reads them from sys.modules (one map for all of them: thousands of modules, one pass).
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import gc, json, torch, torchmem
+        gc.freeze()
+        kept = {i: torch.randn(256, 256) for i in range(20)}
+        r = torchmem.live_tensors("cpu")
+        mine = [t for t in r.tensors if t.shape == (256, 256)]
+        print(json.dumps([gc.get_freeze_count() > 0, len(mine), sorted({str(t.holder)[:14] for t in mine})]))
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    frozen, n, heads = json.loads(out.stdout.strip().splitlines()[-1])
+    assert frozen and n == 20 and heads == ["__main__.kept["], out.stdout + out.stderr

@@ -139,7 +139,7 @@ class RootSet:
     namespaces whose ids are used while the search runs, so that the ids stay valid.
     """
 
-    __slots__ = ("by_id", "exclude_frames", "ignore", "keep", "snapshots")
+    __slots__ = ("_namespaces", "by_id", "exclude_frames", "ignore", "keep", "snapshots")
 
     def __init__(self, ignore: set[int], exclude_frames: set[int], snapshots: FrameSnapshots) -> None:
         self.by_id: dict[int, Root] = {}
@@ -147,6 +147,7 @@ class RootSet:
         self.ignore = ignore
         self.exclude_frames = exclude_frames
         self.snapshots = snapshots
+        self._namespaces: dict[int, Any] | None = None  # id -> namespace dict, built on first use
         for own in (self, self.by_id, self.keep, snapshots, snapshots.made, snapshots.ids):
             ignore.add(id(own))
 
@@ -156,6 +157,7 @@ class RootSet:
     def clear(self) -> None:
         self.by_id = {}
         self.keep = []
+        self._namespaces = None
 
     def collect(self) -> None:
         """Find every root: module globals, IPython's namespace, live frames, exceptions being handled."""
@@ -246,11 +248,20 @@ class RootSet:
             self.by_id[id(loc)] = Root(kind, desc if mine else f"thread '{thread}': {desc}", True)
 
     def namespace(self, root_id: int) -> dict[str, Any] | None:
-        """The namespace dict whose id is ``root_id`` (held in ``keep``, or a module's ``__dict__``)."""
-        ns = next((d for d in self.keep if id(d) == root_id), None)
-        if ns is None:
-            mod = next(
-                (m for m in list(sys.modules.values()) if id(getattr(m, "__dict__", None)) == root_id), None
-            )
-            ns = None if mod is None else mod.__dict__
-        return ns
+        """The namespace dict whose id is ``root_id`` (held in ``keep``, or a module's ``__dict__``).
+
+        One map of every namespace, built at the first call (a search asks for each of thousands of
+        modules' namespaces when the heap was frozen with ``gc.freeze()``: one scan each was O(n²))."""
+        found = self._namespaces
+        if found is None:
+            found = {}
+            for m in list(sys.modules.values()):
+                d = getattr(m, "__dict__", None)
+                if isinstance(d, dict):
+                    found[id(d)] = d
+            for d in self.keep:
+                if isinstance(d, dict):
+                    found[id(d)] = d
+            self._namespaces = found
+            self.ignore.add(id(found))
+        return found.get(root_id)

@@ -1,0 +1,331 @@
+"""What ``torchmem run script.py`` (no flag) costs in wall-clock time against ``python script.py`` (issue 12).
+
+Each program under ``benchmarks/programs/`` is a self-contained training script written the way people write
+them (synthetic data, fixed seed, CPU or CUDA). It runs as a fresh process, plain (``python script.py``, the
+anchor) and under ``python -m torchmem run script.py``, paired A B A B (``--pairs``), each run in its own
+temporary folder (where ``torchmem run`` writes its capture file). Two times per run: the whole process
+(interpreter start, ``import torch``, the program, torchmem's end summary) and the time the program prints
+around its own loop (``LOOP_SECONDS=<float>``, its last line), which leaves out start-up. Ratios are medians
+of the pairs' ratios. The ``verdict`` column reads torchmem's end summary on stderr: ``quiet`` (no leak, no
+OOM), ``LEAK`` or ``OOM`` — none of these programs leaks, so anything but ``quiet`` is a false alarm (or a
+leak in the program); the summary's first line and verdict line are printed under the table.
+
+Run (the CPU figures are meant with one thread per process):
+
+    OMP_NUM_THREADS=1 python benchmarks/run_cost.py [--device cpu|cuda] [--pairs 2] [--programs a,b]
+        [--scale 1.0] [--out results.jsonl] [--keep DIR] [--torchmem-args "--no-status"]
+
+``--device`` (default: cuda if available, else cpu) reaches the programs as ``--device`` and as
+``TORCHMEM_BENCH_DEVICE``; ``--scale`` multiplies each program's default number of steps (through
+``TORCHMEM_BENCH_SCALE``); ``--out`` appends the header and one JSON object per program (with every run) as
+JSON lines; ``--keep`` keeps each run's folder (and capture) under DIR. Exit code 1 when a run failed or a
+program was not ``quiet``.
+
+The programs and their targets (torchmem run / plain python, wall clock):
+
+===================  ==============================================================  ======  ======
+program              shape                                                           CPU     CUDA
+===================  ==============================================================  ======  ======
+mnist_cnn            pytorch/examples mnist: 2 convs, Adadelta + StepLR, DataLoader  1.20x   1.02x
+gpt_train            GPT-2 (transformers, else nn.TransformerEncoderLayer), AdamW,   1.20x   1.02x
+                     warm-up schedule, clipping, bf16 autocast on CUDA
+hostbound_mlp        issue 12's host-bound step: 4x Linear(64)+ReLU, SGD, batch 16   2.00x   1.02x
+gpubound_matmul      3x Linear(8192), batch 8192 (CPU: 1024), SGD                    1.20x   1.01x
+lbfgs_ops            time_sequence_prediction: 2 LSTMCells unrolled, LBFGS closure   2.00x   1.02x
+===================  ==============================================================  ======  ======
+
+Issue 12 sets: usual CPU programs within 1.2x, op-heavy CPU programs within 2x, a real training script on a
+GPU within 2 %, the host-bound step within 2 % and a GPU-bound step within 1 %. The host-bound step counts
+as op-heavy on the CPU (a few µs per op); the CUDA targets of mnist_cnn and lbfgs_ops are the "real
+script" 2 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROGRAMS_DIR = HERE / "programs"
+
+# name -> (target ratio on the CPU, on CUDA)
+TARGETS: dict[str, tuple[float, float]] = {
+    "mnist_cnn": (1.20, 1.02),
+    "gpt_train": (1.20, 1.02),
+    "hostbound_mlp": (2.00, 1.02),
+    "gpubound_matmul": (1.20, 1.01),
+    "lbfgs_ops": (2.00, 1.02),
+}
+
+_LOOP = re.compile(r"^LOOP_SECONDS=([0-9.eE+-]+)\s*$", re.MULTILINE)
+_SUMMARY_HEAD = re.compile(r"^torchmem: \d+ steps in ")
+_LEAK = re.compile(r"\bLEAK\b")
+_OOM = re.compile(r"^OOM\b|out-of-memory errors? caught")
+
+
+@dataclass
+class Run:
+    """One process: plain python or torchmem run."""
+
+    mode: str  # "plain" or "torchmem"
+    pair: int
+    rc: int
+    wall_s: float
+    loop_s: float | None
+    cpu_s: float  # user + system CPU time of the process
+    summary: list[str] = field(default_factory=list)  # torchmem's end summary (torchmem runs)
+    verdict: str = ""
+    tail: str = ""  # the last lines of stderr when the run failed
+
+
+@dataclass
+class Row:
+    program: str
+    device: str
+    plain_s: float | None
+    torchmem_s: float | None
+    ratio: float | None
+    loop_plain_s: float | None
+    loop_torchmem_s: float | None
+    loop_ratio: float | None
+    target: float
+    verdict: str
+    summary_first: str
+    summary_verdict: str
+    runs: list[Run]
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _torch_facts() -> dict[str, str | bool]:
+    """torch's version, CUDA's availability and the GPU's name, read in a child (the parent stays light)."""
+    code = (
+        "import json, torch\n"
+        "c = torch.cuda.is_available()\n"
+        "print(json.dumps({'torch': torch.__version__, 'cuda': c, "
+        "'gpu': torch.cuda.get_device_name(0) if c else ''}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    facts: dict[str, str | bool] = json.loads(out.stdout.strip().splitlines()[-1])
+    return facts
+
+
+def _summary(stderr: str) -> list[str]:
+    """torchmem's end summary: from its last ``torchmem: N steps in`` line to its ``capture:`` line."""
+    lines = stderr.splitlines()
+    start = next((i for i in range(len(lines) - 1, -1, -1) if _SUMMARY_HEAD.match(lines[i])), None)
+    if start is None:
+        return []
+    block = []
+    for line in lines[start:]:
+        block.append(line)
+        if line.startswith("capture: "):
+            break
+    return block
+
+
+def _verdict(summary: list[str]) -> str:
+    if not summary:
+        return "no summary"
+    text = "\n".join(summary)
+    if _LEAK.search(text):
+        return "LEAK"
+    if any(_OOM.search(line) for line in summary):
+        return "OOM"
+    return "quiet"
+
+
+def _run_once(mode: str, pair: int, cmd: list[str], env: dict[str, str], keep: Path | None, tag: str) -> Run:
+    if keep is not None:
+        cwd = keep / tag
+        if cwd.exists():
+            shutil.rmtree(cwd)
+        cwd.mkdir(parents=True)
+        tmp = None
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="run_cost-")
+        cwd = Path(tmp.name)
+    try:
+        before = os.times()
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        after = os.times()
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
+    found = _LOOP.findall(proc.stdout)
+    loop = float(found[-1]) if found else None
+    run = Run(mode=mode, pair=pair, rc=proc.returncode, wall_s=wall, loop_s=loop, cpu_s=cpu)
+    if mode == "torchmem":
+        run.summary = _summary(proc.stderr)
+        run.verdict = _verdict(run.summary)
+    if proc.returncode != 0:
+        run.verdict = f"exit {proc.returncode}"
+        run.tail = "\n".join(proc.stderr.splitlines()[-15:])
+    return run
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def measure(
+    name: str,
+    device: str,
+    pairs: int,
+    env: dict[str, str],
+    torchmem_args: list[str],
+    keep: Path | None,
+) -> Row:
+    script = str(PROGRAMS_DIR / f"{name}.py")
+    prog_argv = [script, "--device", device]
+    plain_cmd = [sys.executable, *prog_argv]
+    tm_cmd = [sys.executable, "-m", "torchmem", "run", *torchmem_args, *prog_argv]
+    runs: list[Run] = []
+    for k in range(pairs):  # A B A B
+        for mode, cmd in (("plain", plain_cmd), ("torchmem", tm_cmd)):
+            r = _run_once(mode, k, cmd, env, keep, f"{name}-{device}-{k}-{mode}")
+            runs.append(r)
+            loop = f", loop {r.loop_s:.2f} s" if r.loop_s is not None else ""
+            extra = f", {r.verdict}" if r.verdict else ""
+            print(f"  {name} pair {k + 1}/{pairs} {mode:<8} {r.wall_s:7.2f} s{loop}{extra}", file=sys.stderr)
+            if r.rc != 0:
+                print("    " + r.tail.replace("\n", "\n    "), file=sys.stderr)
+
+    ok = [(a, b) for a, b in zip(runs[0::2], runs[1::2]) if a.rc == 0 and b.rc == 0]
+    loop_ok = [(a, b) for a, b in ok if a.loop_s and b.loop_s is not None]
+    tm_runs = [r for r in runs if r.mode == "torchmem"]
+    verdicts = [r.verdict for r in tm_runs]
+    bad = [v for v in verdicts if v != "quiet"]
+    last = tm_runs[-1].summary if tm_runs else []
+    verdict_line = ""
+    for line in last[1:]:
+        if not line.startswith(("  ", "capture: ")):
+            verdict_line = line
+            break
+    targets = TARGETS.get(name, (1.2, 1.02))
+    return Row(
+        program=name,
+        device=device,
+        plain_s=_median([a.wall_s for a, _ in ok]),
+        torchmem_s=_median([b.wall_s for _, b in ok]),
+        ratio=_median([b.wall_s / a.wall_s for a, b in ok]),
+        loop_plain_s=_median([a.loop_s for a, _ in loop_ok if a.loop_s is not None]),
+        loop_torchmem_s=_median([b.loop_s for _, b in loop_ok if b.loop_s is not None]),
+        loop_ratio=_median([b.loop_s / a.loop_s for a, b in loop_ok if a.loop_s and b.loop_s is not None]),
+        target=targets[1] if device.startswith("cuda") else targets[0],
+        verdict=bad[0] if bad else ("quiet" if verdicts else "n/a"),
+        summary_first=last[0] if last else "",
+        summary_verdict=verdict_line,
+        runs=runs,
+    )
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def print_table(header: str, rows: list[Row]) -> None:
+    print(header)
+    cols = (
+        f"{'program':<16} {'device':<6} {'plain s':>8} {'torchmem s':>10} {'ratio':>6} "
+        f"{'loop plain':>10} {'loop tm':>8} {'loop ratio':>10} {'target':>6} {'met':>3}  verdict"
+    )
+    print(cols)
+    print("-" * len(cols))
+    for r in rows:
+        met = "n/a" if r.ratio is None else ("yes" if r.ratio <= r.target else "NO")
+        print(
+            f"{r.program:<16} {r.device:<6} {_fmt(r.plain_s, '8.2f')} {_fmt(r.torchmem_s, '10.2f')} "
+            f"{_fmt(r.ratio, '6.3f')} {_fmt(r.loop_plain_s, '10.2f')} {_fmt(r.loop_torchmem_s, '8.2f')} "
+            f"{_fmt(r.loop_ratio, '10.3f')} {r.target:>6.2f} {met:>3}  {r.verdict}"
+        )
+    print()
+    for r in rows:
+        print(f"{r.program}: {r.summary_first or '(no torchmem summary)'}")
+        if r.summary_verdict:
+            print(f"  {r.summary_verdict}")
+        for run in r.runs:
+            if run.verdict not in ("quiet", ""):
+                flagged = [line for line in run.summary if _LEAK.search(line) or _OOM.search(line)]
+                print(f"  pair {run.pair + 1} {run.mode}: {run.verdict}: {' | '.join(flagged) or run.tail}")
+            notes = [line for line in run.summary if line.startswith("note: ")]
+            if notes and run is r.runs[-1]:
+                print("  " + "\n  ".join(notes))
+
+
+def main() -> int:
+    names = sorted(p.stem for p in PROGRAMS_DIR.glob("*.py"))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available, else cpu)")
+    ap.add_argument("--pairs", type=int, default=2, help="A B pairs per program (default 2)")
+    ap.add_argument("--programs", default=",".join(names), help=f"comma-separated subset of {names}")
+    ap.add_argument("--scale", type=float, default=None, help="multiply each program's default steps")
+    ap.add_argument("--out", default=None, help="also append the table as JSON lines to this file")
+    ap.add_argument("--keep", default=None, help="keep each run's folder (and capture) under this folder")
+    ap.add_argument("--torchmem-args", default="", help="options for torchmem run (default: none)")
+    args = ap.parse_args()
+
+    chosen = [p.strip() for p in args.programs.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in names]
+    if unknown:
+        ap.error(f"unknown program(s) {unknown}; known: {names}")
+    if args.pairs < 1:
+        ap.error("--pairs needs at least 1")
+    facts = _torch_facts()
+    device = args.device or ("cuda" if facts["cuda"] else "cpu")
+    if device.startswith("cuda") and not facts["cuda"]:
+        ap.error("--device cuda: CUDA is not available")
+
+    env = dict(os.environ)
+    env["TORCHMEM_BENCH_DEVICE"] = device
+    if args.scale is not None:
+        env["TORCHMEM_BENCH_SCALE"] = str(args.scale)
+    scale = env.get("TORCHMEM_BENCH_SCALE", "1")
+    keep = Path(args.keep).resolve() if args.keep else None
+    gpu = f", GPU: {facts['gpu']}" if device.startswith("cuda") else ""
+    header = (
+        f"run_cost — {datetime.date.today()}, CPU: {_cpu_name()} ({os.cpu_count()} cores){gpu}, "
+        f"torch {facts['torch']}, python {platform.python_version()}, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
+        f"scale {scale}, {args.pairs} pair(s) A B, medians"
+    )
+    print(header, file=sys.stderr)
+
+    rows = [measure(name, device, args.pairs, env, shlex.split(args.torchmem_args), keep) for name in chosen]
+    print_table(header, rows)
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"type": "header", "text": header, "device": device, **facts}) + "\n")
+            for r in rows:
+                f.write(json.dumps({"type": "row", **asdict(r)}) + "\n")
+    failed = any(run.rc != 0 for r in rows for run in r.runs)
+    return 1 if failed or any(r.verdict != "quiet" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
