@@ -64,6 +64,7 @@ class Expected:
         devices: Where it runs: ``"cpu"`` (CI) and/or ``"cuda"`` (the GPU machine).
         timed: Compare the wall time of ``torchmem run`` with plain ``python`` (the cost scenarios).
         about: One line: what the scenario is.
+        fix: A substring of the top culprit's fix, ``None``: not checked.
     """
 
     name: str
@@ -78,6 +79,7 @@ class Expected:
     devices: tuple[str, ...] = ("cpu", "cuda")
     timed: bool = False
     about: str = ""
+    fix: str | None = None
 
     def __post_init__(self) -> None:
         assert self.verdict in VERDICTS, self.verdict
@@ -118,7 +120,8 @@ SCENARIOS: tuple[Expected, ...] = (
     E("stored_exceptions", "stored_exceptions.py", "leak", "module", "errors",
       about="exceptions stored per batch: each traceback pins its frame's tensors"),
     E("create_graph_accumulation", "create_graph_accumulation.py", "leak", "backward", ".grad",
-      about="backward(create_graph=True) accumulating graphs into .grad"),
+      about="backward(create_graph=True) accumulating graphs into .grad",
+      fix="set `.grad = None` each step"),
     E("dataloader_eval", "dataloader_eval.py", "leak", "dataloader", "all_preds",
       about="a from-scratch model over a DataLoader, predictions kept with their graphs"),
     E("per_batch_grads", "per_batch_grads.py", "leak", "backward", "batch_grads",
@@ -432,6 +435,8 @@ def check(capture_path: str | os.PathLike[str], expected: Expected) -> list[str]
                 )
             if s.kind is not None and top.get("kind") != s.kind:
                 failures.append(f"the top culprit's kind is {top.get('kind')!r}, expected {s.kind!r}")
+            if s.fix is not None and s.fix not in str(top.get("fix") or ""):
+                failures.append(f"the top culprit's fix {top.get('fix')!r} lacks {s.fix!r}")
         if s.boundary is not None:
             got = boundary_kind(recs, rep)
             if got != s.boundary:

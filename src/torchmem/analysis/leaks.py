@@ -22,6 +22,7 @@ for the attribution.
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -667,6 +668,39 @@ def _mib(b: float) -> str:
     return f"{b:.0f} B"
 
 
+def _grad_graph(path: HolderPath) -> bool:
+    """Whether the path reaches the graph through a tensor's ``.grad`` (a gradient made with
+    ``create_graph=True``, stored in ``.grad``)."""
+    steps = path.typed_steps
+    return any(
+        a.kind is StepKind.ATTRIBUTE and a.name == "grad" and b.kind is StepKind.GRAD_FN
+        for a, b in itertools.pairwise(steps)
+    )
+
+
+def _grad_graph_fix(path: HolderPath, per_step: float) -> str:
+    steps = path.typed_steps
+    i = next(
+        i
+        for i, (a, b) in enumerate(itertools.pairwise(steps))
+        if a.kind is StepKind.ATTRIBUTE and a.name == "grad" and b.kind is StepKind.GRAD_FN
+    )
+    head = steps[: i + 1]
+    start = max((j for j, st in enumerate(head) if st.kind is StepKind.FRAME_LOCAL), default=None)
+    if start is not None:
+        owner = head[start].name + "".join(st.text for st in head[start + 1 :])
+    elif path.root == "module" and len(head) > 1:
+        owner = "".join(st.text for st in head[1:]).lstrip(".")
+    else:
+        owner = holder_name(HolderPath.of(path.root, head, path.depth))
+    return (
+        f"`{owner}` holds a gradient made with create_graph=True, with the graph of every earlier step "
+        f"(+{_mib(per_step)}/step): set `.grad = None` each step (`optimizer.zero_grad(set_to_none=True)`), "
+        "or take second-order gradients with `torch.autograd.grad(..., create_graph=True)` instead of "
+        "storing them in `.grad`"
+    )
+
+
 def fix_for(kind: str, name: str, per_step: float, cycle_types: Sequence[str] = ()) -> str:
     """The one-line fix for a culprit kind, naming the holder."""
     size = _mib(per_step)
@@ -774,7 +808,9 @@ def attribute(
                 bytes=merged.live_bytes,
                 bytes_per_step=per_step,
                 graph_bytes=graph,
-                fix=fix_for(kind, name, per_step, merged.cycle_types),
+                fix=_grad_graph_fix(holder, per_step)
+                if kind in (GRAPH_CHAIN, RETAINED_GRAPH) and holder is not None and _grad_graph(holder)
+                else fix_for(kind, name, per_step, merged.cycle_types),
             )
         )
     culprits.sort(key=lambda c: -c.bytes_per_step)

@@ -14,11 +14,12 @@ from torchmem.devices._foreign import foreign_pools
 _OTHER_CONTEXT_MAKERS = ("cupy", "jax", "tensorflow", "numba", "pycuda")
 
 
-def read_stats(spec: DeviceLike = None) -> MemoryStats:
-    """Read every figure of one device (see :func:`torchmem.stats`)."""
+def read_stats(spec: DeviceLike = None, *, probe: bool = True) -> MemoryStats:
+    """Read every figure of one device (see :func:`torchmem.stats`). ``probe=False``: the CUDA context's
+    size only from the cache (no probe process: a few seconds), as ``torchmem run`` reads at its end."""
     be = backend(spec)
     if isinstance(be, CudaBackend):
-        return _read_cuda(be)
+        return _read_cuda(be, probe)
     if isinstance(be, CpuBackend):
         return _read_cpu(be)
     return _read_generic(be)
@@ -61,7 +62,7 @@ def _read_generic(be: Backend) -> MemoryStats:
     )
 
 
-def _read_cuda(be: CudaBackend) -> MemoryStats:
+def _read_cuda(be: CudaBackend, probe: bool = True) -> MemoryStats:
     notes: list[str] = []
     index = be.index or 0
     initialized = be.is_initialized()
@@ -93,9 +94,14 @@ def _read_cuda(be: CudaBackend) -> MemoryStats:
 
     context = context_method = None
     if initialized and nv is not None:
-        est = _context.estimate(index, nv.uuid, nv.driver)
+        est = _context.estimate(index, nv.uuid, nv.driver, probe=probe)
         if est is not None:
             context, context_method = est.bytes, est.method
+        elif not probe and _context.probe_enabled():
+            notes.append(
+                "The CUDA context was not measured in this run (it takes a separate process, a few seconds): "
+                "`torchmem stats` measures it once per machine, and later runs read it from the cache."
+            )
         elif _context.probe_enabled():
             notes.append("The CUDA context could not be measured (the probe process failed).")
 

@@ -78,8 +78,9 @@ def probe_enabled() -> bool:
     return os.environ.get("TORCHMEM_CONTEXT_PROBE", "1").lower() not in ("0", "false", "no", "off")
 
 
-def estimate(cuda_index: int, uuid: str, driver: str | None) -> ContextEstimate | None:
-    """Context size for this GPU, from the memo, the disk cache, or a new probe (a few seconds, once)."""
+def estimate(cuda_index: int, uuid: str, driver: str | None, probe: bool = True) -> ContextEstimate | None:
+    """Context size for this GPU, from the memo, the disk cache, or a new probe (a few seconds, once;
+    ``probe=False``: the memo and the cache only)."""
     if not probe_enabled():
         return None
     key = _key(uuid, driver)
@@ -88,6 +89,8 @@ def estimate(cuda_index: int, uuid: str, driver: str | None) -> ContextEstimate 
             return _memo[key]
         found = _read_cache(key)
         if found is None:
+            if not probe:
+                return None
             found = _run_probe(cuda_index, uuid)
             if found is not None:
                 _write_cache(key, found)

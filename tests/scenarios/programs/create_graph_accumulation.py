@@ -2,7 +2,8 @@
 zero_grad(): autograd adds each step's gradient to `.grad` out of place, with its graph, so every `.grad`
 holds the graphs of all earlier steps (and the parameter and its gradient form a cycle through the graph).
 
-Expected: leak, one step = one backward() call, born at the model call, held by the parameters' `.grad`.
+Expected: leak, one step = one backward() call, born at the backward(create_graph=True) line (the gradients'
+graphs, the larger part; the forward's saved tensors come second), held by the parameters' `.grad`.
 """
 
 import torch
@@ -17,9 +18,9 @@ data = [(torch.randn(512, 512, device=device), torch.randn(512, 1, device=device
 lr = 1e-3
 
 for x, y in data:
-    pred = model(x)  # SITE
+    pred = model(x)
     loss = F.mse_loss(pred, y)
-    loss.backward(create_graph=True)
+    loss.backward(create_graph=True)  # SITE
     with torch.no_grad():
         for p in model.parameters():
             p -= lr * p.grad
