@@ -37,6 +37,8 @@ def build_stats(
     pinned_host: int | None = None,
     limit: int | None = None,
     notes: tuple[str, ...] = (),
+    pinned_host_active: int | None = None,
+    host_rss: int | None = None,
 ) -> MemoryStats:
     """Derive a :class:`MemoryStats` from raw readings.
 
@@ -126,6 +128,8 @@ def build_stats(
         unexplained=unexplained,
         other_processes=other_processes,
         pinned_host=pinned_host,
+        pinned_host_active=pinned_host_active,
+        host_rss=host_rss,
         limit=limit,
         notes=notes,
     )

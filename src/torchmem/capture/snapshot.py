@@ -41,9 +41,10 @@ def _read_cpu(be: CpuBackend) -> MemoryStats:
         allocator=None,
         hot=tuple(hot),  # type: ignore[arg-type]
         mem_info=be.mem_info(),
-        process_used=process_rss(),
+        process_used=(rss := process_rss()),
         limit=_limit(be),
         notes=notes,
+        host_rss=rss,
     )
 
 
@@ -59,6 +60,7 @@ def _read_generic(be: Backend) -> MemoryStats:
         mem_info=be.mem_info(),
         limit=_limit(be),
         notes=("Per-process device usage is not available for this device kind.",),
+        host_rss=process_rss(),
     )
 
 
@@ -75,6 +77,8 @@ def _read_cuda(be: CudaBackend, probe: bool = True) -> MemoryStats:
     mem_info = be.mem_info()
     nv = None if rocm else _nvml.device(index, uuid=uuid)
     pinned = be.pinned_host()
+    pinned_active = be.pinned_host_active()
+    rss = process_rss()
     pools = foreign_pools(index) if initialized else {}
 
     if rocm:
@@ -120,6 +124,8 @@ def _read_cuda(be: CudaBackend, probe: bool = True) -> MemoryStats:
         other_allocators=pools,
         other_processes=others,
         pinned_host=pinned,
+        pinned_host_active=pinned_active,
+        host_rss=rss,
         limit=_limit(be),
         notes=tuple(notes),
     )

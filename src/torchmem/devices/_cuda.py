@@ -86,6 +86,15 @@ class CudaBackend(Backend):
                 return int(stats[key])
         return None
 
+    def pinned_host_active(self) -> int | None:
+        if not torch.cuda.is_initialized():
+            return 0
+        reader = getattr(torch.cuda, "host_memory_stats", None)
+        if reader is None:
+            return None
+        v = reader().get("active_bytes.current")
+        return None if v is None else int(v)
+
     def reset_peak(self) -> None:
         if torch.cuda.is_initialized():
             torch.cuda.reset_peak_memory_stats(self._idx)

@@ -71,6 +71,9 @@ class Breakdown:
     other_processes: tuple[ProcessMemory, ...] | None
     unattributed: int | None
     notes: tuple[str, ...] = ()
+    host_rss: int | None = None
+    pinned_host: int | None = None
+    pinned_host_active: int | None = None
 
     def __str__(self) -> str:
         return render_breakdown(self)
@@ -93,6 +96,9 @@ class Breakdown:
             else [asdict(p) for p in self.other_processes],
             "unattributed": self.unattributed,
             "notes": list(self.notes),
+            "host_rss": self.host_rss,
+            "pinned_host": self.pinned_host,
+            "pinned_host_active": self.pinned_host_active,
         }
 
 
@@ -133,7 +139,10 @@ class MemoryStats:
             (the context, library handles and kernels, NCCL, other allocators).
         unexplained: ``process_used - context - reserved - other_allocators``: what no reading explains.
         other_processes: Other processes on this device, with their usage.
-        pinned_host: Page-locked host memory held by torch's host allocator.
+        pinned_host: Page-locked host memory held by torch's host allocator (in use and cached).
+        pinned_host_active: Of ``pinned_host``, the blocks in use now (the rest is cached for reuse).
+        host_rss: This process's resident host memory (RSS), on every device kind (pinned memory is part
+            of it).
         limit: The per-process cap in effect (:func:`torchmem.limit`, or a memory fraction set another way),
             in bytes; ``None`` when no cap is in effect.
         notes: Why some figures are ``n/a``, and what to do about it.
@@ -167,6 +176,8 @@ class MemoryStats:
     pinned_host: int | None = None
     limit: int | None = None
     notes: tuple[str, ...] = ()
+    pinned_host_active: int | None = None
+    host_rss: int | None = None
 
     @property
     def other_processes_used(self) -> int | None:
@@ -296,6 +307,9 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
         other_processes=s.other_processes,
         unattributed=unattributed,
         notes=tuple(notes),
+        host_rss=s.host_rss,
+        pinned_host=s.pinned_host,
+        pinned_host_active=s.pinned_host_active,
     )
 
 
@@ -330,10 +344,18 @@ def stats_rows(s: MemoryStats) -> list[tuple[str, str]]:
         ("CUDA context (est.)", fmt_bytes(s.context)),
         ("outside PyTorch", fmt_bytes(s.non_torch)),
         ("other processes", fmt_bytes(s.other_processes_used)),
-        ("pinned host memory", fmt_bytes(s.pinned_host)),
+        ("pinned host memory", _pinned(s.pinned_host, s.pinned_host_active)),
+        ("host memory (RSS)", fmt_bytes(s.host_rss)),
         ("limit (per process)", "none" if s.limit is None else fmt_bytes(s.limit)),
     ]
     return rows
+
+
+def _pinned(held: int | None, active: int | None) -> str:
+    """``"64.00 MiB (in use 16.00 MiB, cached 48.00 MiB)"``."""
+    if held is None or active is None or held == 0:
+        return fmt_bytes(held)
+    return f"{fmt_bytes(held)} (in use {fmt_bytes(active)}, cached {fmt_bytes(max(held - active, 0))})"
 
 
 def _n(v: int | None) -> str:
@@ -378,8 +400,27 @@ def render_breakdown(b: Breakdown) -> str:
     lines.append(f"  {'+ not attributed to any process':<{width}}  {fmt_bytes(b.unattributed):>12}")
     lines.append(f"  {'= device used (nvidia-smi Memory-Usage)':<{width}}  {fmt_bytes(b.device_used):>12}")
     lines.append(f"  {'  of device total':<{width}}  {fmt_bytes(b.device_total):>12}")
+    lines += _host_lines(b, width)
     lines += [f"  note: {n}" for n in b.notes]
     return "\n".join(lines)
+
+
+def _host_lines(b: Breakdown, width: int) -> list[str]:
+    """The host side: the process's resident memory, and the page-locked part torch's host allocator holds
+    (``pin_memory()``, DataLoader ``pin_memory=True``), in use and cached."""
+    if b.host_rss is None and not b.pinned_host:
+        return []
+    out = [f"  {'host: this process resident (RSS)':<{width}}  {fmt_bytes(b.host_rss):>12}"]
+    if b.pinned_host:
+        out.append(f"  {'  of which pinned (CUDA host allocator)':<{width}}  {fmt_bytes(b.pinned_host):>12}")
+        if b.pinned_host_active is not None:
+            cached = max(b.pinned_host - b.pinned_host_active, 0)
+            out.append(f"  {'    in use':<{width}}  {fmt_bytes(b.pinned_host_active):>12}")
+            out.append(
+                f"  {'    cached for reuse':<{width}}  {fmt_bytes(cached):>12}"
+                + ("  torch.cuda.host_empty_cache() returns it (torch >= 2.5)" if cached else "")
+            )
+    return out
 
 
 __all__ = [

@@ -1,0 +1,62 @@
+"""The host side of a reading: the process's RSS on every device kind and the CUDA host allocator's pinned
+memory (held, in use, cached) in stats(), the breakdown and the capture (issue 13)."""
+
+from __future__ import annotations
+
+import torch
+
+import torchmem
+from torchmem.results.stats import Breakdown, MemoryStats
+
+MiB = 1 << 20
+
+
+def test_the_cpu_reading_has_the_rss_as_host_memory() -> None:
+    s = torchmem.stats("cpu")
+    assert s.host_rss is not None and s.host_rss > 0
+    assert s.host_rss == s.process_used or abs(s.host_rss - (s.process_used or 0)) < 64 * MiB
+    assert "this process (RSS)" in str(s)  # on the CPU the process row is the RSS
+    assert MemoryStats.from_dict(s.to_dict()).host_rss == s.host_rss
+
+
+def test_a_cuda_breakdown_shows_pinned_memory_held_in_use_and_cached() -> None:
+    # A reading as the CUDA path builds it (plain data): 96 MiB page-locked, 32 MiB of it in use.
+    s = MemoryStats(
+        "cuda:0",
+        "cuda",
+        "H100",
+        0.0,
+        allocated=512 * MiB,
+        reserved=600 * MiB,
+        cached=88 * MiB,
+        device_total=80_000 * MiB,
+        device_used=1600 * MiB,
+        process_used=1100 * MiB,
+        context=500 * MiB,
+        unexplained=0,
+        other_processes=(),
+        pinned_host=96 * MiB,
+        pinned_host_active=32 * MiB,
+        host_rss=2048 * MiB,
+    )
+    assert "96.00 MiB (in use 32.00 MiB, cached 64.00 MiB)" in str(s)
+    b = s.breakdown()
+    assert (b.host_rss, b.pinned_host, b.pinned_host_active) == (2048 * MiB, 96 * MiB, 32 * MiB)
+    text = str(b)
+    for label, value in (
+        ("host: this process resident (RSS)", "2.00 GiB"),
+        ("of which pinned (CUDA host allocator)", "96.00 MiB"),
+        ("in use", "32.00 MiB"),
+        ("cached for reuse", "64.00 MiB"),
+    ):
+        line = next(x for x in text.splitlines() if label in x)
+        assert value in line, text
+    assert "host_empty_cache" in text
+    again = Breakdown.from_dict(b.to_dict())
+    assert again == b
+
+
+def test_pinned_figures_are_zero_before_cuda_is_initialised_and_none_without_cuda() -> None:
+    s = torchmem.stats("cpu")
+    assert s.pinned_host is None and s.pinned_host_active is None  # the CPU has no host allocator
+    assert not torch.cuda.is_initialized()
