@@ -1,5 +1,6 @@
 """CUDA: pinned host memory held by torch's host allocator (in use and cached) and the process's RSS in
-stats(), the breakdown and the capture; live_tensors() on a frozen heap with frameworks imported (issue 13)."""
+stats(), the breakdown and the capture; live_tensors() on a frozen heap with frameworks imported
+(issue 13)."""
 
 from __future__ import annotations
 
