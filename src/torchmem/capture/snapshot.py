@@ -10,6 +10,7 @@ from torchmem.analysis.stats import MemoryStats, ProcessMemory, build_stats
 from torchmem.devices import Backend, CpuBackend, CudaBackend, DeviceLike, _context, _nvml, _ops, backend
 from torchmem.devices._cpu import process_rss
 from torchmem.devices._foreign import foreign_pools
+from torchmem.devices._host import relation_to
 
 _OTHER_CONTEXT_MAKERS = ("cupy", "jax", "tensorflow", "numba", "pycuda")
 
@@ -91,7 +92,9 @@ def _read_cuda(be: CudaBackend, probe: bool = True) -> MemoryStats:
     others: tuple[ProcessMemory, ...] | None = None
     if nv is not None and nv.processes is not None:
         me = os.getpid()
-        others = tuple(ProcessMemory(p.pid, p.name, p.used) for p in nv.processes if p.pid != me)
+        others = tuple(
+            ProcessMemory(p.pid, p.name, p.used, *relation_to(p.pid, me)) for p in nv.processes if p.pid != me
+        )
         process_used, note = _own_usage(nv.processes, initialized)
         if note:
             notes.append(note)

@@ -251,3 +251,54 @@ def _load_mallinfo2() -> Any:
 
 
 __all__ = ["HostMemory", "cgroup_memory_limit", "heap_in_use", "host_memory", "meminfo", "process_rss"]
+
+
+def parent_pid(pid: int, proc: str = "/proc") -> int | None:
+    """The parent's PID of ``pid`` (``/proc/<pid>/stat``), ``None`` where it cannot be read."""
+    try:
+        with open(f"{proc}/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        # "pid (comm) state ppid ...": comm may contain spaces and parentheses, the last ')' ends it.
+        return int(text[text.rindex(")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_comm(pid: int, proc: str = "/proc") -> str | None:
+    """The process's name (``/proc/<pid>/comm``: ``python3``, ``pt_data_worker``), if readable."""
+    try:
+        with open(f"{proc}/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def relation_to(pid: int, me: int | None = None, proc: str = "/proc") -> tuple[str, int | None]:
+    """How process ``pid`` relates to this one: ``("child", ppid)``, ``("descendant", ppid)``,
+    ``("orphan", ppid)`` (its parent exited: it was re-parented to init or a subreaper) or ``("", ppid)``;
+    ``("", None)`` where ``/proc`` cannot tell (another PID namespace, not Linux)."""
+    me = os.getpid() if me is None else me
+    ppid = parent_pid(pid, proc)
+    if ppid is None:
+        return "", None
+    if ppid == me:
+        return "child", ppid
+    p: int | None = ppid
+    seen = 0
+    while p is not None and p > 1 and seen < 64:
+        if p == me:
+            return "descendant", ppid
+        p = parent_pid(p, proc)
+        seen += 1
+    if ppid == 1 or _is_subreaper_orphan(pid, ppid, proc):
+        return "orphan", ppid
+    return "", ppid
+
+
+def _is_subreaper_orphan(pid: int, ppid: int, proc: str) -> bool:
+    # A worker whose trainer died is re-parented to the nearest subreaper (systemd --user, a container's
+    # init such as tini or dumb-init) rather than PID 1.
+    name = process_comm(ppid, proc) or ""
+    return name in ("systemd", "tini", "dumb-init", "docker-init", "init") and (
+        process_comm(pid, proc) or ""
+    ).startswith(("python", "pt_data_worker", "pt_main_thread"))

@@ -22,6 +22,22 @@ class ProcessMemory:
     pid: int
     name: str | None
     used: int | None
+    relation: str = ""
+    """``"child"``/``"descendant"`` (started by this process: DataLoader workers), ``"orphan"`` (its parent
+    exited), or ``""`` (unrelated, or unknown)."""
+    parent: int | None = None
+    """Its parent's PID, where ``/proc`` shows it."""
+
+    @property
+    def role(self) -> str:
+        """What it is, in words: ``"DataLoader worker of this process"``, ``"child of this process"``,
+        ``"orphan: its parent exited"``, or ``""``."""
+        worker = (self.name or "").startswith("pt_data_worker")
+        if self.relation in ("child", "descendant"):
+            return "DataLoader worker of this process" if worker else f"{self.relation} of this process"
+        if self.relation == "orphan":
+            return ("DataLoader worker" if worker else "process") + " whose parent exited (an orphan)"
+        return ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -287,6 +303,7 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
         BreakdownRow("unexplained" if s.context is not None else "context + unexplained", rest, rest_note)
     )
     others = s.other_processes_used
+    notes += _process_notes(s.other_processes or ())
     unattributed = _sub(s.device_used, s.process_used, others)
     if unattributed is not None and unattributed < 0:
         notes.append(
@@ -351,6 +368,29 @@ def stats_rows(s: MemoryStats) -> list[tuple[str, str]]:
     return rows
 
 
+def _process_notes(procs: tuple[ProcessMemory, ...]) -> list[str]:
+    """What to do about this process's children and about orphans on the device."""
+    out = []
+    kids = [p for p in procs if p.relation in ("child", "descendant")]
+    if kids:
+        used = sum(p.used or 0 for p in kids)
+        pids = ", ".join(str(p.pid) for p in kids[:6])
+        out.append(
+            f"{len(kids)} process{'es' if len(kids) > 1 else ''} started by this one ({pids}) hold "
+            f"{fmt_bytes(used)} on this device, each a CUDA context of its own: a DataLoader worker touched "
+            "CUDA (a CUDA tensor in the Dataset, `.cuda()` in `__getitem__`/`collate_fn`). Build batches on "
+            "the CPU in workers and move them to the GPU in the main process (`pin_memory=True` + "
+            "`.to(device, non_blocking=True)`)."
+        )
+    for p in procs:
+        if p.relation == "orphan":
+            out.append(
+                f"Process {p.pid} ({p.name or '?'}) holds {fmt_bytes(p.used)} on this device and its parent "
+                f"exited: a leftover worker of a trainer that died? `kill {p.pid}` frees it."
+            )
+    return out
+
+
 def _pinned(held: int | None, active: int | None) -> str:
     """``"64.00 MiB (in use 16.00 MiB, cached 48.00 MiB)"``."""
     if held is None or active is None or held == 0:
@@ -396,7 +436,8 @@ def render_breakdown(b: Breakdown) -> str:
     if b.other_processes is not None:
         for p in b.other_processes:
             label = f"+ other process {p.pid}" + (f" ({p.name})" if p.name else "")
-            lines.append(f"  {label:<{width}}  {fmt_bytes(p.used):>12}")
+            role = f"  {p.role}" if p.role else ""
+            lines.append(f"  {label:<{width}}  {fmt_bytes(p.used):>12}{role}")
     lines.append(f"  {'+ not attributed to any process':<{width}}  {fmt_bytes(b.unattributed):>12}")
     lines.append(f"  {'= device used (nvidia-smi Memory-Usage)':<{width}}  {fmt_bytes(b.device_used):>12}")
     lines.append(f"  {'  of device total':<{width}}  {fmt_bytes(b.device_total):>12}")
