@@ -932,7 +932,7 @@ class Session:
             ledger_steps=ledger_n,
             ledger_known=known,
         )
-        if ratio < OVERHEAD_NOTE_RATIO or wall < 1.0:
+        if ratio < OVERHEAD_NOTE_RATIO or wall < OVERHEAD_NOTE_MIN_S:
             return None
         words = {
             "steps": f"step bookkeeping {parts['steps']:.1f} s over {self._steps} steps (readings, scans, "
@@ -995,6 +995,7 @@ _HOST_UNEXPLAINED_MIN = 256 * 1024
 # The estimated slowdown from which the end summary says what torchmem cost (issue 12's target for the usual
 # program; op-heavy programs may reach 2x).
 OVERHEAD_NOTE_RATIO = 1.2
+OVERHEAD_NOTE_MIN_S = 0.5  # ... on a run of at least this long (a shorter one is mostly start-up)
 # The share of the run the loop survivors' recording may add (issue 12: <= 2 % on a real training script).
 SURVIVORS_BUDGET = 0.02
 
