@@ -334,8 +334,8 @@ def test_to_dict_is_json_serialisable() -> None:
     d = s.to_dict()
     assert json.loads(json.dumps(d)) == d
     assert d["other_processes"] == [
-        {"pid": 5, "name": "x", "used": 10},
-        {"pid": 6, "name": None, "used": None},
+        {"pid": 5, "name": "x", "used": 10, "relation": "", "parent": None},
+        {"pid": 6, "name": None, "used": None, "relation": "", "parent": None},
     ]
     assert d["notes"] == ["a note"]
     assert d["other_allocators"] == {"cupy": 1}
@@ -344,7 +344,7 @@ def test_to_dict_is_json_serialisable() -> None:
     bd = s.breakdown().to_dict()
     assert json.loads(json.dumps(bd)) == bd
     assert bd["process"][1]["children"][1]["children"][0]["bytes"] == 100 * MiB
-    assert bd["other_processes"][1] == {"pid": 6, "name": None, "used": None}
+    assert bd["other_processes"][1] == {"pid": 6, "name": None, "used": None, "relation": "", "parent": None}
 
 
 def test_to_dict_keeps_none() -> None:

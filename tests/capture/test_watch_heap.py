@@ -137,7 +137,7 @@ def test_the_first_window_of_a_fresh_process_does_not_hide_a_leak(tmp_path: Path
             import torch, torchmem
             model = torch.nn.Linear(512, 512)
             losses = []
-            w = torchmem.watch(range(20), device="cpu", warn=False, source="heap")
+            w = torchmem.watch(range(20), device="cpu", warn=False, source="heap", stride=1)
             for _ in w:
                 losses.append(model(torch.randn(512, 512)).square().mean())  # a graph kept per step
             r = w.report()
@@ -153,7 +153,7 @@ def test_the_first_window_of_a_fresh_process_does_not_hide_a_leak(tmp_path: Path
     _, detected, leaking, named, source = line.split()
     assert source in ("heap", "rss")
     assert leaking == "True" and named == "True", out.stdout
-    assert int(detected) <= 3 + 5 + 1, out.stdout  # warm-up + the steady test's 5 readings (+1: stride)
+    assert int(detected) <= 3 + 5 + 1, out.stdout  # warm-up + the steady test's 5 readings (+1)
 
 
 def test_a_costly_heap_reading_is_taken_rarely(monkeypatch: pytest.MonkeyPatch) -> None:
