@@ -1,0 +1,128 @@
+"""What the framework callbacks share: a leak watch per loop (training, validation), the per-step figures and
+the rule that an integration's error never stops training (logged once, then the integration switches off).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchmem._format import fmt_bytes
+
+_log = logging.getLogger("torchmem")
+
+
+class LoopWatch:
+    """One loop's leak watch: a :func:`torchmem.watch` whose steps are the loop's batches. On the CPU the
+    figure is the C heap (as under ``torchmem run``): cheap, and it counts autograd graphs too."""
+
+    def __init__(self, name: str, device: torch.device, warmup: int, min_bytes_per_step: int) -> None:
+        from torchmem.capture.watch import watch
+
+        self.name = name
+        source = "heap" if device.type == "cpu" else "auto"
+        w: Any = watch(
+            device=device, warn=False, warmup=warmup, min_bytes_per_step=min_bytes_per_step, source=source
+        )
+        w._exclusive = False  # a user's own torchmem.watch() on the device stays possible
+        w.__enter__()
+        self.watcher = w
+
+    def step(self) -> None:
+        self.watcher.step()
+
+    def stop(self) -> Any:
+        self.watcher.stop()
+        return self.watcher.report()
+
+
+def figures(device: torch.device) -> dict[str, float]:
+    """The per-step figures, in bytes: allocated, reserved, the allocator's peak (never reset here: a
+    user's own ``reset_peak_memory_stats()`` keeps working) and the process's RSS; on the CPU the C heap in
+    use stands for allocated."""
+    from torchmem.capture.read import counters
+    from torchmem.devices._host import heap_in_use, process_rss
+
+    out: dict[str, float] = {}
+    if device.type == "cpu":
+        heap = heap_in_use()
+        if heap is not None:
+            out["heap"] = float(heap)
+    else:
+        r = counters(device)
+        for key, v in (
+            ("allocated", r.allocated),
+            ("reserved", r.reserved),
+            ("peak_allocated", r.peak_allocated),
+        ):
+            if v is not None:
+                out[key] = float(v)
+    rss = process_rss()
+    if rss is not None:
+        out["host_rss"] = float(rss)
+    return out
+
+
+class Guard:
+    """Runs a callback's work; the first error is logged once with what was switched off, and the
+    integration does nothing after it (training goes on)."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.off = False
+        self.error: str | None = None
+
+    def run(self, what: str, fn: Callable[[], Any]) -> Any:
+        if self.off:
+            return None
+        try:
+            return fn()
+        except Exception as exc:  # never stop the user's training
+            self.off = True
+            self.error = f"{what}: {type(exc).__name__}: {exc}"
+            _log.warning(
+                "torchmem: %s failed in %s (%s); it is off for the rest of the run", self.owner, what, exc
+            )
+            return None
+
+
+def summary_lines(reports: dict[str, Any]) -> list[str]:
+    """One block per loop: the leak verdict and, when it leaks, the culprits with their fixes."""
+    lines = []
+    for loop, rep in reports.items():
+        if rep is None:
+            continue
+        head = str(rep).splitlines()
+        lines.append(f"torchmem [{loop} loop]: {head[0] if head else ''}")
+        if rep.leaking:
+            lines += ["  " + x for x in head[1:]]
+    return lines
+
+
+def print_summary(reports: dict[str, Any], capture: str | None = None) -> None:
+    lines = summary_lines(reports)
+    if capture:
+        lines.append(f"torchmem: capture {capture}")
+    if lines:
+        print("\n".join(lines), file=sys.stderr)
+
+
+def oom_text(exc: BaseException) -> str | None:
+    """The diagnosis of an out-of-memory error (``None`` for any other error)."""
+    from torchmem.analysis.oom import is_oom
+    from torchmem.capture.oom import explain_oom
+
+    if not is_oom(exc):
+        return None
+    return str(explain_oom(exc))
+
+
+def fmt_figures(f: dict[str, float]) -> str:
+    return ", ".join(f"{k} {fmt_bytes(int(v))}" for k, v in f.items())
+
+
+__all__ = ["Guard", "LoopWatch", "figures", "oom_text", "print_summary", "summary_lines"]
