@@ -187,20 +187,25 @@ print(json.dumps({"source": w.source, "report": w.report().to_dict()}))
 """
 
 
-def test_small_python_objects_grow_the_resident_memory_not_the_c_heap(tmp_path: Path) -> None:
-    # 200 small objects per step live in Python's arenas, which the C heap does not count: the RSS does.
-    # In a fresh interpreter, as under `torchmem run`: a process that freed many objects before (a test
-    # run) reuses their memory first, and its RSS does not grow for a long while.
-    script = tmp_path / "small_objects.py"
-    script.write_text(_SMALL_OBJECTS, encoding="utf-8")
+def _run_host_watch(script: Path, code: str) -> LeakReport:
+    """Run ``code`` (which prints the HostWatcher's source and report as JSON) in a fresh interpreter: the
+    host figures of a process that freed many objects before (a test run) say little."""
+    script.write_text(code, encoding="utf-8")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120, check=True
     )
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    r = LeakReport.from_dict(data["report"])
     if data["source"] != "heap":
         pytest.skip("no glibc mallinfo2: the RSS is the only figure")
+    return LeakReport.from_dict(data["report"])
+
+
+def test_small_python_objects_grow_the_resident_memory_not_the_c_heap(tmp_path: Path) -> None:
+    # 200 small objects per step live in Python's arenas, which the C heap does not count: the RSS does.
+    # In a fresh interpreter, as under `torchmem run`: a process that freed many objects before (a test
+    # run) reuses their memory first, and its RSS does not grow for a long while.
+    r = _run_host_watch(tmp_path / "small_objects.py", _SMALL_OBJECTS)
     # Found on the RSS; once torchmem's own scans have freed memory that Python reuses first, the RSS
     # stalls for a while and the verdict may rest on the instance counts, recounted at the end.
     assert r.leaking, str(r)
@@ -236,16 +241,7 @@ def test_resident_memory_that_no_allocator_holds_is_not_a_leak(tmp_path: Path) -
     # The RSS grows 1 MiB/step while the C heap and Python's object blocks stay flat: pages of memory that
     # was reserved earlier, touched for the first time (what a free heap or an allocator cache does while
     # its pages come into use). Nothing is held per step: a note, never a leak.
-    script = tmp_path / "touched_pages.py"
-    script.write_text(_TOUCHED_PAGES, encoding="utf-8")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120, check=True
-    )
-    data = json.loads(out.stdout.strip().splitlines()[-1])
-    r = LeakReport.from_dict(data["report"])
-    if data["source"] != "heap":
-        pytest.skip("no glibc mallinfo2: the RSS is the only figure")
+    r = _run_host_watch(tmp_path / "touched_pages.py", _TOUCHED_PAGES)
     assert not r.leaking, str(r)
     assert r.culprits == ()
     assert any("neither the C heap nor Python's object allocator holds more" in n for n in r.notes), str(r)

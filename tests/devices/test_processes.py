@@ -10,8 +10,9 @@ import time
 
 import pytest
 
+from stats_data import cuda_stats
 from torchmem.devices._host import parent_pid, relation_to
-from torchmem.results.stats import MemoryStats, ProcessMemory
+from torchmem.results.stats import ProcessMemory
 
 MiB = 1 << 20
 pytestmark = pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/stat"), reason="needs /proc")
@@ -59,19 +60,8 @@ def test_a_child_a_grandchild_an_orphan_and_an_unrelated_process() -> None:
 
 
 def test_the_breakdown_names_workers_and_orphans_with_the_fix() -> None:
-    s = MemoryStats(
-        "cuda:0",
-        "cuda",
-        "H100",
-        0.0,
-        allocated=512 * MiB,
-        reserved=600 * MiB,
-        cached=88 * MiB,
-        device_total=80_000 * MiB,
+    s = cuda_stats(
         device_used=1100 * MiB + 4 * 518 * MiB + 4608 * MiB,
-        process_used=1100 * MiB,
-        context=500 * MiB,
-        unexplained=0,
         other_processes=(
             *(ProcessMemory(1600 + i, "pt_data_worker", 518 * MiB, "child", os.getpid()) for i in range(4)),
             ProcessMemory(777, "python3", 4608 * MiB, "orphan", 1),

@@ -8,8 +8,8 @@ import numpy as np
 import torch
 
 import torchmem
+from stats_data import cuda_stats
 from torchmem._format import fmt_remainder
-from torchmem.results.stats import MemoryStats
 
 MiB = 1 << 20
 _NEGATIVE = re.compile(r"(?<![\w+])-\d")
@@ -23,20 +23,12 @@ def test_a_remainder_is_never_printed_negative() -> None:
 def test_a_breakdown_whose_readings_disagree_says_so_instead_of_a_negative_row() -> None:
     # An NVML reading taken before the allocator grew: the rows add up to more than the process's usage,
     # and the device's usage is below this process's plus the others'.
-    s = MemoryStats(
-        "cuda:0",
-        "cuda",
-        "H100",
-        0.0,
+    s = cuda_stats(
         allocated=900 * MiB,
         reserved=1000 * MiB,
         cached=100 * MiB,
-        device_total=80_000 * MiB,
         device_used=1200 * MiB,
-        process_used=1100 * MiB,
-        context=500 * MiB,
         unexplained=1100 * MiB - 500 * MiB - 1000 * MiB,
-        other_processes=(),
     )
     b = s.breakdown()
     rest = next(r for r in b.process if r.label == "unexplained")

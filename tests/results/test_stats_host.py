@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 import torchmem
+from stats_data import cuda_stats
 from torchmem.results.stats import Breakdown, MemoryStats
 
 MiB = 1 << 20
@@ -21,24 +22,7 @@ def test_the_cpu_reading_has_the_rss_as_host_memory() -> None:
 
 def test_a_cuda_breakdown_shows_pinned_memory_held_in_use_and_cached() -> None:
     # A reading as the CUDA path builds it (plain data): 96 MiB page-locked, 32 MiB of it in use.
-    s = MemoryStats(
-        "cuda:0",
-        "cuda",
-        "H100",
-        0.0,
-        allocated=512 * MiB,
-        reserved=600 * MiB,
-        cached=88 * MiB,
-        device_total=80_000 * MiB,
-        device_used=1600 * MiB,
-        process_used=1100 * MiB,
-        context=500 * MiB,
-        unexplained=0,
-        other_processes=(),
-        pinned_host=96 * MiB,
-        pinned_host_active=32 * MiB,
-        host_rss=2048 * MiB,
-    )
+    s = cuda_stats(pinned_host=96 * MiB, pinned_host_active=32 * MiB, host_rss=2048 * MiB)
     assert "96.00 MiB (in use 32.00 MiB, cached 64.00 MiB)" in str(s)
     b = s.breakdown()
     assert (b.host_rss, b.pinned_host, b.pinned_host_active) == (2048 * MiB, 96 * MiB, 32 * MiB)

@@ -75,25 +75,10 @@ class CudaBackend(Backend):
         return int(free), int(total)
 
     def pinned_host(self) -> int | None:
-        if not torch.cuda.is_initialized():
-            return 0
-        reader = getattr(torch.cuda, "host_memory_stats", None)
-        if reader is None:
-            return None
-        stats = reader()
-        for key in ("allocated_bytes.current", "reserved_bytes.current"):
-            if key in stats:
-                return int(stats[key])
-        return None
+        return _host_stat(("allocated_bytes.current", "reserved_bytes.current"))
 
     def pinned_host_active(self) -> int | None:
-        if not torch.cuda.is_initialized():
-            return 0
-        reader = getattr(torch.cuda, "host_memory_stats", None)
-        if reader is None:
-            return None
-        v = reader().get("active_bytes.current")
-        return None if v is None else int(v)
+        return _host_stat(("active_bytes.current",))
 
     def reset_peak(self) -> None:
         if torch.cuda.is_initialized():
@@ -109,3 +94,18 @@ class CudaBackend(Backend):
             return None
         text = str(uuid)
         return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def _host_stat(keys: tuple[str, ...]) -> int | None:
+    """The first of ``keys`` in torch's pinned host allocator statistics: 0 before CUDA is initialised (none
+    can be held), ``None`` where torch has no such statistics (torch < 2.5) or none of the keys."""
+    if not torch.cuda.is_initialized():
+        return 0
+    reader = getattr(torch.cuda, "host_memory_stats", None)
+    if reader is None:
+        return None
+    stats = reader()
+    for key in keys:
+        if key in stats:
+            return int(stats[key])
+    return None

@@ -90,6 +90,18 @@ class Guard:
             return None
 
 
+def stop_all(loops: dict[str, LoopWatch], reports: dict[str, Any], guard: Guard) -> None:
+    """Stop every loop's watch, keeping its report; stopped even after an error (no watcher outlives the
+    run): a failure to stop is the guard's error, once."""
+    for name, w in loops.items():
+        try:
+            reports[name] = w.stop()
+        except Exception as exc:
+            if not guard.off:
+                guard.off = True
+                guard.error = f"stopping the {name} watch: {type(exc).__name__}: {exc}"
+
+
 def summary_lines(reports: dict[str, Any]) -> list[str]:
     """One block per loop: the leak verdict and, when it leaks, the culprits with their fixes."""
     lines = []
@@ -125,4 +137,4 @@ def fmt_figures(f: dict[str, float]) -> str:
     return ", ".join(f"{k} {fmt_bytes(int(v))}" for k, v in f.items())
 
 
-__all__ = ["Guard", "LoopWatch", "figures", "oom_text", "print_summary", "summary_lines"]
+__all__ = ["Guard", "LoopWatch", "figures", "oom_text", "print_summary", "stop_all", "summary_lines"]

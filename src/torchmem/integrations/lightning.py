@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from torchmem.integrations._loops import Guard, LoopWatch, figures, oom_text, print_summary
+from torchmem.integrations._loops import Guard, LoopWatch, figures, oom_text, print_summary, stop_all
 
 try:
     from lightning.pytorch.callbacks import Callback as _Callback
@@ -130,13 +130,7 @@ class TorchmemCallback(_Callback):  # type: ignore[misc]
             return
         loops, self._loops = self._loops, {}
 
-        for name, w in loops.items():  # stopped even after an error: no watcher outlives fit
-            try:
-                self.reports[name] = w.stop()
-            except Exception as exc:
-                if not self._guard.off:
-                    self._guard.off = True
-                    self._guard.error = f"stopping the {name} watch: {type(exc).__name__}: {exc}"
+        stop_all(loops, self.reports, self._guard)
         if self.summary and not quiet and trainer.is_global_zero and not self._guard.off:
             self._guard.run("the summary", lambda: print_summary(self.reports))
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from torchmem.integrations._loops import Guard, LoopWatch, figures, print_summary
+from torchmem.integrations._loops import Guard, LoopWatch, figures, print_summary, stop_all
 
 try:
     from transformers import TrainerCallback as _TrainerCallback
@@ -110,13 +110,7 @@ class TorchmemTrainerCallback(_TrainerCallback):  # type: ignore[misc]
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         loops, self._loops = self._loops, {}
-        for name, w in loops.items():  # stopped even after an error: no watcher outlives training
-            try:
-                self.reports[name] = w.stop()
-            except Exception as exc:
-                if not self._guard.off:
-                    self._guard.off = True
-                    self._guard.error = f"stopping the {name} watch: {type(exc).__name__}: {exc}"
+        stop_all(loops, self.reports, self._guard)
         if self.summary and getattr(state, "is_world_process_zero", True) and not self._guard.off:
             self._guard.run("the summary", lambda: print_summary(self.reports))
         sys.stderr.flush()
