@@ -251,6 +251,14 @@ __all__ = [
 ]
 
 
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext torchmem``: the ``%torchmem`` / ``%%torchmem`` magics and the OOM handler for cells
+    (see docs/integrations.md). Called by IPython; importing torchmem does not run it."""
+    from torchmem.integrations.notebook import load
+
+    load(ipython)
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:

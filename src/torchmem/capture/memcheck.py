@@ -133,7 +133,7 @@ def check_calls(
         kind = "left"
         limit = fmt_bytes(max_leak)
         message = f"torchmem: {name} left {fmt_bytes(left)} allocated on {label} (max_leak {limit}):\n"
-        message += "\n".join(_left_lines(report))
+        message += "\n".join(left_lines(report))
     elif max_peak is not None and peak is not None and peak > max_peak:
         kind = "peak"
         message = (
@@ -143,19 +143,20 @@ def check_calls(
     return MemCheck(label, repeat, bool(kind), kind, left, per_call, peak, report, message)
 
 
-def _left_lines(report: SurvivorReport) -> list[str]:
+def left_lines(report: SurvivorReport, fix: bool = True) -> list[str]:
     """What one call left alive, by allocation site, with the holders (the loop verdicts do not apply)."""
     out = []
     for i, g in enumerate(report.groups, 1):
         word = "storage" if g.count == 1 else "storages"
         out.append(f"  [{i}] {g.where}: {g.count} {word}, {fmt_bytes(g.live_bytes)} still alive")
         out += [f"      held by {h}" for h in g.holders[:3]]
-    out.append(
-        "  fix: free what the call made before it returns (`del`, or keep `.item()`/`.detach().cpu()` "
-        "copies), clear caches it fills, or raise max_leak for state it must keep"
-    )
+    if fix:
+        out.append(
+            "  fix: free what the call made before it returns (`del`, or keep `.item()`/`.detach().cpu()` "
+            "copies), clear caches it fills, or raise max_leak for state it must keep"
+        )
     out += [f"  note: {n}" for n in report.notes if "holder search" in n]
     return out
 
 
-__all__ = ["MemCheck", "check_calls"]
+__all__ = ["MemCheck", "check_calls", "left_lines"]
