@@ -19,6 +19,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C")
     p.add_argument("--count", type=int, default=None, help="with --watch: stop after this many readings")
+    p.add_argument(
+        "--serve",
+        type=int,
+        metavar="PORT",
+        help="serve the figures for Prometheus at http://0.0.0.0:PORT/metrics until Ctrl-C",
+    )
 
 
 def _read(devices: list[Any]) -> list[MemoryStats]:
@@ -33,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
         print("torchmem: error: --count needs a positive number", file=sys.stderr)
         return 2
     devices: list[Any] = [resolve(d) for d in args.device] if args.device else visible_devices()
+    if getattr(args, "serve", None) is not None:
+        return _serve(devices, args)
     if not args.device and not cuda_available() and not args.json:
         print(
             "No GPU is visible to torch here (CPU-only build or no device); showing CPU and process figures."
@@ -41,6 +49,36 @@ def run(args: argparse.Namespace) -> int:
         _emit(_read(devices), args.json)
         return 0
     return _watch(devices, args)
+
+
+def _serve(devices: list[Any], args: argparse.Namespace) -> int:
+    if args.json or args.watch is not None:
+        print("torchmem: error: --serve does not go with --json or --watch", file=sys.stderr)
+        return 2
+    if not 0 <= args.serve <= 65535:
+        print(f"torchmem: error: --serve needs a port number (0-65535), not {args.serve}", file=sys.stderr)
+        return 2
+    try:
+        from torchmem.integrations.prometheus import serve
+    except ImportError as exc:
+        print(f"torchmem: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        # This process is only the monitor: the devices and every process on them, not its own allocator.
+        server, _ = serve(args.serve, devices=devices, process=False)
+    except OSError as exc:
+        print(f"torchmem: error: cannot serve on port {args.serve} ({exc})", file=sys.stderr)
+        return 2
+    print(f"torchmem: serving http://0.0.0.0:{server.server_port}/metrics (Ctrl-C stops)", flush=True)
+    try:
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        server.server_close()
+    return 0
 
 
 def _emit(readings: list[MemoryStats], as_json: bool) -> None:
