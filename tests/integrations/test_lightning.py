@@ -110,3 +110,17 @@ def test_an_error_inside_the_callback_is_reported_once_and_fit_goes_on(
     assert calls[0] == 1  # off after the first error
     assert cb.error is not None and "figures broke" in cb.error
     assert sum("figures broke" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_release_of_a_fitted_trainer_frees_model_optimizer_and_state(tmp_path: Path) -> None:
+    import torchmem
+
+    with torchmem.cpu_tracking() as cpu:
+        start = cpu.allocated
+        trainer = _fit(tmp_path, keep_val=False, cb=TorchmemCallback(summary=False))
+        assert cpu.allocated - start > 2 * 64 * 256 * 4  # parameters, gradients, optimizer state
+        report = torchmem.release(
+            trainer
+        )  # the trainer holds its strategy, module, optimizers (some via weak proxies)
+        assert not any(a.startswith("error") for a in report.actions), str(report)
+        assert cpu.allocated == start, str(report)

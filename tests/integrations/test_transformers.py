@@ -111,3 +111,16 @@ def test_an_error_inside_the_callback_switches_it_off_and_training_goes_on(
     trainer = _train(tmp_path, keep=False, cb=cb)
     assert trainer.state.global_step == 24
     assert cb.error is not None and "figures broke" in cb.error
+
+
+def test_release_of_a_trained_trainer_frees_model_and_optimizer(tmp_path: Path) -> None:
+    import torchmem
+
+    with torchmem.cpu_tracking() as cpu:
+        start = cpu.allocated
+        trainer = _train(tmp_path, keep=False, cb=TorchmemTrainerCallback(summary=False))
+        assert cpu.allocated - start > 64 * 512 * 4
+        report = torchmem.release(trainer)
+        assert not any(a.startswith("error") for a in report.actions), str(report)
+        # everything the trainer holds on the released device goes: on the CPU its dataset's tensors too
+        assert cpu.allocated - start < 64 * 1024, str(report)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import types
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +108,10 @@ class _Walker:
         stack: list[tuple[Any, str]] = [(obj, name)]
         while stack:
             o, n = stack.pop()
+            if type(o) in _PROXIES:
+                # A weak proxy (Lightning's trainer holds some) is not ownership, and it passes isinstance
+                # checks for what it points to: what it points to is released where it is held.
+                continue
             if isinstance(o, torch.Tensor):
                 self.add_tensor(o, PARAMETER if isinstance(o, torch.nn.Parameter) else TENSOR, n)
                 continue
@@ -241,6 +246,9 @@ class _Walker:
             for slot in getattr(cls, "__slots__", ()) or ():
                 if isinstance(slot, str) and slot not in ("__dict__", "__weakref__") and hasattr(o, slot):
                     stack.append((getattr(o, slot), f"{n}.{slot}"))
+
+
+_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)
 
 
 def _is_cuda_graph(o: Any) -> bool:
