@@ -52,25 +52,26 @@ def _args(line: str) -> list[str]:
 
 
 def _line(shell: Any, line: str) -> None:
-    import torchmem
+    from torchmem.actions.release import release
+    from torchmem.capture.read import live_tensors, stats
 
     args = _args(line)
     what = args[0] if args else "stats"
     rest = args[1:]
     if what == "stats":
-        s = torchmem.stats(rest[0] if rest else None)
+        s = stats(rest[0] if rest else None)
         print(s)
         print()
         print(s.breakdown())
     elif what == "live":
-        print(torchmem.live_tensors(rest[0] if rest else None))
+        print(live_tensors(rest[0] if rest else None))
     elif what == "release":
         if not rest:
             raise _Usage("name what to free: %torchmem release model optimizer")
         missing = [n for n in rest if n not in shell.user_ns]
         if missing:
             raise _Usage(f"no variable named {', '.join(missing)} in the notebook")
-        print(torchmem.release(*(shell.user_ns[n] for n in rest)))
+        print(release(*(shell.user_ns[n] for n in rest)))
     else:
         raise _Usage(f"unknown command {what!r}")
 
