@@ -48,7 +48,7 @@ def test_a_child_a_grandchild_an_orphan_and_an_unrelated_process() -> None:
         assert rel in ("orphan", ""), (rel, ppid)  # "" where a subreaper that is not init adopted it
         if ppid == 1:
             assert rel == "orphan"
-        assert relation_to(os.getppid())[0] == ""  # our own parent is not our child
+        assert relation_to(os.getppid())[0] not in ("child", "descendant")  # our parent is not our child
         assert relation_to(2**22 + 12345) == ("", None)  # no such process
     finally:
         child.kill()
