@@ -110,21 +110,28 @@ def test_default_capture_names_are_unique_per_run_program_and_rank(tmp_path: Pat
     _write(tmp_path / "train.py", TRAIN)
     _write(tmp_path / "pkg" / "__init__.py", "")
     _write(tmp_path / "pkg" / "train.py", TRAIN)
-    for args in (["train.py"], ["train.py"], ["-m", "pkg.train"]):
-        r = _torchmem(["run", "-q", *args], tmp_path)
-        assert r.returncode == 0, r.stderr
+    # All four at once (the same second, the same program): each gets a file of its own.
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torchmem", "run", "-q", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        for args, env in (
+            (["train.py"], ENV),
+            (["train.py"], ENV),
+            (["-m", "pkg.train"], ENV),
+            (["train.py"], dict(ENV, WORLD_SIZE="2", RANK="1")),
+        )
+    ]
+    for p in runs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
     caps = sorted(p.name for p in tmp_path.glob("torchmem-train-*.jsonl"))
-    assert len(caps) == 3, caps  # three runs, three files: nothing overwritten
-    env = dict(ENV, WORLD_SIZE="2", RANK="1")
-    r = subprocess.run(
-        [sys.executable, "-m", "torchmem", "run", "-q", "train.py"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
+    assert len(caps) == 4, caps  # four runs, four files: nothing overwritten
     assert len(list(tmp_path.glob("torchmem-train-*-rank1*.jsonl"))) == 1
 
 

@@ -16,7 +16,7 @@ import sys
 import traceback
 import types
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TextIO
 
@@ -422,9 +422,15 @@ def run(args: argparse.Namespace) -> int:
     if args.output is None:
         from torchmem._outputs import process_rank, unique_name
 
-        capture = unique_name(f"torchmem-{program.name}", ".jsonl", rank=process_rank())
+        stem, rank = f"torchmem-{program.name}", process_rank()
+        capture = unique_name(stem, ".jsonl", rank=rank)
+
+        def another_name() -> str:
+            return unique_name(stem, ".jsonl", rank=rank)
+
     else:
         capture = args.output
+        another_name = None  # type: ignore[assignment]
     return run_session(
         program,
         capture=capture,
@@ -438,6 +444,7 @@ def run(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         memory_viz=args.memory_viz,
         force=args.force,
+        another_name=another_name,
     )[0]
 
 
@@ -457,9 +464,13 @@ def run_session(
     err: TextIO | None = None,
     memory_viz: str | None = None,
     force: bool = False,
+    another_name: Callable[[], str] | None = None,
 ) -> tuple[int, Any]:
     """Run a program under a monitoring session: its exit code and the session's
     :class:`~torchmem.capture.session.SessionResult`.
+
+    ``another_name`` (for a capture name torchmem chose) gives a new name when another process created a file
+    of the chosen name first (runs of one program started in the same second).
 
     ``program`` is a :class:`Program` or a script path (then ``argv`` is its command line). Every output
     is checked before the program starts (nothing is ever written over a file torchmem did not write, nor
@@ -485,20 +496,29 @@ def run_session(
         check_output(html, "html", force=force, protect=protect)
     if memory_viz is not None:
         check_output(memory_viz, "pickle", force=force, protect=protect)
-    session = Session(
-        capture,
-        device=device,
-        interval=interval,
-        status=status,
-        step_marker=step_marker,
-        modules=modules,
-        argv=program.argv,
-        status_file=err,
-        warmup=warmup,
-        memory_viz=memory_viz,
-        force=force,
-        protect=protect,
-    ).start()  # an unusable capture path fails here, before the program runs
+    from torchmem._outputs import OutputExistsError
+
+    for attempt in range(64):
+        try:
+            session = Session(
+                capture,
+                device=device,
+                interval=interval,
+                status=status,
+                step_marker=step_marker,
+                modules=modules,
+                argv=program.argv,
+                status_file=err,
+                warmup=warmup,
+                memory_viz=memory_viz,
+                force=force,
+                protect=protect,
+            ).start()  # an unusable capture path fails here, before the program runs
+            break
+        except (OutputExistsError, FileExistsError):
+            if another_name is None or attempt == 63:
+                raise
+            capture = another_name()  # another run took this name a moment ago
     outcome = Outcome(1, "exception", None)
     saved_main: list[Any] = []
     try:
