@@ -110,8 +110,7 @@ def check_calls(
         rec.stop()
         if tracker is not None:
             tracker.__exit__(None, None, None)
-    # A second for the holder search: a failure message in a big test process must not take long.
-    report: SurvivorReport = rec.report(total_steps=repeat + 1, time_limit=1.0, boundary="call")
+    report: SurvivorReport = rec.report(total_steps=repeat + 1, boundary="call")
     left = report.live_bytes
     # Growth: the sites whose storages from every call (after the first) stay alive; a bounded cache
     # ("recent"), state built once ("once") and the last call's result are not growth.
