@@ -45,10 +45,10 @@ def test_program_is_reported_as_expected(s: Expected, runs: dict[str, Any]) -> N
 
 @pytest.mark.parametrize("s", TIMED, ids=[s.name for s in TIMED])
 def test_cost_against_plain_python(s: Expected, tmp_path: Path) -> None:
-    """Paired runs (plain, torchmem, plain, torchmem): the best wall time under ``torchmem run`` is within 3x
+    """A paired run (plain, then torchmem): the wall time under ``torchmem run`` is within 3x
     of plain ``python`` (the issue's bound for op-heavy CPU programs is 2x; 3x leaves room for noise), and
     the monitored run is reported as expected."""
-    figures, ratio, last = paired_runs(s, tmp_path, env=CPU_ENV)
+    figures, ratio, last = paired_runs(s, tmp_path, env=CPU_ENV, pairs=1)  # 3x is far above the noise
     print(figures)
     failures = safety_failures(s, last)
     if last.capture is not None and last.capture.exists():
