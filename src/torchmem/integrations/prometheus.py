@@ -80,26 +80,25 @@ class MemoryCollector:
 
     def collect(self) -> Iterator[Any]:
         readings = self.readings()
-        labels = ["device", "name"]
         for metric, field, text in _GAUGES:
-            if not self.process and field not in _DEVICE_FIELDS:
-                continue
-            g = GaugeMetricFamily(metric, text, labels=labels)
-            for s in readings:
-                v = getattr(s, field)
-                if v is not None:
-                    g.add_metric([s.device, s.name or ""], float(v))
-            yield g
+            if self.process or field in _DEVICE_FIELDS:
+                yield _family(GaugeMetricFamily, metric, text, field, readings)
         if self.process:
             for metric, field, text in _COUNTERS:
-                c = CounterMetricFamily(metric, text, labels=labels)
-                for s in readings:
-                    v = getattr(s, field)
-                    if v is not None:
-                        c.add_metric([s.device, s.name or ""], float(v))
-                yield c
+                yield _family(CounterMetricFamily, metric, text, field, readings)
             yield from _breakdown(readings)
         yield from _processes(readings)
+
+
+def _family(kind: Any, metric: str, text: str, field: str, readings: Iterable[MemoryStats]) -> Any:
+    """One metric family: the ``field`` of each reading, labelled by device; a figure that cannot be known
+    (``None``) has no sample."""
+    family = kind(metric, text, labels=["device", "name"])
+    for s in readings:
+        v = getattr(s, field)
+        if v is not None:
+            family.add_metric([s.device, s.name or ""], float(v))
+    return family
 
 
 def _breakdown(readings: Iterable[MemoryStats]) -> Iterator[Any]:
