@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+# Runs whose tests fail a check go to a fresh interpreter (runpytest_subprocess): the failure message's holder
+# search then walks a small heap, not this test session's.
+
 pytest_plugins = ["pytester"]
 
 LEAKY = """
@@ -43,7 +46,7 @@ def test_unmarked_leak_is_not_checked():
 
 def test_marked_tests_fail_with_site_holder_and_fix(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_leaky=LEAKY)
-    result = pytester.runpytest("-p", "no:cacheprovider", "-q")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=3, failed=3)
     out = result.stdout.str()
     result.stdout.fnmatch_lines(
@@ -75,7 +78,7 @@ def test_b():
     )
     plain = pytester.runpytest("-p", "no:cacheprovider", "-q")
     plain.assert_outcomes(passed=2)
-    checked = pytester.runpytest("-p", "no:cacheprovider", "-q", "--torchmem")
+    checked = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q", "--torchmem")
     checked.assert_outcomes(passed=1, failed=1)
     checked.stdout.fnmatch_lines(["*test_a left 256.00 KiB allocated on cpu (max_leak 0 B)*"])
     loose = pytester.runpytest("-p", "no:cacheprovider", "-q", "--torchmem", "--torchmem-max-leak=1MiB")
@@ -100,7 +103,7 @@ def test_bad_size(torchmem_check):
     torchmem_check(lambda: None, max_leak="lots")
 """
     )
-    result = pytester.runpytest("-p", "no:cacheprovider", "-q")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
     result.assert_outcomes(passed=1, failed=2)
     result.stdout.fnmatch_lines(
         [
