@@ -77,8 +77,7 @@ def _read_cuda(be: CudaBackend, probe: bool = True) -> MemoryStats:
     allocator = be.allocator_stats()
     mem_info = be.mem_info()
     nv = None if rocm else _nvml.device(index, uuid=uuid)
-    pinned = be.pinned_host()
-    pinned_active = be.pinned_host_active()
+    pinned, pinned_active = be.pinned_host_figures()
     rss = process_rss()
     pools = foreign_pools(index) if initialized else {}
 

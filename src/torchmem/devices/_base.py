@@ -81,9 +81,10 @@ class Backend(ABC):
         """Bytes of page-locked host memory held by this device kind's host allocator, if known."""
         return None
 
-    def pinned_host_active(self) -> int | None:
-        """Of :meth:`pinned_host`, the bytes of blocks in use now (the rest is cached), if known."""
-        return None
+    def pinned_host_figures(self) -> tuple[int | None, int | None]:
+        """``(held, in use)``: :meth:`pinned_host` and, of it, the bytes of blocks in use now (the rest is
+        cached), from one reading; ``None`` where unknown."""
+        return self.pinned_host(), None
 
     def reset_peak(self) -> None:  # noqa: B027 - a no-op is the correct default for kinds without peaks
         """Reset the allocator's peak counters (only called where the caller documents it)."""

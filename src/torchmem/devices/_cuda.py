@@ -75,10 +75,15 @@ class CudaBackend(Backend):
         return int(free), int(total)
 
     def pinned_host(self) -> int | None:
-        return _host_stat(("allocated_bytes.current", "reserved_bytes.current"))
+        return self.pinned_host_figures()[0]
 
-    def pinned_host_active(self) -> int | None:
-        return _host_stat(("active_bytes.current",))
+    def pinned_host_figures(self) -> tuple[int | None, int | None]:
+        stats = _host_stats()
+        if stats is None:
+            return None, None
+        return _first(stats, ("allocated_bytes.current", "reserved_bytes.current")), _first(
+            stats, ("active_bytes.current",)
+        )
 
     def reset_peak(self) -> None:
         if torch.cuda.is_initialized():
@@ -96,16 +101,14 @@ class CudaBackend(Backend):
         return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
 
 
-def _host_stat(keys: tuple[str, ...]) -> int | None:
-    """The first of ``keys`` in torch's pinned host allocator statistics: 0 before CUDA is initialised (none
-    can be held), ``None`` where torch has no such statistics (torch < 2.5) or none of the keys."""
+def _host_stats() -> dict[str, int] | None:
+    """torch's pinned host allocator statistics, read once: all 0 before CUDA is initialised (nothing can
+    be held), ``None`` where torch has none (torch < 2.5)."""
     if not torch.cuda.is_initialized():
-        return 0
+        return {"allocated_bytes.current": 0, "active_bytes.current": 0}
     reader = getattr(torch.cuda, "host_memory_stats", None)
-    if reader is None:
-        return None
-    stats = reader()
-    for key in keys:
-        if key in stats:
-            return int(stats[key])
-    return None
+    return None if reader is None else dict(reader())
+
+
+def _first(stats: dict[str, int], keys: tuple[str, ...]) -> int | None:
+    return next((int(stats[k]) for k in keys if k in stats), None)
