@@ -58,6 +58,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from _machine import cpu_name
+
 HERE = Path(__file__).resolve().parent
 PROGRAMS_DIR = HERE / "programs"
 
@@ -106,17 +108,6 @@ class Row:
     summary_first: str
     summary_verdict: str
     runs: list[Run]
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _torch_facts() -> dict[str, str | bool]:
@@ -309,7 +300,7 @@ def main() -> int:
     keep = Path(args.keep).resolve() if args.keep else None
     gpu = f", GPU: {facts['gpu']}" if device.startswith("cuda") else ""
     header = (
-        f"run_cost — {datetime.date.today()}, CPU: {_cpu_name()} ({os.cpu_count()} cores){gpu}, "
+        f"run_cost — {datetime.date.today()}, CPU: {cpu_name()} ({os.cpu_count()} cores){gpu}, "
         f"torch {facts['torch']}, python {platform.python_version()}, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
         f"scale {scale}, {args.pairs} pair(s) A B, medians"

@@ -27,17 +27,7 @@ from collections.abc import Callable
 import torch
 
 import torchmem
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+from _machine import cpu_name
 
 
 def make_step(device: torch.device, batch: int) -> Callable[[], None]:
@@ -117,7 +107,7 @@ def main() -> int:
     source_read = w.report().source
     notes = [n for n in w.report().notes if "reading every" in n]
 
-    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else _cpu_name()
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
     print(
         f"watch_cost — {dev} ({where}), torch {torch.__version__}, python {platform.python_version()}, "
         f"{datetime.date.today()}"
