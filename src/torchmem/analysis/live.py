@@ -273,7 +273,7 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
                 store[k][3] += 1
 
     holders: list[str | None] = [None] * len(store)
-    cycle_paths: list[Any] = [None] * len(store)
+    paths: list[Any] = [None] * len(store)  # each storage's first holder path (HolderPath)
     truncated = False
     entries = list(store.values())
     if with_holders and entries:
@@ -298,10 +298,9 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         # One path per tensor is all we ask for: hitting max_paths is success, not truncation.
         limits = {r.strip() for r in (search.reason or "").split(",") if r.strip()} - {"max_paths"}
         truncated = search.truncated and bool(limits)
-        found = [str(p[0]) if p else None for p in search.paths[:n_targets]]
-        holders = [found[index[id(e[0])]] for e in entries]
         first = [p[0] if p else None for p in search.paths[:n_targets]]
-        cycle_paths = [first[index[id(e[0])]] for e in entries]
+        paths = [first[index[id(e[0])]] for e in entries]
+        holders = [None if p is None else str(p) for p in paths]
         owners = [*roots, *optimizers]
         root_names = [str(p[0]) if p else type(m).__name__ for p, m in zip(search.paths[n_targets:], owners)]
         targets.clear()
@@ -332,7 +331,7 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     cycles: dict[tuple[str, bool], list[Any]] = {}
     # owner -> [type, bytes, {category: storages}]
     groups: dict[str, list[Any]] = {}
-    for (k, e), holder, hp in zip(store.items(), holders, cycle_paths):
+    for (k, e), holder, hp in zip(store.items(), holders, paths):
         t, category, name, views, dense, part = e
         owner = _owner(name, hp, root_names, owner_types)
         if isinstance(name, tuple):
