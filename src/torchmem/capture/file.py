@@ -42,6 +42,8 @@ from torchmem.results.capture import (
     Note,
     OOMRecord,
     OverheadRecord,
+    RankRecord,
+    RankStateRecord,
     Sample,
     StatsRecord,
     StepMark,
@@ -560,6 +562,8 @@ def read_capture(path: str | os.PathLike[str]) -> Capture:
         host_leaks=tuple(groups["host_leak"]),
         survivors=tuple(groups["survivors"]),
         overheads=tuple(groups["overhead"]),
+        ranks=tuple(groups["rank"]),
+        rank_states=tuple(groups["rank_state"]),
         end=end,
         truncated=truncated,
         unknown=tuple(unknown),
@@ -579,6 +583,8 @@ _KIND: dict[type, str] = {
     HostLeakRecord: "host_leak",
     SurvivorsRecord: "survivors",
     OverheadRecord: "overhead",
+    RankRecord: "rank",
+    RankStateRecord: "rank_state",
 }
 
 
@@ -647,6 +653,29 @@ def _parse_record(raw: bytes) -> Any:
                 own,
                 ratio,
                 {str(k): float(v) for k, v in parts.items() if isinstance(v, (int, float))},
+            )
+        if kind == "rank":
+            nccl = obj.get("nccl")
+            return RankRecord(
+                t,
+                _int(obj.get("rank")),
+                _int(obj.get("world_size")),
+                str(obj.get("backend", "")),
+                _int(obj.get("nccl_communicators")),
+                None if nccl is None else _mapping(nccl),
+            )
+        if kind == "rank_state":
+            stats = obj.get("stats")
+            return RankStateRecord(
+                t,
+                _mapping(obj.get("trigger") or {}),
+                _float(obj.get("wall")),
+                _int(obj.get("step")),
+                _int(obj.get("allocated")),
+                _int(obj.get("reserved")),
+                _int(obj.get("peak_allocated")),
+                _int(obj.get("peak_reserved")),
+                None if stats is None else _mapping(stats),
             )
         if kind == "modules":
             rows = obj.get("rows")

@@ -65,6 +65,10 @@ class SessionResult:
     """Those the program caught and went on."""
     overhead: str | None = None
     """What torchmem's own work added to the run, in words, when the run took 1.2x as long or more."""
+    child_captures: tuple[str, ...] = ()
+    """The captures the followed child processes (``mp.spawn``, ``mp.Process`` workers) write."""
+    rank: Any = None
+    """This process's place in a distributed job (a ``capture.ranks.RankInfo``), else ``None``."""
 
 
 class _StatusAwareStream:
@@ -159,6 +163,7 @@ class Session:
         self._peak_seen = 0
         self._last_step_write = 0.0
         self._survivors: Any = None
+        self._worker_checks: Any = None  # the DataLoader/worker checks (capture/workers.py)
         self._host: Any = None
         self._oom_events: list[Any] = []  # every OOM event, in order
         self._pending_ooms: list[tuple[Any, int]] = []  # (event, step) not yet written
@@ -176,6 +181,15 @@ class Session:
         # The exact accounting's cost in steps of an earlier boundary kind (steps of one kind are compared
         # with steps of the same kind only): (seconds, steps, whether it could be estimated).
         self._ledger_banked = (0.0, 0, True)
+        # Distributed runs (capture/ranks.py): who this process is, the job's OOM flag, followed children.
+        self._rank: Any = None
+        self._oom_flag: Any = None
+        self._flag_raised = False
+        self._rank_state_written = False
+        self._followed: list[str] = []  # captures of the child processes that record their own
+        self._child_lock = threading.Lock()
+        self._job = ""
+        self._pg_written = False
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> Session:
@@ -183,6 +197,7 @@ class Session:
         from torchmem.capture.file import CaptureWriter
 
         self._t0 = time.perf_counter()
+        extra = self._rank_header()
         self._writer = CaptureWriter(
             self.capture,
             device=str(self.device),
@@ -191,6 +206,7 @@ class Session:
             source="allocator" if self.device.type != "cpu" else "ledger",
             force=self.force,
             protect=self.protect,
+            **extra,
         )
         self._record_stats("start")
         self._born_before = _live_storage_keys(self.device)
@@ -236,6 +252,13 @@ class Session:
         self._watch_processes()
         if self.status:
             self._wrap_streams()
+        try:
+            from torchmem.capture.workers import WorkerChecks
+
+            self._worker_checks = WorkerChecks(self.device, self._worker_warning)
+            self._worker_checks.install()
+        except Exception as exc:
+            self._note(f"the DataLoader checks could not be set up ({type(exc).__name__}: {exc})")
         self._thread = threading.Thread(target=self._sample_loop, name="torchmem-sampler", daemon=True)
         self._thread.start()
         global _current
@@ -272,6 +295,8 @@ class Session:
         with self._oom_lock:
             self._oom_events.append(event)
             self._pending_ooms.append((event, self._steps))
+        if self._oom_flag is not None and not self._flag_raised:
+            self._raise_flag(getattr(event, "site", None))
 
     def _flush_ooms(self, caught_by: BaseException | None, final: bool = False) -> None:
         """Write the pending OOM events: at a step boundary they were all caught (the program went on); at
@@ -308,14 +333,20 @@ class Session:
             self._note(f"host memory is not watched ({type(exc).__name__}: {exc})")
             return None
 
-    def _new_survivors(self) -> Any:
+    def _new_survivors(self, spent_s: float = 0.0, since: float | None = None) -> Any:
         from torchmem.capture.survivors import LoopSurvivors
 
         # A quarter of the leak threshold per step: a short loop's site that keeps less (predicted labels,
         # a few scalars) is not a leak, as it would not be for the growth detector.
         # Within ~2 % of the run (after a small fixed allowance: a loop of a few ms per step is covered
         # fully); a long run's verdict comes from the growth detector, the survivors are for short loops.
-        return LoopSurvivors(str(self.device), min_bytes_per_step=64 * 1024, budget=SURVIVORS_BUDGET)
+        return LoopSurvivors(
+            str(self.device),
+            min_bytes_per_step=64 * 1024,
+            budget=SURVIVORS_BUDGET,
+            spent_s=spent_s,
+            since=since,
+        )
 
     def _on_boundary(self) -> None:
         if not self._disabled and not self.step_marker:
@@ -338,9 +369,14 @@ class Session:
                 old.stop()
                 self._bank_ledger()
                 self._watcher = self._new_watcher()
+                spent, since = 0.0, None
                 if self._survivors is not None:  # its recorded steps were steps of the old kind
                     self._survivors.stop()
-                self._survivors = self._new_survivors()
+                    try:  # the new recorder shares the run's budget: the old one's cost is spent
+                        spent, since = self._survivors.spent, self._survivors.first_boundary
+                    except Exception:
+                        pass
+                self._survivors = self._new_survivors(spent, since)
                 if self._host is not None:
                     self._host.stop()
                 self._host = self._new_host(label)
@@ -418,6 +454,8 @@ class Session:
                 self._module_profile_step()
             if self._pending_ooms:
                 self._flush_ooms(caught_by=None)  # the program went on: it caught them
+            if not self._pg_written:
+                self._write_group_facts()
         except Exception as exc:  # never break the program
             self._note(f"step bookkeeping failed: {type(exc).__name__}: {exc}")
 
@@ -472,6 +510,10 @@ class Session:
                     self._keep_timeline(now - self._t0, r.allocated)
                 if self._boundaries is not None:
                     self._boundaries.check_imports()
+                if self._worker_checks is not None:
+                    self._worker_checks.poll(now)
+                if self._oom_flag is not None and self._oom_flag.seen is None:
+                    self._check_flag()
                 if self.status and now - last_status >= 0.25:
                     last_status = now
                     self._show_status(r.allocated, r.reserved, r.peak_allocated)
@@ -605,6 +647,16 @@ class Session:
             text += f" | LEAK +{fmt_bytes(int(w.report().bytes_per_step))}/step"
         return text
 
+    def _worker_warning(self, code: str, text: str) -> None:
+        """A DataLoader/worker check's warning (once each): in the capture and on stderr now."""
+        self._note(text)
+        with self._status_lock:
+            self._clear_status_locked()
+            try:
+                print(f"torchmem: warning: {text}", file=self._status_file, flush=True)
+            except Exception:
+                pass
+
     def _show_status(self, allocated: int | None, reserved: int | None, peak: int | None) -> None:
         text = self.status_text(allocated, reserved, peak)
         with self._status_lock:
@@ -662,6 +714,10 @@ class Session:
         session = self
 
         def start(proc: Any) -> None:
+            try:
+                session._before_process_start(proc)
+            except Exception:
+                pass
             original(proc)
             try:
                 session._process_started(proc)
@@ -688,13 +744,65 @@ class Session:
         if getattr(target, "__module__", "") == "torch.utils.data._utils.worker":
             self._workers += 1
             return
+        followed = getattr(proc, "_tm_capture", None)
+        from torchmem.capture.ranks import FollowedTarget
+
+        if isinstance(target, FollowedTarget):
+            target = target.target
         what = getattr(target, "__qualname__", None) or type(proc).__name__
         desc = f"{proc.name} (pid {proc.pid}, {what})"
         self._children.append(desc)
-        self._note(f"the program started process {desc}; its memory is not in this capture")
+        if followed:
+            self._note(f"the program started process {desc}; it records its own capture {followed}")
+        else:
+            self._note(f"the program started process {desc}; its memory is not in this capture")
+
+    def _before_process_start(self, proc: Any) -> None:
+        """Wrap a training child's target (capture/ranks.FollowedTarget) so it records its own capture."""
+        if os.getpid() != self._pid or self._disabled:
+            return
+        from torchmem.capture.ranks import FollowedTarget, child_capture, should_follow, spawn_index
+
+        target = getattr(proc, "_target", None)
+        if target is None or not should_follow(target):
+            return
+        with self._child_lock:
+            index = spawn_index(proc)
+            if index is None or any(c == child_capture(self.capture, index) for c in self._followed):
+                index = len(self._followed)
+                while child_capture(self.capture, index) in self._followed:
+                    index += 1
+            capture = child_capture(self.capture, index)
+            self._followed.append(capture)
+            if not self._job:
+                import hashlib
+
+                self._job = hashlib.sha1(f"{os.getpid()}|{time.time()}".encode()).hexdigest()[:12]
+            if self._oom_flag is None:
+                from torchmem.capture.ranks import OOMFlag
+
+                self._oom_flag = OOMFlag(os.path.dirname(os.path.abspath(self.capture)), self._job)
+        options = {
+            "device": str(self.device),
+            "interval": self.interval,
+            "warmup": self.warmup,
+            "step_marker": self.step_marker,
+            "force": self.force,
+            "job": self._job,
+        }
+        proc._target = FollowedTarget(target, capture, index, options, Session)
+        proc._tm_capture = capture
 
     def _why_no_steps(self) -> str:
         """Why no step was counted, and what to do next."""
+        if self._followed:
+            n = len(self._followed)
+            return (
+                f"the program's work ran in {n} child process{'es' if n > 1 else ''} it started; each "
+                f"recorded its own capture ({', '.join(self._followed[:3])}{', ...' if n > 3 else ''}). "
+                f"Merge them: torchmem report {_glob_of(self.capture)} (inside a worker, torchmem.watch() "
+                "watches one loop)"
+            )
         if self._children:
             n = len(self._children)
             return (
@@ -736,6 +844,114 @@ class Session:
             "calls: --step-marker FUNCTION, or wrap the loop: for batch in torchmem.watch(loader)."
         )
 
+    # -- distributed runs (capture/ranks.py) -----------------------------------------------------
+    def _rank_header(self) -> dict[str, Any]:
+        """The header's ``rank`` field (launcher, rank, local rank, world size, host, job) and the job's OOM
+        flag, from the environment only (no process-group call)."""
+        try:
+            from torchmem.capture.ranks import OOMFlag, rank_info
+
+            info = rank_info()
+            if info is None:
+                return {}
+            self._rank = info
+            self._job = info.job
+            if info.job and (info.world_size > 1 or info.launcher == "spawn"):
+                self._oom_flag = OOMFlag(os.path.dirname(os.path.abspath(self.capture)), info.job)
+            return {"rank": info.to_dict()}
+        except Exception:
+            return {}
+
+    def _raise_flag(self, site: Any) -> None:
+        """This process ran out of memory: the job's flag tells the other ranks (no collective)."""
+        self._flag_raised = True
+        try:
+            rank = self._rank.rank if self._rank is not None else None
+            self._oom_flag.raise_(
+                rank, site=site, step=self._steps, device=str(self.device), capture=self.capture
+            )
+        except Exception:
+            pass
+
+    def _check_flag(self) -> None:
+        try:
+            body = self._oom_flag.check()
+        except Exception:
+            body = None
+        if body is not None:
+            self._write_rank_state(body)
+
+    def _write_rank_state(self, trigger: dict[str, Any]) -> None:
+        """What this process holds at the moment a rank of the job ran out of memory (a ``rank_state``)."""
+        with self._child_lock:
+            if self._rank_state_written:
+                return
+            self._rank_state_written = True
+        try:
+            r = self._reading()
+            stats: Any = None
+            try:
+                from torchmem.capture.snapshot import read_stats
+
+                stats = read_stats(self.device, probe=False).to_dict()
+            except Exception:
+                stats = None
+            self._write(
+                "rank_state",
+                trigger=trigger,
+                wall=time.time(),
+                step=self._steps,
+                allocated=r.allocated,
+                reserved=r.reserved,
+                peak_allocated=r.peak_allocated,
+                peak_reserved=r.peak_reserved,
+                stats=stats,
+            )
+        except Exception as exc:
+            self._note(
+                f"this rank's state at another rank's OOM could not be read ({type(exc).__name__}: {exc})"
+            )
+
+    def _write_group_facts(self) -> None:
+        """The default process group's rank, world size, backend, NCCL communicators: once, no collective."""
+        dist = sys.modules.get("torch.distributed")
+        if dist is None:
+            return
+        try:
+            if not dist.is_available() or not dist.is_initialized():
+                return
+            from torchmem.capture.ranks import process_group_facts
+            from torchmem.results.ranks import estimate_nccl
+
+            facts = process_group_facts()
+            if facts is None:
+                return
+            self._pg_written = True
+            nccl = estimate_nccl(os.environ, facts.get("nccl_communicators") or 0)
+            self._write("rank", **facts, nccl=nccl.to_dict() if nccl is not None else None)
+        except Exception as exc:
+            self._pg_written = True
+            self._note(f"the process group could not be described ({type(exc).__name__}: {exc})")
+
+    def _finish_ranks(self, exc: BaseException | None) -> None:
+        """At the end: the process group's facts if no step wrote them, the flag raised for an OOM that
+        ended the run unseen, and this rank's state if a flag was raised and the sampler missed it."""
+        if not self._pg_written:
+            self._write_group_facts()
+        flag = self._oom_flag
+        if flag is None:
+            return
+        if exc is not None and not self._flag_raised:
+            try:
+                from torchmem.analysis.oom import is_oom
+
+                if is_oom(exc):
+                    self._raise_flag(None)
+            except Exception:
+                pass
+        if flag.seen is None:
+            self._check_flag()
+
     # -- end -------------------------------------------------------------------------------------
     def finish(self, exit_code: int | None, reason: str, exc: BaseException | None = None) -> SessionResult:
         """Stop monitoring, explain an OOM, write the final records and close the capture."""
@@ -746,6 +962,9 @@ class Session:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
+        if self._worker_checks is not None:
+            self._worker_checks.uninstall()
+        self._finish_ranks(exc)
         self._clear_status()
         self._unwrap_streams()
         self._restore_processes()
@@ -879,6 +1098,8 @@ class Session:
             reason=reason,
             no_steps=no_steps,
             children=tuple(self._children),
+            child_captures=tuple(self._followed),
+            rank=self._rank,
             survivors=survivors,
             boundary=self._boundary_label,
             ooms=tuple(self._oom_events),
@@ -998,6 +1219,14 @@ OVERHEAD_NOTE_RATIO = 1.2
 OVERHEAD_NOTE_MIN_S = 0.5  # ... on a run of at least this long (a shorter one is mostly start-up)
 # The share of the run the loop survivors' recording may add (issue 12: <= 2 % on a real training script).
 SURVIVORS_BUDGET = 0.02
+
+
+def _glob_of(capture: str) -> str:
+    """The shell pattern of a capture and its children's: ``run.jsonl`` -> ``run*.jsonl``."""
+    folder, name = os.path.split(capture)
+    stem, dot, suffix = name.rpartition(".")
+    pattern = f"{stem}*.{suffix}" if dot and stem else f"{name}*"
+    return os.path.join(folder, pattern) if folder else pattern
 
 
 def _median(values: collections.deque[float]) -> float | None:

@@ -93,6 +93,10 @@ class LoopSurvivors:
         budget: The share of the run's time (since the first boundary) the recording may add; beyond it
             the recording pauses until the run is long enough (see the module's "Cost budget").
             ``float("inf")``: record ``steps`` steps in a row whatever they cost.
+        spent_s: Extra time earlier recorders of the same run already spent (a recorder that replaces one
+            when the program's step boundary changes shares its budget, instead of starting a fresh one).
+        since: ``time.perf_counter()`` of the run's first boundary, when earlier recorders saw it (the budget
+            is a share of the time since then).
 
     Call :meth:`boundary` at the end of each step on the thread that runs the loop, :meth:`stop` when the
     program ends (also in the middle of the window), and :meth:`report` whenever a report is wanted. Nothing
@@ -116,6 +120,8 @@ class LoopSurvivors:
         *,
         min_bytes_per_step: int = 4096,
         budget: float = 0.10,
+        spent_s: float = 0.0,
+        since: float | None = None,
     ) -> None:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise ValueError(f"steps must be a positive integer, not {steps!r}")
@@ -148,6 +154,8 @@ class LoopSurvivors:
         self._harvest_s = 0.0  # the boundaries' own work while recording (part of the recording's cost)
         self._pauses = 0  # times the budget paused the recording
         self._warm_s = 0.0  # the ledger's one-off first-use cost, paid at the first boundary
+        self._spent_before = float(spent_s)
+        self._since = since
 
     # -- recording ---------------------------------------------------------------------------------
     @property
@@ -224,6 +232,8 @@ class LoopSurvivors:
         self._last_step = step
         self._state = _RECORDING
         self._t_first = self._t_last = time.perf_counter()  # the one-off warm-up is not the run's time
+        if self._since is not None:
+            self._t_first = min(self._t_first, self._since)
 
     def _open_ledger(self, warm: bool = False) -> None:
         led = ledger()
@@ -297,6 +307,19 @@ class LoopSurvivors:
             self._harvest_s += after - now
             self._t_last = after
 
+    @property
+    def spent(self) -> float:
+        """The recording's estimated extra time so far, with what earlier recorders of the run spent."""
+        per, _, _ = self._cost()
+        return per * len(self._covered) + self._harvest_s + self._spent_before
+
+    @property
+    def first_boundary(self) -> float | None:
+        """``time.perf_counter()`` of the run's first boundary (``None`` before it)."""
+        if self._state == _IDLE and self._since is None:
+            return None
+        return self._since if self._since is not None else self._t_first
+
     def _cost(self) -> tuple[float, float, float | None]:
         """``(extra seconds per recorded step, median recorded step, median step without the ledger)``.
 
@@ -314,7 +337,7 @@ class LoopSurvivors:
         """Whether one more recorded step keeps the recording's extra time within the budget."""
         per, rec, _ = self._cost()
         n = len(self._covered)
-        extra = per * n + self._harvest_s
+        extra = per * n + self._harvest_s + self._spent_before
         if n < _MIN_STEPS and extra < _MIN_STEPS_S:
             return True
         allowed = max(self.budget * (now - self._t_first + rec), _FLOOR_S)

@@ -196,6 +196,7 @@ class Watcher(Generic[T]):
         self._attempted = False
         self._quiet_until = 0
         self._exclusive = True  # counts as the one user watcher of its device
+        self._workers: Any = None  # the DataLoader checks (capture/workers.py) of a user's watcher
 
     # -- lifecycle -------------------------------------------------------------------------------
     def __enter__(self) -> Watcher[T]:
@@ -254,6 +255,18 @@ class Watcher(Generic[T]):
                     del _active[label]
             raise
         self._started = True
+        if self._warn:  # the user's watcher (torchmem run has its own checks, on its sampler thread)
+            try:
+                from torchmem.capture.workers import WorkerChecks, WorkerWarning
+
+                def say(_code: str, text: str) -> None:
+                    emit_warning(f"torchmem: {text}", WorkerWarning)
+
+                checks = WorkerChecks(dev, say)
+                checks.install()
+                self._workers = checks
+            except Exception as exc:
+                _log.debug("watch(): the DataLoader checks could not be set up: %r", exc)
 
     def _setup(self, dev: torch.device) -> None:
         self.device = dev
@@ -328,6 +341,8 @@ class Watcher(Generic[T]):
             return
         self._stopped = True
         try:
+            if self._workers is not None:
+                self._workers.uninstall()
             if self._hook is not None:
                 self._hook.remove()
                 self._hook = None
@@ -359,6 +374,8 @@ class Watcher(Generic[T]):
             return
         self.steps += 1
         try:
+            if self._workers is not None:
+                self._workers.poll()
             if self._survivors is not None:
                 self._survivors.boundary(self.steps)
             self._step()

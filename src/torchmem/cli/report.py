@@ -15,7 +15,13 @@ def add_parser(sub: Any) -> None:
         description="Summarise a capture file written by `torchmem run`. A truncated capture (a killed "
         "run) is reported up to where it stops.",
     )
-    p.add_argument("capture", metavar="CAPTURE", help="the capture file (.jsonl) written by torchmem run")
+    p.add_argument(
+        "capture",
+        metavar="CAPTURE",
+        nargs="+",
+        help="the capture file (.jsonl) written by torchmem run; several (a distributed job's ranks, "
+        "run.rank*.jsonl, or a program's child processes) are merged into one report",
+    )
     p.add_argument("--html", metavar="OUT.html", help="write a self-contained HTML report")
     p.add_argument("--plot", metavar="OUT.png", help="write the timeline as a PNG (needs torchmem[plot])")
     p.add_argument("--json", action="store_true", help="print the capture as JSON instead of the summary")
@@ -27,8 +33,31 @@ def add_parser(sub: Any) -> None:
     )
 
 
+def _merged(args: argparse.Namespace, paths: list[str]) -> int:
+    from torchmem.analysis.ranks import merge_captures
+    from torchmem.capture.file import read_capture
+    from torchmem.report._output import OutputError
+
+    if args.html or args.plot:
+        raise OutputError(
+            "--html and --plot take one capture; several were given (a distributed job's ranks).",
+            "run torchmem report on one rank's capture for its page or plot, e.g. "
+            f"torchmem report {paths[0]} --html report.html",
+        )
+    merged = merge_captures([read_capture(p) for p in paths])
+    from torchmem.report.ranks import write_merged, write_merged_json
+
+    (write_merged_json if args.json else write_merged)(merged, sys.stdout)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from torchmem.capture.file import read_capture
+
+    paths = [args.capture] if isinstance(args.capture, str) else list(args.capture)
+    if len(dict.fromkeys(os.path.abspath(p) for p in paths)) > 1:
+        return _merged(args, list(dict.fromkeys(paths)))
+    args.capture = paths[0]
     from torchmem.report._output import OutputError, check_writable
 
     # Every check before any output: a missing extra or a bad path leaves nothing half done.

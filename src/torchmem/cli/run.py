@@ -42,6 +42,7 @@ _VALUE_OPTIONS = {
     "--step-marker",
     "--memory-viz",
     "--warmup",
+    "--nproc",
 }
 _FLAG_OPTIONS = {"--modules", "--no-status", "--quiet", "-q", "--force", "-f", "--help", "-h"}
 
@@ -82,6 +83,13 @@ def add_parser(sub: Any) -> None:
         help="CUDA: record allocator history, write the snapshot pickle pytorch.org/memory_viz opens",
     )
     p.add_argument("--warmup", type=int, default=3, help="steps the leak detector ignores at the start")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        metavar="N",
+        help="launch N ranks on this machine with torchrun (torch.distributed.run --standalone), each "
+        "under torchmem with its own capture (...rank<k>.jsonl), then print the merged report",
+    )
     p.add_argument("--no-status", action="store_true", help="no live status line, even on a terminal")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary at the end")
     p.set_defaults(argv=[])
@@ -419,33 +427,128 @@ def run(args: argparse.Namespace) -> int:
         program = Program(program_argv, err)
     except ProgramNotStarted as exc:
         return exc.exit_code
-    if args.output is None:
-        from torchmem._outputs import process_rank, unique_name
+    if getattr(args, "nproc", None) is not None:
+        return _launch(args, program_argv, program.name, err)
+    from torchmem._outputs import process_rank, unique_name
+    from torchmem.capture.ranks import STAMP_ENV, rank_info, rank_path
 
-        stem, rank = f"torchmem-{program.name}", process_rank()
+    rank = process_rank()
+    stamp = os.environ.get(STAMP_ENV)
+    if rank is None and stamp:  # a rank of `torchmem run --nproc 1`: named as its ranks are
+        info = rank_info()
+        rank = info.rank if info is not None else None
+    html, memory_viz = args.html, args.memory_viz
+    if args.output is None:
+        stem = f"torchmem-{program.name}"
         capture = unique_name(stem, ".jsonl", rank=rank)
+        if stamp and rank is not None and not os.path.lexists(f"{stem}-{stamp}-rank{rank}.jsonl"):
+            capture = f"{stem}-{stamp}-rank{rank}.jsonl"  # the name the launcher looks for
 
         def another_name() -> str:
             return unique_name(stem, ".jsonl", rank=rank)
 
     else:
-        capture = args.output
+        # Each rank its own file, also for a path the user gave: never two ranks into one file.
+        capture = args.output if rank is None else rank_path(args.output, rank)
         another_name = None  # type: ignore[assignment]
+    if rank is not None:
+        html = None if html is None else rank_path(html, rank)
+        memory_viz = None if memory_viz is None else rank_path(memory_viz, rank)
     return run_session(
         program,
         capture=capture,
         device=args.device,
-        html=args.html,
+        html=html,
         interval=args.interval,
         step_marker=args.step_marker,
         modules=args.modules,
         warmup=args.warmup,
         status=False if args.no_status else None,
         quiet=args.quiet,
-        memory_viz=args.memory_viz,
+        memory_viz=memory_viz,
         force=args.force,
         another_name=another_name,
     )[0]
+
+
+def _launch(args: argparse.Namespace, program_argv: list[str], name: str, err: TextIO) -> int:
+    """``torchmem run --nproc N``: torchrun's own launcher (``torch.distributed.run``, standalone
+    rendezvous) runs N ranks of ``python -m torchmem run ... program``; then the merged report."""
+    import time
+    import uuid
+
+    from torchmem.capture.ranks import JOB_ENV, STAMP_ENV, OOMFlag, rank_path
+
+    n = int(args.nproc)
+    if n < 1:
+        raise RunError("--nproc must be at least 1.", "For example --nproc 2.")
+    if args.output is not None and "{rank}" not in args.output and os.path.isdir(args.output):
+        raise RunError(f"--output {args.output!r} is a folder.", "Give a file name, e.g. -o run.jsonl.")
+    try:
+        from torch.distributed.run import main as torchrun_main
+    except Exception as exc:  # a torch built without distributed support
+        raise RunError(
+            f"--nproc needs torch.distributed ({type(exc).__name__}: {exc}).",
+            "Run the program without --nproc.",
+        ) from None
+    job, stamp = uuid.uuid4().hex[:12], time.strftime("%Y%m%d-%H%M%S")
+    own: list[str] = [
+        "--no-status",
+        "--quiet",
+        "--interval",
+        str(args.interval),
+        "--warmup",
+        str(args.warmup),
+    ]
+    for opt, value in (
+        ("--output", args.output),
+        ("--device", args.device),
+        ("--html", args.html),
+        ("--step-marker", args.step_marker),
+        ("--memory-viz", args.memory_viz),
+    ):
+        if value is not None:
+            own += [opt, str(value)]
+    own += ["--modules"] * bool(args.modules) + ["--force"] * bool(args.force)
+    cmd = ["--standalone", f"--nproc_per_node={n}", "-m", "torchmem", "run", *own, "--", *program_argv]
+    saved = {k: os.environ.get(k) for k in (JOB_ENV, STAMP_ENV)}
+    os.environ[JOB_ENV], os.environ[STAMP_ENV] = job, stamp
+    code = 0
+    try:
+        torchrun_main(cmd)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except Exception as exc:  # torchrun's ChildFailedError: the first failed rank's exit code
+        failures = getattr(exc, "failures", None) or {}
+        codes = [getattr(f, "exitcode", 1) for f in failures.values()]
+        code = next((c for c in codes if c), 1)
+        if code < 0:  # killed by a signal
+            code = 128 - code
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if args.output is not None:
+        captures = [rank_path(args.output, k) for k in range(n)]
+    else:
+        captures = [f"torchmem-{name}-{stamp}-rank{k}.jsonl" for k in range(n)]
+    found = [c for c in captures if os.path.exists(c)]
+    folder = os.path.dirname(os.path.abspath(found[0] if found else captures[0]))
+    OOMFlag(folder, job).remove()
+    if not args.quiet and found:
+        try:
+            from torchmem.analysis.ranks import merge_captures
+            from torchmem.capture.file import read_capture
+            from torchmem.report.ranks import write_merged
+
+            merged = merge_captures([read_capture(c) for c in found])
+            write_merged(merged, err)
+        except Exception as exc:
+            print(f"torchmem: the merged report could not be made ({type(exc).__name__}: {exc})", file=err)
+        print(f"captures: {' '.join(found)}  (torchmem report {' '.join(found)})", file=err)
+    return code
 
 
 def run_session(
@@ -561,7 +664,15 @@ def _summary(result: Any, err: TextIO) -> None:
         lines.append(str(host))
     if no_steps:
         lines.append(f"no leak verdict: 0 steps: {no_steps}")
-    elif children:
+    followed = tuple(getattr(result, "child_captures", ()) or ())
+    if followed and not no_steps:
+        lines.append(
+            f"note: the program started {len(children)} process{'es' if len(children) > 1 else ''} "
+            f"({', '.join(children[:3])}); {len(followed)} recorded their own capture: "
+            f"{', '.join(followed[:4])}{', ...' if len(followed) > 4 else ''}; merged: "
+            f"torchmem report {' '.join([result.capture, *followed][:6])}"
+        )
+    elif children and not no_steps:
         lines.append(
             f"note: the program started {len(children)} process{'es' if len(children) > 1 else ''} "
             f"({', '.join(children[:3])}); "

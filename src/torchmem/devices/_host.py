@@ -302,3 +302,25 @@ def _is_subreaper_orphan(pid: int, ppid: int, proc: str) -> bool:
     return name in ("systemd", "tini", "dumb-init", "docker-init", "init") and (
         process_comm(pid, proc) or ""
     ).startswith(("python", "pt_data_worker", "pt_main_thread"))
+
+
+def process_uss(pid: int, proc: str = "/proc") -> int | None:
+    """Process ``pid``'s unique set size (memory no other process shares, in bytes): psutil's
+    ``memory_full_info().uss``, else the sum of ``Private_*`` lines of ``/proc/<pid>/smaps_rollup``; ``None``
+    where neither can be read (the process is gone, another user's)."""
+    try:
+        import psutil  # type: ignore[import-untyped,unused-ignore]
+
+        return int(psutil.Process(pid).memory_full_info().uss)
+    except ImportError:
+        pass
+    except Exception:
+        return None
+    try:
+        with open(f"{proc}/{pid}/smaps_rollup") as f:
+            kib = sum(
+                int(line.split()[1]) for line in f if line.startswith(("Private_Clean:", "Private_Dirty:"))
+            )
+        return kib * 1024
+    except (OSError, ValueError, IndexError):
+        return None

@@ -44,11 +44,13 @@ RECORD_TYPES = (
     "host_leak",
     "survivors",
     "overhead",
+    "rank",
+    "rank_state",
     "end",
 )
 """Record types of version 1. A reader skips types it does not know (later minor additions: ``boundary``,
 ``host_leak``, ``survivors`` and ``overhead`` came with torchmem 0.1's zero-config runs; older readers keep
-them as unknown)."""
+them as unknown; ``rank`` and ``rank_state`` came with distributed runs)."""
 
 END_REASONS = ("exit", "exception", "keyboard_interrupt", "oom", "signal")
 
@@ -231,6 +233,36 @@ class OverheadRecord:
 
 
 @dataclass(frozen=True)
+class RankRecord:
+    """The default process group as the rank saw it (no collective): its rank, the world size, the backend,
+    the NCCL communicators and their estimated buffers (``NcclEstimate.to_dict()`` or ``None``)."""
+
+    t: float
+    rank: int | None
+    world_size: int | None
+    backend: str
+    nccl_communicators: int | None = None
+    nccl: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RankStateRecord:
+    """What this process held when a rank of its job ran out of memory (written once, when the job's OOM
+    flag was seen). ``trigger`` is the flag's content (``rank``, ``wall``, ``site``, ``step``...); ``wall``
+    the wall-clock time of this reading; ``stats`` a ``MemoryStats.to_dict()`` or ``None``."""
+
+    t: float
+    trigger: Mapping[str, Any]
+    wall: float | None
+    step: int | None
+    allocated: int | None
+    reserved: int | None
+    peak_allocated: int | None
+    peak_reserved: int | None
+    stats: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class ModulesRecord:
     """The per-module profile: one row per module, byte columns named in :data:`MODULE_COLUMNS`."""
 
@@ -277,6 +309,8 @@ class Capture:
         host_leaks: Host-memory verdicts (the last is the final one).
         survivors: What the loop allocated and is still alive at the end.
         overheads: What torchmem's own work added to the run (one, at the end).
+        ranks: The process group as this rank saw it (distributed runs).
+        rank_states: This process's state when a rank of its job ran out of memory.
         end: How the run ended; ``None`` when the file has no end record (the run was killed).
         truncated: ``None``, or where the readable part stops and why.
         unknown: Records of types this torchmem does not know (kept as written, otherwise ignored).
@@ -297,6 +331,8 @@ class Capture:
     survivors: tuple[SurvivorsRecord, ...] = ()
     overheads: tuple[OverheadRecord, ...] = ()
     end: End | None = None
+    ranks: tuple[RankRecord, ...] = ()
+    rank_states: tuple[RankStateRecord, ...] = ()
     truncated: str | None = None
     unknown: tuple[Mapping[str, Any], ...] = field(default=())
     lines: int = 0
@@ -314,6 +350,17 @@ class Capture:
     def source(self) -> str | None:
         s = self.header.get("source")
         return None if s is None else str(s)
+
+    @property
+    def rank(self) -> Mapping[str, Any] | None:
+        """The header's ``rank`` field (launcher, rank, local_rank, world_size, host, job), if any."""
+        r = self.header.get("rank")
+        return r if isinstance(r, Mapping) else None
+
+    @property
+    def started(self) -> float | None:
+        """The wall-clock time the run started (seconds since the epoch), from the header."""
+        return _float(self.header.get("started"))
 
     @property
     def finished(self) -> bool:
@@ -392,6 +439,8 @@ class Capture:
             "ooms": [rec(s) for s in self.ooms],
             "modules": [rec(s) for s in self.modules],
             "notes": [rec(s) for s in self.notes],
+            **({"ranks": [rec(s) for s in self.ranks]} if self.ranks else {}),
+            **({"rank_states": [rec(s) for s in self.rank_states]} if self.rank_states else {}),
             "end": None if self.end is None else rec(self.end),
             "truncated": self.truncated,
             "unknown": [dict(u) for u in self.unknown],
@@ -419,6 +468,8 @@ class Capture:
             ooms=many(OOMRecord, "ooms"),
             modules=many(ModulesRecord, "modules"),
             notes=many(Note, "notes"),
+            ranks=many(RankRecord, "ranks"),
+            rank_states=many(RankStateRecord, "rank_states"),
             end=None if end is None else from_mapping(End, end),
             truncated=d.get("truncated"),
             unknown=tuple(dict(u) for u in d.get("unknown") or ()),
@@ -658,6 +709,8 @@ __all__ = [
     "Note",
     "OOMRecord",
     "OverheadRecord",
+    "RankRecord",
+    "RankStateRecord",
     "RunFacts",
     "Sample",
     "StatsRecord",

@@ -1,0 +1,309 @@
+"""Merging a distributed job's captures (pure): per-rank rows, imbalance and its cause, the first OOM with
+every rank's state then, and the ranks that stopped early (:func:`merge_captures`).
+
+Also :func:`gather_rows`: the spread of live :class:`~torchmem.results.ranks.RankStats` (``gather_stats``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torchmem._format import fmt_bytes
+from torchmem.results.capture import Capture, final_leak, run_facts, stats_record
+from torchmem.results.ranks import FirstOOM, MergedReport, NcclEstimate, RankRow, RankState
+from torchmem.results.stats import MemoryStats
+
+# An imbalance worth saying: the largest figure this much above the median, and by at least this many bytes.
+IMBALANCE_RATIO = 1.10
+IMBALANCE_MIN_BYTES = 1024 * 1024
+CACHE_SKEW_RATIO = 2.0  # one rank's cached (reserved - allocated) vs the median's
+CACHE_SKEW_MIN_BYTES = 64 * 1024 * 1024
+
+
+def _label(cap: Capture) -> tuple[str, int | None, int | None]:
+    """The rank's label, its rank and the world size (the process group's own word first)."""
+    head = cap.rank or {}
+    pg = cap.ranks[-1] if cap.ranks else None
+    launcher = str(head.get("launcher") or "")
+    rank = head.get("rank") if isinstance(head.get("rank"), int) else None
+    world = head.get("world_size") if isinstance(head.get("world_size"), int) else None
+    if launcher == "spawn":
+        label = f"proc {rank}"
+        if pg is not None and pg.rank is not None:
+            label += f" (rank {pg.rank})"
+            return label, pg.rank, pg.world_size
+        return label, None, None
+    if pg is not None and pg.rank is not None:
+        return f"rank {pg.rank}", pg.rank, pg.world_size or world
+    if rank is not None:
+        return f"rank {rank}", rank, world
+    return "main", None, None
+
+
+def _timeline(cap: Capture) -> str:
+    known = [s for s in cap.samples if s.allocated is not None]
+    if not known:
+        return ""
+    top = max(known, key=lambda s: s.allocated or 0)
+    return (
+        f"allocated {fmt_bytes(known[0].allocated)} at {known[0].t:.2f} s -> "
+        f"{fmt_bytes(known[-1].allocated)} at {known[-1].t:.2f} s "
+        f"(highest {fmt_bytes(top.allocated)} at {top.t:.2f} s, {len(known)} samples)"
+    )
+
+
+def _end_stats(cap: Capture) -> MemoryStats | None:
+    rec = stats_record(cap, "end")
+    return rec.as_stats() if rec is not None else None
+
+
+def _row(cap: Capture) -> RankRow:
+    label, rank, world = _label(cap)
+    head = cap.rank or {}
+    facts = run_facts(cap)
+    st = _end_stats(cap)
+    leak = final_leak(cap)
+    leak_text = (
+        str(leak) if leak is not None else ("leak verdict: recorded, not readable" if cap.leaks else "")
+    )
+    if not cap.finished:
+        ended = "stopped early (no end record)"
+    else:
+        assert cap.end is not None
+        ended = cap.end.reason.replace("_", " ") + (f" ({cap.end.exit_code})" if cap.end.exit_code else "")
+    nccl = None
+    if cap.ranks and cap.ranks[-1].nccl:
+        try:
+            nccl = NcclEstimate.from_dict(cap.ranks[-1].nccl)
+        except Exception:
+            nccl = None
+    pid = cap.header.get("pid")
+    return RankRow(
+        label=label,
+        capture=cap.path,
+        rank=rank,
+        world_size=world,
+        local_rank=head.get("local_rank") if isinstance(head.get("local_rank"), int) else None,
+        host=str(head.get("host") or ""),
+        pid=pid if isinstance(pid, int) else None,
+        device=str(cap.device or "?"),
+        finished=cap.finished,
+        ended=ended,
+        exit_code=cap.end.exit_code if cap.end is not None else None,
+        steps=facts.steps,
+        seconds=facts.seconds,
+        peak_allocated=cap.peak_allocated,
+        peak_reserved=cap.peak_reserved,
+        process_used=st.process_used if st is not None else None,
+        leaking=bool(leak is not None and leak.leaking),
+        leak_per_step=float(leak.bytes_per_step) if leak is not None and leak.leaking else 0.0,
+        leak_text=leak_text,
+        timeline=_timeline(cap),
+        nccl=nccl,
+    )
+
+
+def _contexts(caps: Sequence[Capture], rows: list[RankRow]) -> list[RankRow]:
+    """Per rank's device: which other ranks of the job hold a context there (NVML's process list)."""
+    import dataclasses
+
+    by_pid = {(r.host, r.pid): r.label for r in rows if r.pid is not None}
+    out = []
+    for cap, row in zip(caps, rows):
+        st = _end_stats(cap)
+        if st is None or st.platform == "cpu" or st.other_processes is None:
+            out.append(row)
+            continue
+        others = tuple(by_pid[(row.host, p.pid)] for p in st.other_processes if (row.host, p.pid) in by_pid)
+        out.append(dataclasses.replace(row, contexts=1 + len(others), context_of=others))
+    return out
+
+
+def _median(vals: list[int]) -> float:
+    return float(statistics.median(vals))
+
+
+def _imbalance(caps: Sequence[Capture], rows: list[RankRow]) -> list[str]:
+    out: list[str] = []
+    live = [r for r in rows if r.peak_allocated is not None]
+    # contexts of other ranks on one GPU: the usual cause of "GPU 0 uses more than the others"
+    for r in rows:
+        if r.context_of:
+            extra = _context_bytes(caps[rows.index(r)], rows, r)
+            out.append(
+                f"{r.device} ({r.label}'s) also holds CUDA contexts of {', '.join(r.context_of)}"
+                + (f" ({fmt_bytes(extra)})" if extra else "")
+                + ": those ranks touched this GPU (torch.load without map_location, or no "
+                "torch.cuda.set_device(local_rank) before the first CUDA call)"
+            )
+    if len(live) >= 2:
+        peaks = [r.peak_allocated or 0 for r in live]
+        med = _median(peaks)
+        top = max(live, key=lambda r: r.peak_allocated or 0)
+        gap = (top.peak_allocated or 0) - med
+        if med > 0 and (top.peak_allocated or 0) >= IMBALANCE_RATIO * med and gap >= IMBALANCE_MIN_BYTES:
+            leakers = [r for r in live if r.leaking]
+            if leakers and len(leakers) < len(live):
+                cause = (
+                    "a leak on "
+                    + ", ".join(f"{r.label} only (+{fmt_bytes(int(r.leak_per_step))}/step)" for r in leakers)
+                    + ": its leak report below names what grows"
+                )
+            elif top.context_of:
+                cause = f"other ranks' contexts on {top.device}"
+            else:
+                cause = (
+                    "no cause torchmem can see: uneven data (sequence lengths, batch split) or rank-0 work"
+                )
+            out.append(
+                f"{top.label} peaked at {fmt_bytes(top.peak_allocated)} allocated, "
+                f"{fmt_bytes(int(gap))} above the median rank ({fmt_bytes(int(med))}): {cause}"
+            )
+        cached = [
+            (r, (r.peak_reserved or 0) - (r.peak_allocated or 0)) for r in live if r.peak_reserved is not None
+        ]
+        if len(cached) >= 2:
+            med_c = _median([c for _, c in cached])
+            r, c = max(cached, key=lambda rc: rc[1])
+            if c >= CACHE_SKEW_MIN_BYTES and c >= CACHE_SKEW_RATIO * max(med_c, 1.0):
+                out.append(
+                    f"{r.label} reserves {fmt_bytes(c)} more than it allocates at its peak (median rank "
+                    f"{fmt_bytes(int(med_c))}): its caching allocator holds freed blocks (fragmentation or "
+                    "a larger transient on that rank); PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+                    "or a smaller transient"
+                )
+    return out
+
+
+def _context_bytes(cap: Capture, rows: list[RankRow], row: RankRow) -> int:
+    st = _end_stats(cap)
+    if st is None or not st.other_processes:
+        return 0
+    pids = {r.pid for r in rows if r.label in row.context_of}
+    return sum(p.used or 0 for p in st.other_processes if p.pid in pids)
+
+
+def _stopped(caps: Sequence[Capture], rows: list[RankRow], world: int | None) -> list[str]:
+    out: list[str] = []
+    done = [r for r in rows if r.finished]
+    for cap, r in zip(caps, rows):
+        if not r.finished:
+            last = max([s.t for s in cap.samples] + [s.t for s in cap.steps] + [0.0])
+            others = " (other ranks wrote their end record)" if done else ""
+            out.append(
+                f"{r.label} stopped early{others}: its capture has no end record (the process was killed, "
+                f"by a signal or by the launcher after another rank failed); last reading at {last:.2f} s, "
+                f"step {r.steps if r.steps is not None else 'n/a'}"
+            )
+        elif r.exit_code not in (0, None):
+            out.append(f"{r.label} failed: {r.ended}")
+    if world:
+        seen = {r.rank for r in rows if r.rank is not None}
+        missing = [k for k in range(world) if k not in seen]
+        if missing and seen:
+            out.append(
+                f"no capture for rank{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} "
+                f"of the {world}: not given, or never written (it did not start)"
+            )
+    return out
+
+
+def _wall(cap: Capture, t: float) -> float | None:
+    return None if cap.started is None else cap.started + t
+
+
+def _first_oom(caps: Sequence[Capture], rows: list[RankRow]) -> FirstOOM | None:
+    events = []
+    for cap, r in zip(caps, rows):
+        for o in cap.ooms:
+            w = _wall(cap, o.t)
+            events.append((w if w is not None else float("inf"), o.t, cap, r, o))
+    if not events:
+        return None
+    # The first OOM the program did not catch (the one that matters); else the first caught one.
+    wall, _, cap, row, rec = min(events, key=lambda e: (bool(e[4].caught), e[0], e[1]))
+    rank_of = row.rank
+    d = rec.as_diagnosis()
+    summary = "\n".join([x for x in str(d).splitlines() if x.strip()][:4]) if d is not None else ""
+    states: list[RankState] = []
+    for c, r in zip(caps, rows):
+        snap = next((x for x in c.rank_states if _same_oom(x.trigger, rank_of, r.pid, wall)), None)
+        if snap is not None:
+            delay = None if snap.wall is None or wall == float("inf") else snap.wall - wall
+            states.append(
+                RankState(
+                    r.label, snap.step, snap.allocated, snap.reserved, snap.peak_allocated, "snapshot", delay
+                )
+            )
+            continue
+        near = None
+        if wall != float("inf") and c.started is not None and c.samples:
+            t = wall - c.started
+            before = [s for s in c.samples if s.t <= t + 0.05]
+            near = before[-1] if before else None
+        if near is not None and c.started is not None:
+            states.append(
+                RankState(
+                    r.label,
+                    near.step,
+                    near.allocated,
+                    near.reserved,
+                    near.peak_allocated,
+                    "sample",
+                    c.started + near.t - wall,
+                )
+            )
+        else:
+            states.append(RankState(r.label, None, None, None, None, "none"))
+    return FirstOOM(row.label, rec.step, rec.site, rec.caught, summary, tuple(states))
+
+
+def _same_oom(trigger: Mapping[str, Any], rank: int | None, pid: int | None, wall: float) -> bool:
+    """Whether a ``rank_state`` snapshot was taken for this OOM (its flag's rank and time)."""
+    t = trigger.get("wall")
+    if isinstance(t, (int, float)) and wall != float("inf") and abs(float(t) - wall) > 2.0:
+        return False
+    return trigger.get("rank") == rank or rank is None
+
+
+def merge_captures(caps: Sequence[Capture]) -> MergedReport:
+    """One report from a job's captures (one per rank or followed child process), in rank order.
+
+    Example:
+        >>> from torchmem.capture.file import read_capture  # doctest: +SKIP
+        >>> print(merge_captures([read_capture(p) for p in paths]))  # doctest: +SKIP
+    """
+    rows = [_row(c) for c in caps]
+    order = sorted(
+        range(len(rows)),
+        key=lambda i: (
+            rows[i].rank is None and rows[i].label != "main",
+            rows[i].label != "main",
+            rows[i].rank or 0,
+            rows[i].label,
+        ),
+    )
+    caps = [caps[i] for i in order]
+    rows = _contexts(caps, [rows[i] for i in order])
+    worlds = [r.world_size for r in rows if r.world_size]
+    world = max(worlds) if worlds else None
+    notes: list[str] = []
+    jobs = {str((c.rank or {}).get("job") or "") for c in caps} - {""}
+    if len(jobs) > 1:
+        notes.append(f"these captures come from {len(jobs)} different jobs (their headers' job keys differ)")
+    dup = {r.label for r in rows if sum(1 for x in rows if x.label == r.label) > 1}
+    if dup:
+        notes.append(f"several captures of {', '.join(sorted(dup))}: runs of different jobs mixed?")
+    return MergedReport(
+        rows=tuple(rows),
+        world_size=world,
+        imbalance=tuple(_imbalance(caps, rows)),
+        stopped=tuple(_stopped(caps, rows, world)),
+        first_oom=_first_oom(caps, rows),
+        notes=tuple(notes),
+    )
+
+
+__all__ = ["merge_captures"]

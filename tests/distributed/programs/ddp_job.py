@@ -1,0 +1,50 @@
+"""A DDP job on gloo: rank 1 keeps a tensor per step (a leak on one rank only); then every rank gathers its
+stats to rank 0 and searches its batch size under its own CPU cap (the ranks must agree)."""
+
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+import torchmem
+from torchmem.integrations.distributed import gather_stats, local_stats
+
+out = sys.argv[1]
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(64, 64))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+keep = []
+for _ in range(24):
+    model(torch.randn(16, 64)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    if rank == 1:
+        keep.append(torch.randn(96 * 1024))  # 384 KiB per step, on rank 1 only
+
+everyone = gather_stats("cpu")
+mine = local_stats("cpu")
+
+net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+
+
+def step(bs: int) -> None:
+    net(torch.randn(bs, 256)).sum().backward()
+    net.zero_grad(set_to_none=True)
+
+
+with torchmem.limit((8 << 20) if rank == 0 else (4 << 20), "cpu"):
+    found = torchmem.find_batch_size(step, device="cpu", margin=0.0)
+result = {
+    "rank": rank,
+    "local": mine.to_dict(),
+    "batch": found.batch_size,
+    "gathered": everyone.to_dict() if everyone is not None else None,
+    "text": str(everyone) if everyone is not None else None,
+}
+with open(f"{out}.{rank}.json", "w") as f:
+    json.dump(result, f)
+dist.destroy_process_group()

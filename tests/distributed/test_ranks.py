@@ -1,0 +1,290 @@
+"""Distributed runs on the CPU with gloo: per-rank captures, the merged report, a leak on one rank, an OOM on
+one rank with every rank's state, a killed rank, followed child processes, gather_stats, find_batch_size.
+
+Each job is launched once (module fixtures) and shared by the assertions on it: spawning ranks is slow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchmem.analysis.ranks import merge_captures
+from torchmem.capture.file import read_capture
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    for k in list(env):  # a job started from inside a job must not inherit its launcher's identity
+        if k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT"):
+            env.pop(k)
+        if k.startswith(("TORCHELASTIC_", "TORCHMEM_")):
+            env.pop(k)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _report(cwd: Path, *captures: str) -> str:
+    r = _run(["-m", "torchmem", "report", *captures], cwd)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+# -- a DDP job through torchrun: rank 1 leaks; gather_stats; find_batch_size ------------------------------
+@pytest.fixture(scope="module")
+def ddp_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    d = tmp_path_factory.mktemp("ddp")
+    r = _run(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "torchmem",
+            "run",
+            "--no-status",
+            "-q",
+            "-o",
+            "run.jsonl",
+            str(PROGRAMS / "ddp_job.py"),
+            str(d / "result"),
+        ],
+        d,
+    )
+    return d, r
+
+
+def test_each_rank_writes_its_own_capture_with_its_identity_in_the_header(ddp_job) -> None:  # type: ignore[no-untyped-def]
+    d, r = ddp_job
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert not (d / "run.jsonl").exists()  # -o run.jsonl: never one file for two ranks
+    caps = [read_capture(d / f"run.rank{k}.jsonl") for k in range(2)]
+    for k, cap in enumerate(caps):
+        assert cap.finished and cap.truncated is None  # no interleaved or broken line
+        assert cap.rank is not None
+        assert (cap.rank["rank"], cap.rank["world_size"], cap.rank["local_rank"]) == (k, 2, k)
+        assert cap.rank["launcher"] == "torchrun"
+        assert cap.ranks and (cap.ranks[-1].rank, cap.ranks[-1].backend) == (k, "gloo")
+        assert cap.step_count == 24
+    assert caps[0].rank["job"] == caps[1].rank["job"] != ""  # type: ignore[index]
+
+
+def test_the_merged_report_names_the_leak_of_rank_1_only(ddp_job) -> None:  # type: ignore[no-untyped-def]
+    d, _ = ddp_job
+    merged = merge_captures([read_capture(d / f"run.rank{k}.jsonl") for k in range(2)])
+    rows = {r.label: r for r in merged.rows}
+    assert set(rows) == {"rank 0", "rank 1"}
+    assert rows["rank 1"].leaking and not rows["rank 0"].leaking
+    assert 300_000 < rows["rank 1"].leak_per_step < 500_000  # 384 KiB/step
+    assert "ddp_job.py:26" in rows["rank 1"].leak_text and "keep" in rows["rank 1"].leak_text
+    assert merged.stopped == ()
+    # find_batch_size's trials ran out of memory on purpose, and the program caught them
+    assert merged.first_oom is None or merged.first_oom.caught
+    assert any("leak on rank 1 only" in s for s in merged.imbalance)
+    text = _report(d, "run.rank0.jsonl", "run.rank1.jsonl")
+    assert "2 captures merged of a world of 2" in text
+    assert "leak on rank 1 only" in text and "__main__.keep" in text
+
+
+def test_gather_stats_reaches_rank_0_and_the_ranks_agree_on_a_batch_size(ddp_job) -> None:  # type: ignore[no-untyped-def]
+    d, _ = ddp_job
+    res = [json.loads((d / f"result.{k}.json").read_text()) for k in range(2)]
+    gathered = res[0]["gathered"]
+    assert gathered is not None and res[1]["gathered"] is None  # only the destination receives it
+    assert [g["rank"] for g in gathered["ranks"]] == [0, 1]
+    assert {g["pid"] for g in gathered["ranks"]} == {x["local"]["pid"] for x in res}
+    assert "2 ranks:" in res[0]["text"]
+    assert [x["local"]["world_size"] for x in res] == [2, 2]
+    # find_batch_size agrees across ranks: both return the size of rank 1, whose cap is the smaller
+    assert res[0]["batch"] == res[1]["batch"] > 1
+
+
+# -- torchmem run --nproc: rank 1 runs out of memory, the launcher stops rank 0 --------------------------
+@pytest.fixture(scope="module")
+def oom_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    d = tmp_path_factory.mktemp("oom")
+    r = _run(["-m", "torchmem", "run", "--nproc", "2", "-o", "job.jsonl", str(PROGRAMS / "oom_job.py")], d)
+    return d, r
+
+
+def test_an_oom_on_one_rank_comes_with_every_rank_s_state(oom_job) -> None:  # type: ignore[no-untyped-def]
+    d, r = oom_job
+    assert r.returncode == 1, r.stderr[-3000:]
+    caps = [read_capture(d / f"job.rank{k}.jsonl") for k in range(2)]
+    assert caps[1].ooms and caps[1].end is not None and caps[1].end.reason == "oom"
+    # both ranks wrote their state when the flag went up: rank 1 (itself) and rank 0 (its sampler saw it)
+    for cap in caps:
+        assert len(cap.rank_states) == 1
+        assert cap.rank_states[0].trigger["rank"] == 1
+        assert cap.rank_states[0].step == 10
+    merged = merge_captures(caps)
+    assert merged.first_oom is not None and merged.first_oom.label == "rank 1"
+    assert merged.first_oom.site is not None and "oom_job.py:16" in merged.first_oom.site
+    assert [s.how for s in merged.first_oom.states] == ["snapshot", "snapshot"]
+    assert all(s.delay is not None and abs(s.delay) < 2.0 for s in merged.first_oom.states)
+    # the launcher's merged report, on stderr, says it all
+    assert "First OOM: rank 1 at step 10" in r.stderr
+    assert "every rank at that moment" in r.stderr
+    assert not list(d.glob(".torchmem-oom-*"))  # the launcher removed the flag
+
+
+def test_the_rank_the_launcher_stopped_is_named(oom_job) -> None:  # type: ignore[no-untyped-def]
+    d, _ = oom_job
+    merged = merge_captures([read_capture(d / f"job.rank{k}.jsonl") for k in range(2)])
+    rows = {r.label: r for r in merged.rows}
+    # rank 0 is stopped by torchrun's SIGTERM (no end record) or fails first in gloo ("connection closed")
+    if rows["rank 0"].finished:
+        assert any(s.startswith("rank 0 failed: exception") for s in merged.stopped)
+    else:
+        assert any(s.startswith("rank 0 stopped early") for s in merged.stopped)
+    assert any(s.startswith("rank 1 failed: oom") for s in merged.stopped)
+
+
+# -- child processes: followed, each with its own capture; one is killed mid-run --------------------------
+@pytest.fixture(scope="module")
+def workers_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    d = tmp_path_factory.mktemp("workers")
+    r = _run(["-m", "torchmem", "run", "--no-status", "-o", "w.jsonl", str(PROGRAMS / "workers.py")], d)
+    return d, r
+
+
+def test_children_that_train_record_their_own_captures(workers_job) -> None:  # type: ignore[no-untyped-def]
+    d, r = workers_job
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "exit codes [0, 0, -9]" in r.stdout
+    assert sorted(p.name for p in d.glob("w*.jsonl")) == [
+        "w.jsonl",
+        "w.proc0.jsonl",
+        "w.proc1.jsonl",
+        "w.proc2.jsonl",
+    ]
+    # the parent's summary says where the work went, instead of "0 steps, peak 0 B" alone
+    assert "each recorded its own capture" in r.stderr and "w.proc0.jsonl" in r.stderr
+    kids = [read_capture(d / f"w.proc{k}.jsonl") for k in range(3)]
+    assert [c.step_count for c in kids[:2]] == [15, 15]
+    assert kids[0].rank is not None and kids[0].rank["launcher"] == "spawn"
+
+
+def test_a_child_killed_mid_run_is_named_and_the_others_are_complete(workers_job) -> None:  # type: ignore[no-untyped-def]
+    d, _ = workers_job
+    caps = [read_capture(d / n) for n in ("w.jsonl", "w.proc0.jsonl", "w.proc1.jsonl", "w.proc2.jsonl")]
+    assert [c.finished for c in caps] == [True, True, True, False]
+    merged = merge_captures(caps)
+    assert [r.label for r in merged.rows] == ["main", "proc 0", "proc 1", "proc 2"]
+    assert len(merged.stopped) == 1 and merged.stopped[0].startswith("proc 2 stopped early")
+    text = _report(d, *(c.path for c in caps))
+    assert "STOPPED: proc 2 stopped early" in text
+
+
+# -- fast checks without processes --------------------------------------------------------------------------
+def test_rank_paths_and_identity_from_the_environment() -> None:
+    from torchmem.capture.ranks import rank_info, rank_path
+
+    assert rank_path("run.jsonl", 1) == "run.rank1.jsonl"
+    assert rank_path("out/run", 2) == os.path.join("out", "run.rank2")
+    assert rank_path("r-{rank}.jsonl", 3) == "r-3.jsonl"
+    env = {"WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"}
+    info = rank_info(env)
+    assert info is not None
+    assert (info.rank, info.world_size, info.local_rank, info.node, info.launcher) == (3, 4, 1, 1, "torchrun")
+    slurm = rank_info({"SLURM_NTASKS": "8", "SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "7"})
+    assert slurm is not None and (slurm.rank, slurm.launcher) == (5, "slurm")
+    assert rank_info({}) is None
+
+
+def test_the_oom_flag_is_raised_once_and_seen_once(tmp_path: Path) -> None:
+    from torchmem.capture.ranks import OOMFlag
+
+    a, b = OOMFlag(str(tmp_path), "job1"), OOMFlag(str(tmp_path), "job1")
+    assert b.check() is None
+    assert a.raise_(1, site="x.py:3") is True
+    assert b.raise_(0) is False  # the first rank's flag stands
+    seen = b.check()
+    assert seen is not None and seen["rank"] == 1 and seen["site"] == "x.py:3"
+    assert b.check() is None  # once
+    stale = OOMFlag(str(tmp_path), "job1", since=os.stat(a.path).st_mtime + 3600)
+    assert stale.check() is None  # an earlier job's flag is ignored
+
+
+def test_nccl_buffers_from_the_environment() -> None:
+    from torchmem.results.ranks import estimate_nccl, nccl_note
+
+    assert estimate_nccl({}, 0) is None
+    e = estimate_nccl({}, 2)
+    assert e is not None and e.bytes == 2 * 2 * 2 * (4 << 20) and not e.channels_from_env
+    e8 = estimate_nccl({"NCCL_BUFFSIZE": "8388608", "NCCL_MIN_NCHANNELS": "4"}, 1)
+    assert e8 is not None and e8.bytes == 4 * 2 * (8 << 20) and e8.channels_from_env
+    note = nccl_note(64 << 20, e)
+    assert note is not None and "NCCL" in note
+
+
+def _write_rank(path: Path, rank: int, pid: int, others: list[int], peak: int, reserved: int) -> None:
+    """A CUDA rank's capture written by the real writer (what a GPU run records, figures chosen)."""
+    from torchmem.capture.file import CaptureWriter
+    from torchmem.results.stats import MemoryStats, ProcessMemory
+
+    st = MemoryStats(
+        device="cuda:0" if rank == 0 else f"cuda:{rank}",
+        platform="cuda",
+        name="GPU",
+        timestamp=0.0,
+        allocated=peak // 2,
+        reserved=reserved,
+        peak_allocated=peak,
+        peak_reserved=reserved,
+        process_used=reserved + (500 << 20),
+        other_processes=tuple(ProcessMemory(p, "python", 300 << 20) for p in others),
+    )
+    w = CaptureWriter(
+        path,
+        device=st.device,
+        source="allocator",
+        rank={
+            "rank": rank,
+            "world_size": 3,
+            "local_rank": rank,
+            "launcher": "torchrun",
+            "host": "h",
+            "job": "j",
+        },
+    )
+    w.sample(step=1, allocated=peak, reserved=reserved, peak_allocated=peak, peak_reserved=reserved)
+    w.stats("end", st.to_dict())
+    w.close(steps=5)
+
+
+def test_contexts_of_other_ranks_on_gpu_0_and_a_cache_skew_are_called_out(tmp_path: Path) -> None:
+    gib = 1 << 30
+    _write_rank(tmp_path / "r0.jsonl", 0, 100, [101, 102], 6 * gib, 6 * gib)
+    _write_rank(tmp_path / "r1.jsonl", 1, 101, [], 4 * gib, 7 * gib)
+    _write_rank(tmp_path / "r2.jsonl", 2, 102, [], 4 * gib, 4 * gib + (10 << 20))
+    caps = [read_capture(tmp_path / f"r{k}.jsonl") for k in range(3)]
+    # the writer's header pid is the test's; the ranks' pids are what each capture says
+    caps = [dataclasses.replace(c, header={**c.header, "pid": 100 + k}) for k, c in enumerate(caps)]
+    merged = merge_captures(caps)
+    rows = {r.label: r for r in merged.rows}
+    assert rows["rank 0"].contexts == 3 and rows["rank 0"].context_of == ("rank 1", "rank 2")
+    assert rows["rank 1"].contexts == 1
+    text = "\n".join(merged.imbalance)
+    assert "cuda:0 (rank 0's) also holds CUDA contexts of rank 1, rank 2 (600.00 MiB)" in text
+    assert "map_location" in text
+    assert "rank 0 peaked at 6.00 GiB allocated" in text and "other ranks' contexts on cuda:0" in text
+    assert "rank 1 reserves 3.00 GiB more than it allocates" in text
+    again = type(merged).from_dict(json.loads(json.dumps(merged.to_dict())))
+    assert again == merged
