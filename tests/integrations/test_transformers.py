@@ -103,7 +103,7 @@ def test_an_error_inside_the_callback_switches_it_off_and_training_goes_on(
 ) -> None:
     import torchmem.integrations.transformers as mod
 
-    def broken(device: torch.device) -> dict[str, float]:
+    def broken(device: torch.device, peaks: Any = None) -> dict[str, float]:
         raise RuntimeError("figures broke")
 
     monkeypatch.setattr(mod, "figures", broken)

@@ -182,6 +182,35 @@ def _no_memory(kind: type) -> bool:
     return v
 
 
+def _private_pools(device: torch.device) -> list[Any]:
+    """The private pools (CUDA graphs) of a CUDA device, when any segment is in one."""
+    if device.type != "cuda":
+        return []
+    try:
+        from torchmem.analysis.holders.compiled import compiled_pools
+
+        return compiled_pools(device.index or 0)
+    except Exception:
+        return []
+
+
+def _pool_of(dense: torch.Tensor, path: Any, pools: list[Any]) -> Any:
+    """The private pool a tensor's memory is in, or whose CUDA-graph tree its holder path goes through."""
+    from torchmem.analysis.holders.compiled import through_tree
+
+    try:
+        ptr = int(dense.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        ptr = 0
+    if ptr:
+        for pool in pools:
+            if pool.holds(ptr):
+                return pool
+    if path is not None and through_tree(path):
+        return next((p for p in pools if p.compiled), None)
+    return None
+
+
 def collect_live(device: torch.device, allocated: int | None, with_holders: bool = True) -> LiveTensorReport:
     """Build the report for ``device`` (the public wrapper reads ``allocated`` from the device layer)."""
     tensor_type, module_type, opt_type = torch.Tensor, torch.nn.Module, torch.optim.Optimizer
@@ -321,6 +350,7 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         return text
 
     owner_types = [type(o).__name__ for o in [*roots, *optimizers]]
+    pools = _private_pools(device) if with_holders else []
 
     out: list[LiveTensor] = []
     by_category = dict.fromkeys(CATEGORIES, 0)
@@ -334,6 +364,11 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     for (k, e), holder, hp in zip(store.items(), holders, paths):
         t, category, name, views, dense, part = e
         owner = _owner(name, hp, root_names, owner_types)
+        if pools:
+            pool = _pool_of(dense, hp, pools)
+            if pool is not None:  # a compiled graph's pool: its one description, not a path through torch
+                holder, hp = f"{pool.label} (fix: {pool.fix})", None
+                owner = (pool.label, "CUDA graphs")
         if isinstance(name, tuple):
             name = resolve(name)
         layout = str(t.layout).replace("torch.", "")

@@ -39,6 +39,7 @@ def build_stats(
     notes: tuple[str, ...] = (),
     pinned_host_active: int | None = None,
     host_rss: int | None = None,
+    private_pools: int | None = None,
 ) -> MemoryStats:
     """Derive a :class:`MemoryStats` from raw readings.
 
@@ -130,6 +131,7 @@ def build_stats(
         pinned_host=pinned_host,
         pinned_host_active=pinned_host_active,
         host_rss=host_rss,
+        private_pools=private_pools,
         limit=limit,
         notes=notes,
     )

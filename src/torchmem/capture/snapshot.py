@@ -128,9 +128,21 @@ def _read_cuda(be: CudaBackend, probe: bool = True) -> MemoryStats:
         pinned_host=pinned,
         pinned_host_active=pinned_active,
         host_rss=rss,
+        private_pools=_private_pools(index) if (probe and initialized) else None,
         limit=_limit(be),
         notes=tuple(notes),
     )
+
+
+def _private_pools(index: int) -> int | None:
+    """Bytes of the device's segments in private pools (one allocator snapshot; only for stats() calls)."""
+    try:
+        from torchmem.devices import _allocator
+
+        segs = _allocator.private_pool_segments(index)
+    except Exception:
+        return None
+    return None if segs is None else sum(size for _, _, size in segs)
 
 
 def _limit(be: Backend) -> int | None:

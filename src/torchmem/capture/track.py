@@ -18,7 +18,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class _Frame:
-    __slots__ = ("carried", "cohort", "hot0", "mark", "stack", "t0")
+    __slots__ = ("carried", "cohort", "hot0", "mark", "stack", "t0", "token")
 
     def __init__(self) -> None:
         self.carried = 0
@@ -27,6 +27,7 @@ class _Frame:
         self.hot0: Any = None
         self.stack = ExitStack()
         self.t0 = 0.0
+        self.token: int | None = None
 
 
 # Active frames per device that reset the allocator's peak: an inner reset must not lose an outer peak.
@@ -120,6 +121,8 @@ class Tracker(ContextDecorator):
             f.cohort = led.open_cohort(dev)
         if cpu:
             f.mark = led.open_watermark(dev)
+        elif self._peak and be.is_initialized() and (token := be.open_peak()) is not None:
+            f.token = token  # an exact peak that leaves the program's own peak counters as they were
         elif self._peak and be.is_initialized():
             with _open_lock:
                 prior = be.hot().peak_allocated or 0
@@ -144,6 +147,8 @@ class Tracker(ContextDecorator):
         if f.mark is not None:
             peak = f.mark.peak
             ledger().close_watermark(f.mark)
+        elif f.token is not None:
+            peak = be.close_peak(f.token)
         else:
             with _open_lock:
                 frames = _open.get(dev, [])
@@ -200,10 +205,12 @@ def track(
         survivors: Record the tensor storages created inside the block, to report how many bytes of them
             are still alive at exit (``survived``). Costs ~15 µs per op inside the block; pass ``False`` in a
             hot loop (``born``/``survived`` are then ``None``).
-        peak: Measure the peak inside the block. On CUDA/XPU this resets torch's peak counters at block
-            entry (``torch.cuda.reset_peak_memory_stats``): afterwards ``max_memory_allocated()`` reports the
-            peak since the most recent block began. Pass ``False`` to leave torch's counters untouched
-            (``peak`` is then ``None``). On CPU torchmem keeps its own peak and nothing in torch changes.
+        peak: Measure the peak inside the block. On CUDA the peak is exact and the program's own view of its
+            peaks does not change: ``max_memory_allocated()``, ``memory_stats()`` and the program's own
+            ``reset_peak_memory_stats()`` calls give what they would without torchmem (torchmem shares torch's
+            one peak counter between its blocks and the program; see docs/api.md). On XPU this resets torch's
+            peak counters at block entry. Pass ``False`` to leave torch untouched (``peak`` is then ``None``).
+            On CPU torchmem keeps its own peak and nothing in torch changes.
         on_exit: Called with the :class:`TrackResult` of each block.
 
     Example:

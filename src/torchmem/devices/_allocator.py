@@ -241,3 +241,21 @@ def run_pending_cuda_init() -> None:
         _init_pending.clear()
     for run in pending:
         run()
+
+
+def private_pool_segments(index: int) -> list[tuple[tuple[int, int], int, int]] | None:
+    """``(pool id, address, size)`` of every segment of device ``index`` that belongs to a private memory
+    pool (CUDA graphs: ``torch.cuda.graph``, torch.compile's ``reduce-overhead``); ``None`` if CUDA is not in
+    use or torch's snapshot has no pool ids. One allocator snapshot (a few ms on a large cache)."""
+    segs = segments(index)
+    if segs is None:
+        return None
+    out: list[tuple[tuple[int, int], int, int]] = []
+    for s in segs:
+        pool = s.get("segment_pool_id")
+        if pool is None:
+            return None  # this torch does not say which pool a segment is in
+        pid = (int(pool[0]), int(pool[1]))
+        if pid != (0, 0):
+            out.append((pid, int(s.get("address", 0)), int(s.get("total_size", 0))))
+    return out

@@ -89,6 +89,20 @@ class Backend(ABC):
     def reset_peak(self) -> None:  # noqa: B027 - a no-op is the correct default for kinds without peaks
         """Reset the allocator's peak counters (only called where the caller documents it)."""
 
+    def open_peak(self) -> int | None:
+        """Start an exact peak reading that leaves the program's own peak counters as they are; returns a
+        token for :meth:`close_peak`, or ``None`` where this device kind cannot (the caller resets
+        instead)."""
+        return None
+
+    def close_peak(self, token: int) -> int | None:
+        """End the reading :meth:`open_peak` started: the highest allocated bytes since it opened."""
+        return None
+
+    def peak_since(self, token: int) -> int | None:
+        """The highest allocated bytes since :meth:`open_peak` gave ``token``, the reading staying open."""
+        return None
+
 
 def flatten(nested: Mapping[str, object], prefix: str = "") -> dict[str, int]:
     """Flatten torch's nested stats dict into ``memory_stats()``-style dotted keys (unsorted)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from torchmem.devices import _peaks
 from torchmem.devices._base import Backend, HotReading, flatten
 
 
@@ -58,14 +59,16 @@ class CudaBackend(Backend):
         d = self._read(self._idx)
         a = d["allocated_bytes"]["all"]
         r = d["reserved_bytes"]["all"]
-        return HotReading(
-            a["current"], r["current"], d["active_bytes"]["all"]["current"], a["peak"], r["peak"]
-        )
+        pa, pr = a["peak"], r["peak"]
+        if _peaks._muxes:  # a torchmem reader reset torch's counters: the program's view of its peaks
+            pa, pr = _peaks.user_peaks(self._idx, pa, pr)
+        return HotReading(a["current"], r["current"], d["active_bytes"]["all"]["current"], pa, pr)
 
     def allocator_stats(self) -> Mapping[str, int] | None:
         if not torch.cuda.is_initialized():
             return {}
-        return flatten(self._read(self._idx))
+        flat = flatten(self._read(self._idx))
+        return _peaks.user_view_flat(self._idx, flat) if _peaks._muxes else flat
 
     def mem_info(self) -> tuple[int, int] | None:
         # cudaMemGetInfo needs a context; creating one would add ~500 MiB to what we measure.
@@ -87,7 +90,18 @@ class CudaBackend(Backend):
 
     def reset_peak(self) -> None:
         if torch.cuda.is_initialized():
-            torch.cuda.reset_peak_memory_stats(self._idx)
+            torch.cuda.reset_peak_memory_stats(self._idx)  # the program's reset (wrapped while readers run)
+
+    def open_peak(self) -> int | None:
+        if not torch.cuda.is_initialized():
+            return None
+        return _peaks.open_reader(self._idx)
+
+    def close_peak(self, token: int) -> int | None:
+        return _peaks.close_reader(self._idx, token)
+
+    def peak_since(self, token: int) -> int | None:
+        return _peaks.reader_peak(self._idx, token)
 
     def uuid(self) -> str | None:
         """The device UUID (``GPU-…``) once CUDA is initialised, for an exact NVML match."""

@@ -40,10 +40,46 @@ class LoopWatch:
         return self.watcher.report()
 
 
-def figures(device: torch.device) -> dict[str, float]:
-    """The per-step figures, in bytes: allocated, reserved, the allocator's peak (never reset here: a
-    user's own ``reset_peak_memory_stats()`` keeps working) and the process's RSS; on the CPU the C heap in
-    use stands for allocated."""
+class StepPeaks:
+    """The true peak of each training step on CUDA, without taking torch's peak counters from the program:
+    :meth:`lap` at each step's end returns the highest allocated bytes since the previous lap (exact; torch's
+    ``max_memory_allocated()`` and the program's own ``reset_peak_memory_stats()`` keep their meaning), and
+    :meth:`since_log` the highest step peak since the previous call. Nothing on other device kinds."""
+
+    def __init__(self, device: torch.device) -> None:
+        from torchmem.devices import backend
+
+        self._be = backend(device) if device.type == "cuda" else None
+        self._token: int | None = None
+        self._max: int | None = None
+
+    def lap(self) -> int | None:
+        be = self._be
+        if be is None:
+            return None
+        peak = None
+        if self._token is not None:
+            peak = be.close_peak(self._token)
+            self._token = None
+        self._token = be.open_peak()
+        if peak is not None:
+            self._max = peak if self._max is None else max(self._max, peak)
+        return peak
+
+    def since_log(self) -> int | None:
+        out, self._max = self._max, None
+        return out
+
+    def close(self) -> None:
+        if self._be is not None and self._token is not None:
+            self._be.close_peak(self._token)
+            self._token = None
+
+
+def figures(device: torch.device, peaks: StepPeaks | None = None) -> dict[str, float]:
+    """The per-step figures, in bytes: allocated, reserved, the allocator's peak (the program's view:
+    torchmem never takes it away), the highest true step peak since the previous log (``step_peak``, from
+    ``peaks``) and the process's RSS; on the CPU the C heap in use stands for allocated."""
     from torchmem.capture.read import counters
     from torchmem.devices._host import heap_in_use, process_rss
 
@@ -61,6 +97,9 @@ def figures(device: torch.device) -> dict[str, float]:
         ):
             if v is not None:
                 out[key] = float(v)
+        step = None if peaks is None else peaks.since_log()
+        if step is not None:
+            out["step_peak"] = float(step)
     rss = process_rss()
     if rss is not None:
         out["host_rss"] = float(rss)
@@ -137,4 +176,13 @@ def fmt_figures(f: dict[str, float]) -> str:
     return ", ".join(f"{k} {fmt_bytes(int(v))}" for k, v in f.items())
 
 
-__all__ = ["Guard", "LoopWatch", "figures", "oom_text", "print_summary", "stop_all", "summary_lines"]
+__all__ = [
+    "Guard",
+    "LoopWatch",
+    "StepPeaks",
+    "figures",
+    "oom_text",
+    "print_summary",
+    "stop_all",
+    "summary_lines",
+]

@@ -23,7 +23,15 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from torchmem.integrations._loops import Guard, LoopWatch, figures, oom_text, print_summary, stop_all
+from torchmem.integrations._loops import (
+    Guard,
+    LoopWatch,
+    StepPeaks,
+    figures,
+    oom_text,
+    print_summary,
+    stop_all,
+)
 
 try:
     from lightning.pytorch.callbacks import Callback as _Callback
@@ -74,6 +82,7 @@ class TorchmemCallback(_Callback):  # type: ignore[misc]
         self._guard = Guard("the Lightning callback")
         self._loops: dict[str, LoopWatch] = {}
         self._batches = 0
+        self._peaks: StepPeaks | None = None
 
     @property
     def error(self) -> str | None:
@@ -91,10 +100,13 @@ class TorchmemCallback(_Callback):  # type: ignore[misc]
     ) -> None:
         def work() -> None:
             self._loop("train", pl_module).step()
+            if self._peaks is None:
+                self._peaks = StepPeaks(pl_module.device)
+            self._peaks.lap()
             self._batches += 1
             n = self.log_every_n_steps
             if n and self._batches % n == 0:
-                values = {f"torchmem/{k}": v for k, v in figures(pl_module.device).items()}
+                values = {f"torchmem/{k}": v for k, v in figures(pl_module.device, self._peaks).items()}
                 pl_module.log_dict(values, on_step=True, on_epoch=False, logger=True, prog_bar=False)
 
         self._guard.run("on_train_batch_end", work)
@@ -129,7 +141,9 @@ class TorchmemCallback(_Callback):  # type: ignore[misc]
         if not self._loops:
             return
         loops, self._loops = self._loops, {}
-
+        peaks, self._peaks = self._peaks, None
+        if peaks is not None:
+            self._guard.run("closing the step peaks", peaks.close)
         stop_all(loops, self.reports, self._guard)
         if self.summary and not quiet and trainer.is_global_zero and not self._guard.off:
             self._guard.run("the summary", lambda: print_summary(self.reports))

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from torchmem.integrations._loops import Guard, LoopWatch, figures, print_summary, stop_all
+from torchmem.integrations._loops import Guard, LoopWatch, StepPeaks, figures, print_summary, stop_all
 
 try:
     from transformers import TrainerCallback as _TrainerCallback
@@ -63,6 +63,7 @@ class TorchmemTrainerCallback(_TrainerCallback):  # type: ignore[misc]
         self._guard = Guard("the Trainer callback")
         self._loops: dict[str, LoopWatch] = {}
         self._device: torch.device | None = None
+        self._peaks: StepPeaks | None = None
 
     @property
     def error(self) -> str | None:
@@ -96,7 +97,14 @@ class TorchmemTrainerCallback(_TrainerCallback):  # type: ignore[misc]
             w.step()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._guard.run("on_step_end", lambda: self._step("train"))
+        def work() -> None:
+            self._step("train")
+            if self._device is not None:
+                if self._peaks is None:
+                    self._peaks = StepPeaks(self._device)
+                self._peaks.lap()
+
+        self._guard.run("on_step_end", work)
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._guard.run("on_prediction_step", lambda: self._step("eval"))
@@ -104,12 +112,15 @@ class TorchmemTrainerCallback(_TrainerCallback):  # type: ignore[misc]
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
         def work() -> None:
             if isinstance(logs, dict) and self._device is not None:
-                logs.update({f"torchmem/{k}": v for k, v in figures(self._device).items()})
+                logs.update({f"torchmem/{k}": v for k, v in figures(self._device, self._peaks).items()})
 
         self._guard.run("on_log", work)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         loops, self._loops = self._loops, {}
+        peaks, self._peaks = self._peaks, None
+        if peaks is not None:
+            self._guard.run("closing the step peaks", peaks.close)
         stop_all(loops, self.reports, self._guard)
         if self.summary and getattr(state, "is_world_process_zero", True) and not self._guard.off:
             self._guard.run("the summary", lambda: print_summary(self.reports))

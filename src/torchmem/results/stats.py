@@ -159,6 +159,9 @@ class MemoryStats:
         pinned_host_active: Of ``pinned_host``, the blocks in use now (the rest is cached for reuse).
         host_rss: This process's resident host memory (RSS), on every device kind (pinned memory is part
             of it).
+        private_pools: Of ``reserved``, the segments in private memory pools (CUDA graphs recorded by
+            ``torch.cuda.graph`` or torch.compile's ``reduce-overhead`` mode); read by :func:`torchmem.stats`
+            (one allocator snapshot), ``None`` where not read.
         limit: The per-process cap in effect (:func:`torchmem.limit`, or a memory fraction set another way),
             in bytes; ``None`` when no cap is in effect.
         notes: Why some figures are ``n/a``, and what to do about it.
@@ -194,6 +197,7 @@ class MemoryStats:
     notes: tuple[str, ...] = ()
     pinned_host_active: int | None = None
     host_rss: int | None = None
+    private_pools: int | None = None
 
     @property
     def other_processes_used(self) -> int | None:
@@ -271,15 +275,20 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
         s.fragmented,
         "" if s.fragmentation is None else f"{s.fragmentation:.0%} of the cache",
     )
-    torch_row = BreakdownRow(
-        "PyTorch reserved",
-        s.reserved,
-        "caching allocator segments",
-        (
-            BreakdownRow("allocated (live tensors, workspaces)", s.allocated),
-            BreakdownRow("cached free blocks", s.cached, "", (split_row,)),
-        ),
-    )
+    torch_parts = [
+        BreakdownRow("allocated (live tensors, workspaces)", s.allocated),
+        BreakdownRow("cached free blocks", s.cached, "", (split_row,)),
+    ]
+    if s.private_pools:
+        torch_parts.append(
+            BreakdownRow(
+                "of which in private pools",
+                s.private_pools,
+                "CUDA graphs (torch.compile reduce-overhead, torch.cuda.graph): live_tensors() names them; "
+                "torch.compiler.reset() frees torch.compile's",
+            )
+        )
+    torch_row = BreakdownRow("PyTorch reserved", s.reserved, "caching allocator segments", tuple(torch_parts))
     rows: list[BreakdownRow] = [
         BreakdownRow("CUDA context (estimate)", s.context, _CONTEXT_NOTES.get(s.context_method or "", "")),
         torch_row,
