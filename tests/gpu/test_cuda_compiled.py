@@ -28,6 +28,7 @@ class Net(torch.nn.Module):
         return self.b(torch.relu(self.a(x)))
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own (torch.jit.script_method)
 def test_reduce_overhead_graph_pool_is_named_with_its_fix_and_is_a_breakdown_row() -> None:
     model = Net().cuda()
     f = torch.compile(model, mode="reduce-overhead")

@@ -313,8 +313,10 @@ class WorkerChecks:
             series.clear()
         series.append(held)
         del series[:-30]
-        cached = held - (active or 0)
-        if len(series) >= 6 and series[-1] - series[0] >= PINNED_GROWTH and cached * 2 >= held:
+        # held - active: torch counts a freed block as active until its events are processed, so this
+        # is a lower bound of the cache; the growth of what is held is the signal
+        cached = max(held - (active or 0), 0)
+        if len(series) >= 6 and series[-1] - series[0] >= PINNED_GROWTH:
             rises = sum(1 for a, b in itertools.pairwise(series) if b > a)
             if rises >= 4:
                 self._say(
