@@ -16,6 +16,11 @@ import pytest
 import torchmem
 
 EXPECTED_ALL = {
+    "distributed",
+    "LintFinding",
+    "lint_paths",
+    "lint_source",
+    "WorkerWarning",
     "survivors",
     "SurvivorGroup",
     "SurvivorReport",
@@ -127,6 +132,8 @@ PUBLIC_FUNCTIONS = [
     "stats",
     "track",
     "survivors",
+    "lint_paths",
+    "lint_source",
 ]
 
 ERRORS = [
@@ -187,7 +194,7 @@ def test_public_function_examples_run(name: str) -> None:
     assert result.failed == 0
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED_ALL - {"__version__", *PUBLIC_FUNCTIONS}))
+@pytest.mark.parametrize("name", sorted(EXPECTED_ALL - {"__version__", "distributed", *PUBLIC_FUNCTIONS}))
 def test_public_classes_have_docstrings(name: str) -> None:
     obj = getattr(torchmem, name)
     assert inspect.isclass(obj)
@@ -292,3 +299,10 @@ def test_import_loads_nothing_until_a_name_is_used() -> None:
     assert set(torchmem.__all__) <= set(dir(torchmem))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         torchmem.nope  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_the_distributed_namespace_is_a_documented_module() -> None:
+    mod = torchmem.distributed
+    assert inspect.ismodule(mod) and (mod.__doc__ or "").strip()
+    for fn in (mod.gather_stats, mod.local_stats):
+        assert ">>>" in (fn.__doc__ or ""), fn.__name__

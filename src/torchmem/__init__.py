@@ -52,6 +52,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they 
     from torchmem.actions.scope import Scope, scope
     from torchmem.analysis.estimate import FitArgumentError
     from torchmem.analysis.holders import find_holders, holders
+    from torchmem.analysis.lint import LintFinding, lint_paths, lint_source
     from torchmem.analysis.oom import is_oom
     from torchmem.capture.cpu import CpuTracking, cpu_tracking
     from torchmem.capture.file import Capture, CaptureError, read_capture
@@ -62,7 +63,9 @@ if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they 
     from torchmem.capture.read import counters, live_tensors, reset_peak, stats
     from torchmem.capture.track import Tracker, track
     from torchmem.capture.watch import LeakWarning, Watcher, WatchError, watch
+    from torchmem.capture.workers import WorkerWarning
     from torchmem.devices import HotReading
+    from torchmem.integrations import distributed
     from torchmem.integrations.excepthook import install, uninstall
     from torchmem.results.fit import EstimateRow, MemoryEstimate
     from torchmem.results.holders import HolderPath, HolderSearch
@@ -161,6 +164,11 @@ _EXPORTS: dict[str, str] = {
     "track": "torchmem.capture.track",
     "uninstall": "torchmem.integrations.excepthook",
     "watch": "torchmem.capture.watch",
+    "WorkerWarning": "torchmem.capture.workers",
+    "LintFinding": "torchmem.analysis.lint",
+    "lint_paths": "torchmem.analysis.lint",
+    "lint_source": "torchmem.analysis.lint",
+    "distributed": "torchmem.integrations",
 }
 
 __all__ = [
@@ -190,6 +198,7 @@ __all__ = [
     "LeakWarning",
     "Limit",
     "LimitError",
+    "LintFinding",
     "LiveTensor",
     "LiveTensorReport",
     "MemoryEstimate",
@@ -222,12 +231,14 @@ __all__ = [
     "UnsupportedDeviceError",
     "WatchError",
     "Watcher",
+    "WorkerWarning",
     "WorkingSetEntry",
     "__version__",
     "attach_oom_observer",
     "budget",
     "counters",
     "cpu_tracking",
+    "distributed",
     "estimate",
     "explain_oom",
     "find_batch_size",
@@ -236,6 +247,8 @@ __all__ = [
     "install",
     "is_oom",
     "limit",
+    "lint_paths",
+    "lint_source",
     "live_tensors",
     "oom_guard",
     "profile",
@@ -263,7 +276,10 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'torchmem' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    if name == "distributed":  # a module: torchmem.distributed.gather_stats(), local_stats()
+        value = importlib.import_module("torchmem.integrations.distributed")
+    else:
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # the next access is a plain attribute read
     return value
 

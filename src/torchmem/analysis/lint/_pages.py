@@ -1,0 +1,398 @@
+"""The rule pages ``torchmem lint --explain CODE`` prints (docs/lint/TMnnn.md holds the same text; a test
+keeps them equal). Kept in the package as strings so that ``--explain`` works from an installed wheel."""
+
+from __future__ import annotations
+
+PAGES: dict[str, str] = {
+    "TM001": """# TM001 graph-accumulated
+
+A tensor that carries its autograd graph is kept across the iterations of a training loop: added to a
+running total (`total += loss`), appended to a list (`losses.append(loss)`) or stored under a changing key
+(`history[step] = out`).
+
+## Why
+
+`loss` is not a number: it is the root of the graph that produced it, and that graph references the
+step's activations and intermediate results. `total += loss` makes `total` the root of a graph that holds
+every step's graph (each `+` adds a node pointing at the previous total); `losses.append(loss)` keeps each
+step's graph alive for as long as the list lives. Memory grows every step until the run ends with an
+out-of-memory error, usually many steps in. This is the first entry of the PyTorch FAQ on memory.
+
+## Wrong
+
+```python
+total = 0.0
+losses = []
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    total += loss            # TM001
+    losses.append(loss)      # TM001
+```
+
+## Right
+
+```python
+total = 0.0
+losses = []
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    total += loss.item()             # a Python float
+    losses.append(loss.detach())     # a tensor without the graph
+```
+
+## When it does not fire
+
+The value is `.item()`, `.detach()`, `.tolist()`, `float(...)`, `.cpu().numpy()` or made under
+`torch.no_grad()`; the container or total is reset inside the loop (`total = 0`, `losses.clear()`); the
+accumulated value is itself what `.backward()` runs on (gradient accumulation); the loop has no
+`.backward()` and no optimizer `.step()`; the value's origin is unknown to the local data flow.
+
+Suppress one line with `# noqa: TM001`.
+""",
+    "TM002": """# TM002 eval-without-no-grad
+
+An evaluation loop (in a function named like `evaluate`, `validate`, `test`, `predict`, `generate`,
+`inference`, or after `model.eval()`) calls the model with autograd recording.
+
+## Why
+
+`model.eval()` changes how dropout and batch norm behave; it does not turn autograd off. Without
+`torch.no_grad()` (or `torch.inference_mode()`) every forward records its graph and keeps the activations
+a backward would need, so evaluation uses about as much memory as training, and any output you keep
+(`preds.append(out)`) keeps its whole graph. Evaluation then runs out of memory with a batch size that
+training handled, and runs slower.
+
+## Wrong
+
+```python
+import torch
+
+def evaluate(model, loader):
+    model.eval()
+    correct = 0
+    for x, y in loader:          # TM002
+        out = model(x)
+        correct += (out.argmax(1) == y).sum().item()
+    return correct
+```
+
+## Right
+
+```python
+import torch
+
+@torch.no_grad()
+def evaluate(model, loader):
+    model.eval()
+    correct = 0
+    for x, y in loader:
+        out = model(x)
+        correct += (out.argmax(1) == y).sum().item()
+    return correct
+```
+
+(`with torch.no_grad():` or `with torch.inference_mode():` around the loop works as well.)
+
+## When it does not fire
+
+The function (or a caller in the same file) uses `torch.no_grad()`, `torch.inference_mode()` or
+`torch.set_grad_enabled(...)`; the function calls `.backward()` or an optimizer step (it trains, e.g.
+test-time adaptation); the model is not called inside a loop; the file imports nothing of torch's world
+(torch, lightning, transformers, accelerate, ...); framework hooks such as Lightning's
+`validation_step` (run under no_grad by the framework); test functions in `test_*.py` files.
+
+Suppress with `# noqa: TM002` on the loop's line.
+""",
+    "TM003": """# TM003 empty-cache-in-loop
+
+`torch.cuda.empty_cache()` runs on every step of a training loop.
+
+## Why
+
+`empty_cache()` frees nothing your program holds. It returns the caching allocator's *unused* blocks to
+the driver, and the next step, which needs the same amount of memory, has to get them back with
+`cudaMalloc`, which is slow and synchronises the device. The loop becomes slower and its peak memory does
+not change. A real leak (a tensor kept by a list, a graph kept by a total) is untouched by it. Its one
+use is to give memory back to *other* processes, or to reduce fragmentation after an out-of-memory error.
+
+## Wrong
+
+```python
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    torch.cuda.empty_cache()     # TM003
+```
+
+## Right
+
+```python
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+torch.cuda.empty_cache()         # once, if another process needs the memory now
+```
+
+If memory grows step after step, find what holds it (`torchmem run train.py`) instead.
+
+## When it does not fire
+
+Outside a loop, in a loop that does not train itself (once per epoch), under an `if` inside the loop (a
+periodic call), or in an `except` handler (recovery after an out-of-memory error).
+
+Suppress with `# noqa: TM003`.
+""",
+    "TM004": """# TM004 retain-graph-in-loop
+
+`backward(retain_graph=True)` is the last backward of a loop iteration.
+
+## Why
+
+`retain_graph=True` keeps the graph's saved tensors after the backward. That is needed when a *second*
+backward in the same step runs through the same graph (two losses sharing a trunk). On the last backward
+of the step it only keeps the step's activations alive longer, and it is most often added to silence
+"Trying to backward through the graph a second time", which means the graph reaches into the previous
+iteration (an RNN hidden state that is not detached). Then every iteration's graph stays alive and memory
+grows until out-of-memory.
+
+## Wrong
+
+```python
+hidden = model.init_hidden(batch_size)
+for x, y in loader:
+    out, hidden = model(x, hidden)
+    loss = criterion(out, y)
+    loss.backward(retain_graph=True)     # TM004
+    optimizer.step()
+```
+
+## Right
+
+```python
+hidden = model.init_hidden(batch_size)
+for x, y in loader:
+    hidden = hidden.detach()             # truncate the graph at the step boundary
+    out, hidden = model(x, hidden)
+    loss = criterion(out, y)
+    loss.backward()
+    optimizer.step()
+```
+
+## When it does not fire
+
+A later backward in the same iteration runs without `retain_graph=True` (the graph is freed there);
+`create_graph=True` (higher-order gradients, done on purpose); the flag is a variable; no loop.
+
+Suppress with `# noqa: TM004`.
+""",
+    "TM005": """# TM005 cuda-in-data-worker
+
+A `Dataset.__getitem__` (or `__iter__`), a `collate_fn` or a `worker_init_fn` moves data to CUDA
+(`.cuda()`, `.to('cuda')`, `device='cuda'`, or a module-level `device` that is CUDA).
+
+## Why
+
+With `num_workers > 0` these functions run in DataLoader worker processes. Workers are forked on Linux by
+default, and CUDA cannot be initialised in a forked child: the first CUDA call fails with "Cannot
+re-initialize CUDA in forked subprocess". With the spawn start method each worker creates its own CUDA
+context (hundreds of MiB of device memory per worker) and hands tensors back through CUDA IPC, which keeps
+them alive in the worker until the main process frees them. With `num_workers=0` it works, but the copy
+happens synchronously, one sample at a time.
+
+## Wrong
+
+```python
+class Images(torch.utils.data.Dataset):
+    def __getitem__(self, i):
+        x = load_image(self.files[i])
+        return x.cuda()                  # TM005
+
+def collate(batch):
+    return torch.stack(batch).to("cuda") # TM005
+```
+
+## Right
+
+```python
+class Images(torch.utils.data.Dataset):
+    def __getitem__(self, i):
+        return load_image(self.files[i])  # a CPU tensor
+
+loader = DataLoader(Images(files), batch_size=64, num_workers=8, pin_memory=True)
+for x in loader:
+    x = x.to(device, non_blocking=True)   # one copy per batch, in the main process
+```
+
+## When it does not fire
+
+The device is a variable the linter cannot resolve (`self.device`), the class's bases do not end in
+`Dataset`, or the function is not passed as `collate_fn=`/`worker_init_fn=` and not named like one.
+
+Suppress with `# noqa: TM005`.
+""",
+    "TM006": """# TM006 load-without-map-location
+
+`torch.load(...)` without `map_location` in a file that sets a device per rank (`LOCAL_RANK`,
+`torch.cuda.set_device`, `init_process_group`).
+
+## Why
+
+`torch.load` puts each tensor back on the device it was saved from. A checkpoint saved by rank 0 holds
+`cuda:0` tensors, so without `map_location` *every* rank loads the full checkpoint onto GPU 0: GPU 0 runs
+out of memory (or carries N copies) while the other ranks' GPUs stay empty, and the memory stays
+allocated in the caching allocator until the process ends.
+
+## Wrong
+
+```python
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+state = torch.load("checkpoint.pt")                           # TM006
+model.load_state_dict(state["model"])
+```
+
+## Right
+
+```python
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+state = torch.load("checkpoint.pt", map_location="cpu")       # or f"cuda:{local_rank}"
+model.load_state_dict(state["model"])
+```
+
+## When it does not fire
+
+`map_location` is given (by keyword, as the second argument, or through `**kwargs`), or the file has no
+sign of per-rank devices.
+
+Suppress with `# noqa: TM006`.
+""",
+    "TM007": """# TM007 tensor-logged
+
+Inside a training loop, a tensor that carries its autograd graph is given to a metric sink: an average
+meter's `update()`, `wandb.log`, `accelerator.log`, `logger.log_metrics`, `mlflow.log_metric`,
+`writer.add_scalar(s)`.
+
+## Why
+
+A sink that keeps values keeps the graph: the classic `AverageMeter` does `self.sum += val * n`, so
+`meter.update(loss)` builds one graph over the whole epoch (see TM001). Sinks that convert at once still
+synchronise with the device at every call, and some buffer the row (`wandb.log(..., commit=False)`) with
+the tensor, and its graph, inside. A float is all a logger needs.
+
+## Wrong
+
+```python
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    losses_meter.update(loss, x.size(0))       # TM007
+    wandb.log({"loss": loss})                  # TM007
+```
+
+## Right
+
+```python
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    losses_meter.update(loss.item(), x.size(0))
+    wandb.log({"loss": loss.item()})
+```
+
+## When it does not fire
+
+Lightning's `self.log(...)` / `self.log_dict(...)` (Lightning detaches and reduces tensors itself),
+`print` and the `logging` module (they format to text at once), values that are `.item()`,
+`.detach()`, `float(...)`, or of unknown origin, calls outside a training loop or under `no_grad`.
+
+Suppress with `# noqa: TM007`.
+""",
+    "TM008": """# TM008 zero-grad-keeps-buffers
+
+`optimizer.zero_grad(set_to_none=False)` (or `model.zero_grad(set_to_none=False)`).
+
+## Why
+
+Setting gradients to `None` frees the gradient buffers between the optimizer step and the next backward,
+so the forward pass (where activation memory peaks) runs without a full copy of the parameters' size
+held in `.grad`. `set_to_none=False` keeps them allocated and also spends a kernel per parameter
+writing zeros. Since torch 2.0 `set_to_none=True` is the default.
+
+## Wrong
+
+```python
+optimizer.zero_grad(set_to_none=False)   # TM008
+```
+
+## Right
+
+```python
+optimizer.zero_grad()                    # set_to_none=True by default
+```
+
+## When it does not fire
+
+The file captures CUDA graphs (`torch.cuda.graph`, `CUDAGraph`, `make_graphed_callables`: captured
+kernels need the gradient buffers to stay at the same address) or adds into `.grad` in place
+(`p.grad += g`, `p.grad.add_(...)`), which needs the buffers to exist.
+
+Suppress with `# noqa: TM008`.
+""",
+    "TM009": """# TM009 fork-with-cuda-dataset
+
+A `DataLoader` with `num_workers > 0` and the 'fork' start method (set with `set_start_method('fork')`,
+`multiprocessing_context='fork'`, or the default on Linux) is given a dataset that holds CUDA tensors
+(`TensorDataset(x.cuda(), ...)`, or a dataset class whose `__init__` moves data to CUDA).
+
+## Why
+
+The workers are forked from a process that has initialised CUDA, and indexing the dataset in a worker
+touches those CUDA tensors: the worker fails with "Cannot re-initialize CUDA in forked subprocess". With
+the spawn start method it works but every worker creates a CUDA context of its own (hundreds of MiB of
+device memory each) to read tensors that were on the GPU already.
+
+A parent that has initialised CUDA but whose workers only read CPU data is fine, which is why this rule
+looks at the dataset and not only at the order of the calls (the runtime check of `torchmem run` watches
+the workers themselves).
+
+## Wrong
+
+```python
+x = torch.randn(10_000, 128).cuda()
+y = torch.randint(0, 10, (10_000,)).cuda()
+loader = DataLoader(TensorDataset(x, y), batch_size=64, num_workers=4)   # TM009
+```
+
+## Right
+
+```python
+x = torch.randn(10_000, 128)
+y = torch.randint(0, 10, (10_000,))
+loader = DataLoader(TensorDataset(x, y), batch_size=64, num_workers=4, pin_memory=True)
+for xb, yb in loader:
+    xb, yb = xb.to("cuda", non_blocking=True), yb.to("cuda", non_blocking=True)
+```
+
+(Or, when the data fits on the GPU already, index it directly with `num_workers=0`.)
+
+## When it does not fire
+
+`num_workers` is absent or 0, the start method is not fork (`set_start_method('spawn')`,
+`multiprocessing_context='spawn'`), or the dataset's origin is unknown to the local data flow.
+
+Suppress with `# noqa: TM009`.
+""",
+}

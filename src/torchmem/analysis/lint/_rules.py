@@ -1,0 +1,96 @@
+"""The rule table: one row per stable code (a code never changes meaning; a retired one is never reused)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LintRule:
+    """One check of ``torchmem lint``.
+
+    Attributes:
+        code: The stable code, ``"TM001"``...; ``TM000`` is a file that could not be read or parsed.
+        name: A short slug (``"graph-accumulated"``), for people; configuration uses the code.
+        summary: One line: what the rule finds.
+        fix: One line: what to write instead.
+    """
+
+    code: str
+    name: str
+    summary: str
+    fix: str
+
+
+#: Every rule by code, in code order. ``TM000`` (a file that cannot be parsed) is always reported.
+RULES: dict[str, LintRule] = {
+    r.code: r
+    for r in (
+        LintRule(
+            "TM000",
+            "unparsable-file",
+            "the file cannot be read or parsed, so it was not checked",
+            "fix the syntax error (or the encoding) and run again",
+        ),
+        LintRule(
+            "TM001",
+            "graph-accumulated",
+            "a tensor that carries its autograd graph is kept across the iterations of a training loop",
+            "keep a number or a detached tensor: `.item()` (or `.detach()`)",
+        ),
+        LintRule(
+            "TM002",
+            "eval-without-no-grad",
+            "an evaluation loop runs the model with autograd recording",
+            "wrap the loop in `with torch.no_grad():` or decorate the function with `@torch.no_grad()`",
+        ),
+        LintRule(
+            "TM003",
+            "empty-cache-in-loop",
+            "`empty_cache()` runs on every step of a training loop",
+            "remove it (the allocator reuses its cache), or call it once after the loop",
+        ),
+        LintRule(
+            "TM004",
+            "retain-graph-in-loop",
+            "`retain_graph=True` on the last backward of a loop iteration",
+            "drop `retain_graph=True`; if a second backward needs the graph, detach state carried "
+            "between iterations (`hidden = hidden.detach()`)",
+        ),
+        LintRule(
+            "TM005",
+            "cuda-in-data-worker",
+            "CUDA is used inside a Dataset, a collate_fn or a worker_init_fn (runs in DataLoader workers)",
+            "return CPU tensors from the data pipeline and move the batch in the training loop "
+            "(`batch.to(device, non_blocking=True)` with `pin_memory=True`)",
+        ),
+        LintRule(
+            "TM006",
+            "load-without-map-location",
+            "`torch.load()` without `map_location` in code that sets a device per rank",
+            "pass `map_location` (`'cpu'` or this rank's device)",
+        ),
+        LintRule(
+            "TM007",
+            "tensor-logged",
+            "a tensor that carries its autograd graph is given to a logger or meter",
+            "log `loss.item()` (a float) instead of the tensor",
+        ),
+        LintRule(
+            "TM008",
+            "zero-grad-keeps-buffers",
+            "`zero_grad(set_to_none=False)` keeps every gradient buffer allocated between steps",
+            "call `zero_grad()` (set_to_none=True is the default since torch 2.0)",
+        ),
+        LintRule(
+            "TM009",
+            "fork-with-cuda-dataset",
+            "DataLoader workers are forked from a process whose dataset holds CUDA tensors",
+            "keep the dataset on the CPU and move each batch, or use num_workers=0 "
+            "(or multiprocessing_context='spawn')",
+        ),
+    )
+}
+
+#: The code reported for a file that cannot be read or parsed; never selected away.
+PARSE_ERROR = "TM000"

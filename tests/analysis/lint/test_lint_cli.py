@@ -1,0 +1,229 @@
+"""``torchmem lint`` as a linter: output formats, exit codes, noqa, select/ignore, configuration, --explain,
+file discovery, bad input, and the pages that ship in the package."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torchmem.analysis.lint import RULES, LintConfigError, explain_rule, lint_paths, lint_source
+from torchmem.analysis.lint._pages import PAGES
+from torchmem.cli import lint as lint_cmd
+
+DOCS = Path(__file__).resolve().parents[3] / "docs"
+
+BAD = """\
+total = 0
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+    total += loss
+    optimizer.zero_grad(set_to_none=False)
+"""
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="torchmem")
+    sub = parser.add_subparsers(dest="command")
+    lint_cmd.add_parser(sub)
+    return lint_cmd.run(parser.parse_args(["lint", *argv]))
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(BAD)
+    (tmp_path / "clean.py").write_text("x = 1\n")
+    return tmp_path
+
+
+def test_text_output_and_exit_1(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["train.py"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"train\.py:6:5: TM001 `total` accumulates `loss`.* \(fix: .*\.item\(\).*\)", out[0])
+    assert out[1].startswith("train.py:7:5: TM008 ")
+    assert out[2].startswith("Found 2 problems (TM001: 1, TM008: 1)")
+
+
+def test_clean_file_exits_0(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["clean.py"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_json_format(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["--format", "json", "train.py"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert [(d["code"], d["line"], d["col"], d["name"]) for d in data] == [
+        ("TM001", 6, 5, "graph-accumulated"),
+        ("TM008", 7, 5, "zero-grad-keeps-buffers"),
+    ]
+    assert data[0]["path"] == "train.py" and data[0]["fix"] and data[0]["explain"].endswith("TM001")
+
+
+def test_github_format(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["--format", "github", "train.py"]) == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("::warning file=train.py,line=6,col=5,title=TM001 graph-accumulated::")
+
+
+def test_select_and_ignore(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["--select", "TM008", "-q", "train.py"]) == 1
+    assert [ln.split()[1] for ln in capsys.readouterr().out.splitlines()] == ["TM008"]
+    assert run(["--ignore", "TM001,TM008", "train.py"]) == 0
+    assert run(["--select", "TM00", "--ignore", "TM001", "-q", "train.py"]) == 1
+    assert "TM001" not in capsys.readouterr().out
+    assert run(["--select", "TM999", "train.py"]) == 2
+    assert "unknown rule code 'TM999'" in capsys.readouterr().err
+
+
+def test_noqa(tmp_path: Path) -> None:
+    src = BAD.replace("total += loss", "total += loss  # noqa: TM001")
+    assert [f.code for f in lint_source(src)] == ["TM008"]
+    src = BAD.replace("total += loss", "total += loss  # noqa")
+    assert [f.code for f in lint_source(src)] == ["TM008"]
+    src = BAD.replace("total += loss", "total += loss  # noqa: E501")  # another tool's code
+    assert [f.code for f in lint_source(src)] == ["TM001", "TM008"]
+    src = BAD.replace("total += loss", "total += loss  # NOQA:TM008,TM001")
+    assert [f.code for f in lint_source(src)] == ["TM008"]
+    src = BAD.replace("total += loss", "total += loss; s = '# noqa'")  # inside a string: not a comment
+    assert [f.code for f in lint_source(src)] == ["TM001", "TM008"]
+
+
+def test_syntax_error_is_a_finding_line_and_exit_2(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "broken.py").write_text("def f(:\n    pass\n")
+    assert run(["."]) == 2
+    out = capsys.readouterr().out
+    assert re.search(r"^broken\.py:1:7: TM000 cannot parse: ", out, re.M)
+    assert "train.py:6:5: TM001" in out  # the other files are still checked
+    assert "Traceback" not in out
+
+
+def test_undecodable_file_is_a_finding(tmp_path: Path) -> None:
+    bad = tmp_path / "latin.py"
+    bad.write_bytes(b"x = '\xff\xfe'\n")
+    (finding,) = lint_paths([bad])
+    assert finding.code == "TM000" and "cannot read" in finding.message
+
+
+def test_missing_path_is_a_clear_error(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["nope.py", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert "torchmem: error: no such file or directory: nope.py" in err
+    with pytest.raises(FileNotFoundError):
+        lint_paths(["nope.py"])
+
+
+def test_directories_are_walked_skipping_vcs_venvs_and_builds(tmp_path: Path) -> None:
+    for rel in ("pkg/a.py", "pkg/sub/b.py", ".git/c.py", "build/d.py", "env/e.py", "pkg/__pycache__/f.py"):
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(BAD)
+    (tmp_path / "env" / "pyvenv.cfg").write_text("home = /usr\n")
+    (tmp_path / "pkg" / "notes.txt").write_text(BAD)
+    found = sorted({Path(f.path).relative_to(tmp_path).as_posix() for f in lint_paths([tmp_path])})
+    assert found == ["pkg/a.py", "pkg/sub/b.py"]
+    # a file named explicitly is read even inside a skipped folder
+    assert lint_paths([tmp_path / "build" / "d.py"])
+
+
+def test_pyproject_configuration(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "pyproject.toml").write_text(
+        '[tool.torchmem.lint]\nignore = ["TM008"]\nexclude = ["generated/*"]\n'
+    )
+    (project / "generated").mkdir()
+    (project / "generated" / "g.py").write_text(BAD)
+    assert [f.code for f in lint_paths(["."])] == ["TM001"]
+    assert [f.code for f in lint_paths(["."], config=False) if f.path.startswith("train")] == [
+        "TM001",
+        "TM008",
+    ]
+    assert run(["--no-config", "-q", "."]) == 1
+    assert "generated/g.py" in capsys.readouterr().out
+    # --select on the command line replaces the configuration's select; --ignore adds to its ignore
+    assert [f.code for f in lint_paths(["."], select=["TM008"])] == []
+    (project / "pyproject.toml").write_text('[tool.torchmem.lint]\nselect = ["TM008"]\n')
+    assert [f.code for f in lint_paths(["train.py"])] == ["TM008"]
+    assert [f.code for f in lint_paths(["train.py"], select=["TM001"])] == ["TM001"]
+
+
+def test_nearest_pyproject_wins(project: Path) -> None:
+    (project / "pyproject.toml").write_text('[tool.torchmem.lint]\nignore = ["TM001"]\n')
+    sub = project / "sub"
+    sub.mkdir()
+    (sub / "train.py").write_text(BAD)
+    (sub / "pyproject.toml").write_text('[tool.torchmem.lint]\nignore = ["TM008"]\n')
+    found = {(Path(f.path).parent.name, f.code) for f in lint_paths(["."])}
+    assert found == {("", "TM008"), ("sub", "TM001")}
+    # a pyproject.toml without the table does not stop the search
+    (sub / "pyproject.toml").write_text("[tool.ruff]\nline-length = 100\n")
+    assert {f.code for f in lint_paths(["sub"])} == {"TM008"}
+
+
+def test_bad_configuration_is_exit_2(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project / "pyproject.toml").write_text('[tool.torchmem.lint]\nignore = ["TM777"]\n')
+    with pytest.raises(LintConfigError):
+        lint_paths(["."])
+    assert run(["."]) == 2
+    assert "TM777" in capsys.readouterr().err
+    (project / "pyproject.toml").write_text('[tool.torchmem.lint]\nignore = "TM001"\nspeed = 3\n')
+    assert run(["train.py"]) == 1
+    assert "unknown key 'speed'" in capsys.readouterr().err
+
+
+def test_explain_prints_the_page(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(["--explain", "TM003"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("# TM003 empty-cache-in-loop") and "## Wrong" in out and "## Right" in out
+    assert run(["--explain", "tm001"]) == 0
+    capsys.readouterr()
+    assert run(["--explain", "TM123"]) == 2
+    assert "no rule 'TM123'" in capsys.readouterr().err
+    assert run(["--list-rules"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(RULES)
+
+
+@pytest.mark.parametrize("code", sorted(c for c in RULES if c != "TM000"))
+def test_every_rule_has_a_page_whose_wrong_example_fires_and_right_example_does_not(code: str) -> None:
+    page = explain_rule(code)
+    assert page.startswith(f"# {code} {RULES[code].name}\n")
+    for section in ("## Why", "## Wrong", "## Right", "## When it does not fire"):
+        assert section in page
+    wrong = re.search(r"## Wrong\n\n```python\n(.*?)```", page, re.S)
+    right = re.search(r"## Right\n\n```python\n(.*?)```", page, re.S)
+    assert wrong and right
+    assert {f.code for f in lint_source(wrong.group(1), "example.py")} == {code}
+    assert lint_source(right.group(1), "example.py") == []
+
+
+@pytest.mark.parametrize("code", sorted(PAGES))
+def test_docs_pages_match_the_packaged_pages(code: str) -> None:
+    assert (DOCS / "lint" / f"{code}.md").read_text() == PAGES[code]
+    assert f"lint/{code}.md" in (DOCS / "lint.md").read_text()
+
+
+def test_lint_imports_no_torch(project: Path) -> None:
+    code = (
+        "import sys\nfrom torchmem.analysis.lint import lint_paths\n"
+        "assert [f.code for f in lint_paths(['train.py'])] == ['TM001', 'TM008']\n"
+        "assert 'torch' not in sys.modules, 'lint imported torch'\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_pre_commit_hook_definition() -> None:
+    text = (DOCS.parent / ".pre-commit-hooks.yaml").read_text()
+    assert "id: torchmem-lint" in text and "entry: torchmem lint" in text and "types: [python]" in text
+
+
+def test_deeply_nested_code_is_reported_not_raised() -> None:
+    for n in (400, 5000):
+        src = "for x in loader:\n    loss.backward()\n    y = x" + ".a(1)" * n + "\n"
+        assert [f.code for f in lint_source(src)] in ([], ["TM000"])
