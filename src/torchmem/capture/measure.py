@@ -16,21 +16,27 @@ from __future__ import annotations
 
 import copy
 import gc
-import inspect
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
-from typing import Any
+from typing import Any, overload
 
 import torch
 
 from torchmem.analysis.estimate import FitArgumentError, build_estimate
+from torchmem.analysis.targets import Target
+from torchmem.capture.fake import (
+    OptimizerSpec,
+    _batch_of,
+    _call,
+    _make_optimizer,
+    default_loss,
+    estimate_fake,
+)
 from torchmem.capture.track import Tracker
 from torchmem.devices import DeviceLike, backend, ledger, resolve
 from torchmem.devices import _ops as ops
-from torchmem.results.fit import MemoryEstimate, StepMeasurement
-
-OptimizerSpec = str | type | torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None
+from torchmem.results.fit import MemoryEstimate, StepMeasurement, TargetEstimate
 
 
 def _storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
@@ -42,22 +48,6 @@ def _storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
             continue
         seen[s._cdata] = s.nbytes()
     return sum(seen.values())
-
-
-def _batch_of(inputs: Any) -> int | None:
-    if isinstance(inputs, torch.Tensor):
-        return int(inputs.shape[0]) if inputs.dim() > 0 else None
-    if isinstance(inputs, Mapping):
-        for v in inputs.values():
-            b = _batch_of(v)
-            if b is not None:
-                return b
-    if isinstance(inputs, (list, tuple)):
-        for v in inputs:
-            b = _batch_of(v)
-            if b is not None:
-                return b
-    return None
 
 
 def _resize(inputs: Any, b0: int, m: int, dev: torch.device) -> Any:
@@ -75,90 +65,6 @@ def _resize(inputs: Any, b0: int, m: int, dev: torch.device) -> Any:
     if isinstance(inputs, list):
         return [_resize(v, b0, m, dev) for v in inputs]
     return inputs
-
-
-def _call(model: torch.nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, Mapping):
-        return model(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
-    return model(inputs)
-
-
-def _tensors(out: Any) -> Iterator[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        yield out
-    elif isinstance(out, Mapping):
-        for v in out.values():
-            yield from _tensors(v)
-    elif isinstance(out, (list, tuple)):
-        for v in out:
-            yield from _tensors(v)
-    else:
-        loss = getattr(out, "loss", None)
-        if isinstance(loss, torch.Tensor):
-            yield loss
-        logits = getattr(out, "logits", None)
-        if loss is None and isinstance(logits, torch.Tensor):
-            yield logits
-
-
-def default_loss(out: Any) -> torch.Tensor:
-    """The loss ``estimate()`` backpropagates when none is given: the output's ``loss`` if it has one (a
-    Hugging Face-style output), else the sum of the means of its floating tensors that need a gradient."""
-    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
-    if isinstance(loss, torch.Tensor) and loss.requires_grad:
-        return loss
-    parts = [t.float().mean() for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
-    if not parts:
-        raise FitArgumentError(
-            "The model's output has no floating tensor that needs a gradient: nothing to backward.",
-            "Pass loss_fn=..., or training=False for an inference estimate.",
-        )
-    total = parts[0]
-    for p in parts[1:]:
-        total = total + p
-    return total
-
-
-def _make_optimizer(spec: OptimizerSpec, user: torch.nn.Module, model: torch.nn.Module) -> Any:
-    if spec is None:
-        return None
-    params = [p for p in model.parameters() if p.requires_grad]
-    if isinstance(spec, str):
-        names = {n.lower(): n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type)}
-        name = names.get(spec.lower())
-        cls = None if name is None else getattr(torch.optim, name)
-        if cls is None or not issubclass(cls, torch.optim.Optimizer):
-            raise FitArgumentError(
-                f"{spec!r} is not a torch.optim optimizer.", "Use e.g. 'adamw', 'adam', 'sgd' or a class."
-            )
-        return cls(params)
-    if isinstance(spec, torch.optim.Optimizer):
-        # A fresh optimizer of the same kind and settings on the copy's parameters (the user's keeps its
-        # state): groups are mapped by parameter position.
-        pos = {id(p): i for i, p in enumerate(user.parameters())}
-        copies = list(model.parameters())
-        groups = []
-        for g in spec.param_groups:
-            mapped = [copies[pos[id(p)]] for p in g["params"] if id(p) in pos]
-            if mapped:
-                groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": mapped})
-        if not groups:
-            raise FitArgumentError(
-                "The optimizer given holds none of the model's parameters.", "Pass the model's optimizer."
-            )
-        try:
-            accepted = set(inspect.signature(type(spec).__init__).parameters)
-        except (TypeError, ValueError):
-            accepted = set()
-        kwargs = {k: v for k, v in spec.defaults.items() if k in accepted and k != "params"}
-        return type(spec)(groups, **kwargs)
-    if callable(spec):
-        return spec(params)
-    raise FitArgumentError(
-        f"optimizer must be None, a name, a class or an optimizer, not {type(spec).__name__}.", ""
-    )
 
 
 class _SavedForBackward:
@@ -292,20 +198,95 @@ def _measurement(
     )
 
 
+_FAKE_DEVICES = ("fake", "meta")
+
+
+def _on_meta(model: Any) -> bool:
+    if not isinstance(model, torch.nn.Module):
+        return False
+    t = next(iter([*model.parameters(), *model.buffers()]), None)
+    return t is not None and t.device.type == "meta"
+
+
+@overload
 def estimate(
-    model: torch.nn.Module,
+    model: torch.nn.Module | Callable[[], torch.nn.Module],
+    example_inputs: Any,
+    *,
+    optimizer: OptimizerSpec = ...,
+    batch_sizes: Sequence[int] | None = ...,
+    training: bool = ...,
+    device: DeviceLike = ...,
+    dtype: torch.dtype | None = ...,
+    amp: torch.dtype | None = ...,
+    loss_fn: Callable[[Any], torch.Tensor] | None = ...,
+    probe_sizes: Sequence[int] | None = ...,
+    target: str | Target,
+    checkpoint: Sequence[str] | str | bool | None = ...,
+    grad_accum: int = ...,
+    sharding: str | None = ...,
+    world_size: int = ...,
+    generate_tokens: int = ...,
+) -> TargetEstimate: ...
+
+
+@overload
+def estimate(
+    model: torch.nn.Module | Callable[[], torch.nn.Module],
+    example_inputs: Any,
+    *,
+    optimizer: OptimizerSpec = ...,
+    batch_sizes: Sequence[int] | None = ...,
+    training: bool = ...,
+    device: DeviceLike = ...,
+    dtype: torch.dtype | None = ...,
+    amp: torch.dtype | None = ...,
+    loss_fn: Callable[[Any], torch.Tensor] | None = ...,
+    probe_sizes: Sequence[int] | None = ...,
+    target: None = ...,
+    checkpoint: Sequence[str] | str | bool | None = ...,
+    grad_accum: int = ...,
+    sharding: str | None = ...,
+    world_size: int = ...,
+    generate_tokens: int = ...,
+) -> MemoryEstimate: ...
+
+
+def estimate(
+    model: torch.nn.Module | Callable[[], torch.nn.Module],
     example_inputs: Any,
     *,
     optimizer: OptimizerSpec = None,
-    batch_sizes: Sequence[int] = (1, 8, 32, 128),
+    batch_sizes: Sequence[int] | None = None,
     training: bool = True,
     device: DeviceLike = None,
     dtype: torch.dtype | None = None,
     amp: torch.dtype | None = None,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     probe_sizes: Sequence[int] | None = None,
+    target: str | Target | None = None,
+    checkpoint: Sequence[str] | str | bool | None = None,
+    grad_accum: int = 1,
+    sharding: str | None = None,
+    world_size: int = 1,
+    generate_tokens: int = 0,
 ) -> MemoryEstimate:
     """Predict the peak memory of training and inference steps at several batch sizes.
+
+    **Two ways.** Measured (the default): two small real steps on a copy of the model on ``device``.
+    Device-free: with ``target=`` (a GPU name such as ``"H100-80GB"``), ``device="fake"``/``"meta"``, a
+    model factory instead of a model, or a model on the ``meta`` device, nothing runs on any device: the
+    model runs under fake tensors (:func:`torchmem.capture.fake.estimate_fake`) and the result is a
+    :class:`~torchmem.results.fit.TargetEstimate` — the same rows plus "fits / does not fit on <target>,
+    peak X of Y GiB, largest batch size N" and, when it does not fit, the changes ranked by the bytes
+    they save. Only the device-free path takes ``checkpoint``, ``grad_accum``, ``sharding``,
+    ``world_size`` and ``generate_tokens``; its ``batch_sizes`` default to the example's batch size.
+
+        >>> import torch, torchmem
+        >>> est = torchmem.estimate(lambda: torch.nn.Linear(512, 512), torch.randn(8, 512),
+        ...                         optimizer="adamw", target="L4")
+        >>> est.fits
+        True
 
     Two small steps run for real on a copy of ``model`` on ``device`` (default: the model's device), at
     the example's batch size and twice that (``probe_sizes`` to choose). Each step is measured phase by
@@ -329,13 +310,17 @@ def estimate(
             arguments); tensors whose first dimension is the batch size are resized for the probes.
         optimizer: ``None`` (no optimizer step), a ``torch.optim`` name (``"adamw"``), a class, a factory
             ``params -> optimizer``, or an optimizer instance (its kind and settings are copied).
-        batch_sizes: The batch sizes to predict.
+        batch_sizes: The batch sizes to predict (default ``(1, 8, 32, 128)``; device-free: the example's).
         training: Predict training steps (else inference only).
-        device: The device to estimate for (default: the model's device).
+        device: The device to estimate for (default: the model's device); ``"fake"`` or ``"meta"``: the
+            device-free estimate (for ``target``, default ``"H100-80GB"``).
         dtype: Cast the copy to this dtype first (e.g. ``torch.bfloat16``).
         amp: Run forward under ``torch.autocast`` with this dtype.
         loss_fn: ``output -> scalar loss`` (default: :func:`default_loss`).
         probe_sizes: The two (or more) batch sizes to measure.
+        target: The GPU to estimate for without a device (see above and
+            :func:`torchmem.capture.fake.estimate_fake` for ``checkpoint``, ``grad_accum``, ``sharding``,
+            ``world_size``, ``generate_tokens``).
 
     Returns:
         A :class:`MemoryEstimate`; ``str()`` prints the table, ``.peak(bs)`` one figure.
@@ -350,8 +335,33 @@ def estimate(
         >>> est.parameters == sum(p.numel() * 4 for p in model.parameters())
         True
     """
-    if not isinstance(model, torch.nn.Module):
-        raise FitArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}.", "")
+    fake_device = isinstance(device, str) and device in _FAKE_DEVICES
+    if target is not None or fake_device or _on_meta(model) or not isinstance(model, torch.nn.Module):
+        if not isinstance(model, torch.nn.Module) and not callable(model):
+            raise FitArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}.", "")
+        return estimate_fake(
+            model,
+            example_inputs,
+            optimizer=optimizer,
+            batch_sizes=batch_sizes,
+            training=training,
+            target=target if target is not None else "H100-80GB",
+            dtype=dtype,
+            amp=amp,
+            loss_fn=loss_fn,
+            checkpoint=checkpoint,
+            grad_accum=grad_accum,
+            sharding=sharding,
+            world_size=world_size,
+            generate_tokens=generate_tokens,
+        )
+    if checkpoint or grad_accum != 1 or sharding not in (None, "none") or world_size != 1 or generate_tokens:
+        raise FitArgumentError(
+            "checkpoint, grad_accum, sharding, world_size and generate_tokens need the device-free estimate.",
+            "Pass target='H100-80GB' (or another GPU name) to estimate without a device.",
+        )
+    if batch_sizes is None:
+        batch_sizes = (1, 8, 32, 128)
     b0 = _batch_of(example_inputs)
     if b0 is None or b0 <= 0:
         raise FitArgumentError(

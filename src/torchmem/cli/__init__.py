@@ -12,7 +12,9 @@ from collections.abc import Sequence
 
 from torchmem._errors import TorchmemError
 from torchmem.cli import demo as demo_cmd
+from torchmem.cli import estimate as estimate_cmd
 from torchmem.cli import explain as explain_cmd
+from torchmem.cli import lint as lint_cmd
 from torchmem.cli import report as report_cmd
 from torchmem.cli import run as run_cmd
 from torchmem.cli import stats as stats_cmd
@@ -23,6 +25,8 @@ _COMMANDS = {
     "run": run_cmd,
     "report": report_cmd,
     "demo": demo_cmd,
+    "estimate": estimate_cmd,
+    "lint": lint_cmd,
 }
 
 

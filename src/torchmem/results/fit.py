@@ -326,12 +326,133 @@ def render_estimate(e: MemoryEstimate) -> str:
     return "\n".join(lines)
 
 
+# -- the device-free estimate (torchmem.estimate(..., target=...)) ----------------------------------------
+@dataclass(frozen=True)
+class Change:
+    """One change that lowers a device-free estimate's peak, estimated.
+
+    Attributes:
+        kind: ``"dtype"``, ``"checkpoint"``, ``"sharding"`` or ``"batch_size"``.
+        what: The change in words (with the modules and the bytes each saves, for checkpointing).
+        saves: Bytes the device peak goes down by.
+        peak: The device peak with the change.
+        fits: Whether that peak fits on the target.
+    """
+
+    kind: str
+    what: str
+    saves: int
+    peak: int
+    fits: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Change:
+        """The change stored as :meth:`to_dict` wrote it."""
+        return from_mapping(cls, d)
+
+
+@dataclass(frozen=True)
+class TargetEstimate(MemoryEstimate):
+    """A device-free estimate for a target GPU: a :class:`MemoryEstimate` (per rank; its rows are allocated
+    bytes, with the allocator's block rounding and the cuBLAS workspace) and the verdict.
+
+    Attributes:
+        target: The target GPU's name; ``target_total`` its memory in bytes.
+        overhead: Bytes outside the caching allocator: CUDA context, libraries, NCCL buffers.
+        workspace: The cuBLAS workspace included in every row.
+        fragmentation: The allowance for reserved above allocated bytes, as a fraction.
+        batch_size / mode: What the verdict is for (the largest batch size asked, per rank).
+        allocated_peak: The row's peak (or the generate peak, with ``generate_tokens``).
+        reserved_peak: With the fragmentation allowance.
+        device_peak: ``reserved_peak + overhead``: what ``nvidia-smi`` would show, compared with
+            ``target_total``.
+        fits: ``device_peak <= target_total``.
+        largest_batch_size: The largest per-rank batch size that fits (``None``: not even 1).
+        strategy / world_size: The sharding (``"none"``, ``"ddp"``, ``"fsdp"``, ``"zero1"``-``"zero3"``).
+        grad_accum / checkpointed: Gradient accumulation steps; the modules checkpointed.
+        kv_cache / generate_tokens: The KV cache of a generate call of that many new tokens (inference).
+        changes: When it does not fit: the changes, most bytes saved first.
+        method: ``"fake-tensor"`` (or ``"meta-device"`` where fake tensors are unavailable).
+    """
+
+    target: str = ""
+    target_total: int = 0
+    overhead: int = 0
+    workspace: int = 0
+    fragmentation: float = 0.0
+    batch_size: int = 0
+    mode: str = "training"
+    allocated_peak: int = 0
+    reserved_peak: int = 0
+    device_peak: int = 0
+    fits: bool = False
+    largest_batch_size: int | None = None
+    strategy: str = "none"
+    world_size: int = 1
+    grad_accum: int = 1
+    checkpointed: tuple[str, ...] = ()
+    kv_cache: int = 0
+    generate_tokens: int = 0
+    changes: tuple[Change, ...] = ()
+    method: str = "fake-tensor"
+
+    @property
+    def verdict(self) -> str:
+        """One line: fits / does not fit on the target, the peak, the largest batch size."""
+        gib = 1 << 30
+        head = "fits" if self.fits else "does not fit"
+        rank = f" per rank ({self.strategy} x{self.world_size})" if self.strategy != "none" else ""
+        largest = (
+            f"largest batch size {self.largest_batch_size}"
+            if self.largest_batch_size is not None
+            else "not even batch size 1 fits"
+        )
+        return (
+            f"{head} on {self.target}{rank}: peak {self.device_peak / gib:.2f} of "
+            f"{self.target_total / gib:.2f} GiB "
+            f"at batch size {self.batch_size} ({self.mode}), {largest}"
+        )
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> TargetEstimate:
+        """The estimate stored as :meth:`to_dict` wrote it."""
+        return from_mapping(cls, d)
+
+    def __str__(self) -> str:
+        return render_target_estimate(self)
+
+
+def render_target_estimate(e: TargetEstimate) -> str:
+    """The verdict, the per-rank table, what the device adds, then the ranked changes."""
+    lines = [e.verdict, render_estimate(e)]
+    lines.append(
+        f"  device peak {fmt_bytes(e.device_peak)} = allocated {fmt_bytes(e.allocated_peak)} "
+        f"+ fragmentation allowance {e.fragmentation:.0%} + context/libraries/NCCL {fmt_bytes(e.overhead)}"
+    )
+    if e.kv_cache:
+        lines.append(f"  KV cache after {e.generate_tokens} new tokens: {fmt_bytes(e.kv_cache)}")
+    if e.changes:
+        lines.append("  changes, most saved first:")
+        for c in e.changes:
+            lines.append(
+                f"    - {c.what}: saves {fmt_bytes(c.saves)} -> peak {fmt_bytes(c.peak)} "
+                f"({'fits' if c.fits else 'still too large'})"
+            )
+    return "\n".join(lines)
+
+
 __all__ = [
     "BatchSizeResult",
+    "Change",
     "EstimateRow",
     "MemoryEstimate",
     "StepMeasurement",
+    "TargetEstimate",
     "Trial",
     "render_batch_size",
     "render_estimate",
+    "render_target_estimate",
 ]

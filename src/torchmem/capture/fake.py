@@ -1,0 +1,1176 @@
+"""Device-free estimates: the model runs under fake tensors and a byte ledger counts every tensor it makes.
+
+``torchmem.estimate(..., target="H100-80GB")`` lands here (:func:`estimate_fake`). The model is built (a
+factory is called) or mirrored (a real model's parameters become fake tensors of the same shapes and
+dtypes, without copying a byte) under ``FakeTensorMode``, and a training step (forward + loss, backward,
+optimizer step) and an inference forward run on it. Nothing is allocated: each op computes only its
+outputs' shapes. A dispatch mode above the fake mode counts each new storage once, at the caching
+allocator's block size for CUDA (512-byte multiples), and uncounts it when it dies, so the figures per
+phase are the live tensor bytes a real device would hold — parameters, gradients, optimizer state,
+activations saved for backward and the temporaries of each op. What the tensors do not show (the CUDA
+context and libraries, the cuBLAS workspace, fragmentation, NCCL, sharding) comes from
+:mod:`torchmem.analysis.targets`.
+
+Where ``FakeTensorMode`` (a private torch API) cannot be imported, the same run happens on the ``meta``
+device, which computes shapes the same way.
+
+Cost: no device and no tensor data; a 7B-parameter decoder at sequence 512 takes about a second per fake
+training step on a laptop CPU. An op without a fake (meta) kernel or with a data-dependent output
+(``nonzero``, ``.item()``) stops the run with :class:`FakeTensorError`, which names the op and the
+alternative: the measured :func:`torchmem.estimate` on a device.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import inspect
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from torchmem._errors import TorchmemError
+from torchmem._format import fmt_bytes
+from torchmem.analysis.estimate import FitArgumentError, build_estimate
+from torchmem.analysis.targets import (
+    Target,
+    reserved_for,
+    resolve_target,
+    round_block,
+    shard,
+)
+from torchmem.results.fit import Change, EstimateRow, MemoryEstimate, StepMeasurement, TargetEstimate
+
+OptimizerSpec = str | type | torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None
+Inputs = Any  # a tensor, a tuple/list, a dict, or a callable batch_size -> one of those
+
+
+class FakeTensorError(TorchmemError):
+    """The model cannot run under fake tensors: an op without a fake kernel or with a data-dependent output.
+
+    Attributes:
+        op: The op that failed (``"aten.nonzero.default"``), or ``""`` if unknown.
+    """
+
+    def __init__(self, message: str, hint: str = "", op: str = "") -> None:
+        super().__init__(message, hint)
+        self.op = op
+
+
+# -- what the measured and the fake estimate share ------------------------------------------------------
+def _batch_of(inputs: Any) -> int | None:
+    if isinstance(inputs, torch.Tensor):
+        return int(inputs.shape[0]) if inputs.dim() > 0 else None
+    if isinstance(inputs, Mapping):
+        for v in inputs.values():
+            b = _batch_of(v)
+            if b is not None:
+                return b
+    if isinstance(inputs, (list, tuple)):
+        for v in inputs:
+            b = _batch_of(v)
+            if b is not None:
+                return b
+    return None
+
+
+def _call(model: Callable[..., Any], inputs: Any, **extra: Any) -> Any:
+    if isinstance(inputs, Mapping):
+        return model(**inputs, **extra)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs, **extra)
+    return model(inputs, **extra)
+
+
+def _tensors(out: Any) -> Iterator[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, Mapping):
+        for v in out.values():
+            yield from _tensors(v)
+    elif isinstance(out, (list, tuple)):
+        for v in out:
+            yield from _tensors(v)
+    else:
+        loss = getattr(out, "loss", None)
+        if isinstance(loss, torch.Tensor):
+            yield loss
+        logits = getattr(out, "logits", None)
+        if loss is None and isinstance(logits, torch.Tensor):
+            yield logits
+
+
+def default_loss(out: Any) -> torch.Tensor:
+    """The loss ``estimate()`` backpropagates when none is given: the output's ``loss`` if it has one (a
+    Hugging Face-style output), else the sum of the means of its floating tensors that need a gradient."""
+    loss = out.get("loss") if isinstance(out, Mapping) else getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss
+    parts = [t.float().mean() for t in _tensors(out) if t.is_floating_point() and t.requires_grad]
+    if not parts:
+        raise FitArgumentError(
+            "The model's output has no floating tensor that needs a gradient: nothing to backward.",
+            "Pass loss_fn=..., or training=False for an inference estimate.",
+        )
+    total = parts[0]
+    for p in parts[1:]:
+        total = total + p
+    return total
+
+
+def _make_optimizer(spec: OptimizerSpec, user: torch.nn.Module | None, model: torch.nn.Module) -> Any:
+    if spec is None:
+        return None
+    params = [p for p in model.parameters() if p.requires_grad]
+    if isinstance(spec, str):
+        names = {n.lower(): n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type)}
+        name = names.get(spec.lower())
+        cls = None if name is None else getattr(torch.optim, name)
+        if cls is None or not issubclass(cls, torch.optim.Optimizer):
+            raise FitArgumentError(
+                f"{spec!r} is not a torch.optim optimizer.", "Use e.g. 'adamw', 'adam', 'sgd' or a class."
+            )
+        return cls(params)
+    if isinstance(spec, torch.optim.Optimizer):
+        # A fresh optimizer of the same kind and settings on the copy's parameters (the user's keeps its
+        # state): groups are mapped by parameter position.
+        pos = {id(p): i for i, p in enumerate(user.parameters())} if user is not None else {}
+        copies = list(model.parameters())
+        groups = []
+        for g in spec.param_groups:
+            mapped = [copies[pos[id(p)]] for p in g["params"] if id(p) in pos]
+            if mapped:
+                groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": mapped})
+        if not groups:
+            raise FitArgumentError(
+                "The optimizer given holds none of the model's parameters.", "Pass the model's optimizer."
+            )
+        try:
+            accepted = set(inspect.signature(type(spec).__init__).parameters)
+        except (TypeError, ValueError):
+            accepted = set()
+        kwargs = {k: v for k, v in spec.defaults.items() if k in accepted and k != "params"}
+        return type(spec)(groups, **kwargs)
+    if callable(spec):
+        return spec(params)
+    raise FitArgumentError(
+        f"optimizer must be None, a name, a class or an optimizer, not {type(spec).__name__}.", ""
+    )
+
+
+# -- the byte ledger of fake storages -------------------------------------------------------------------
+class _Entry(weakref.ref):  # type: ignore[type-arg]
+    __slots__ = ("grad", "key", "nbytes")
+    key: int
+    nbytes: int
+    grad: bool
+
+
+class _Ledger:
+    """Live bytes of the storages born while it counts (each once, at the allocator's block size), the
+    peak, and the gradients live at the peak."""
+
+    def __init__(self, rounding: bool) -> None:
+        self.rounding = rounding
+        self.live: dict[int, _Entry] = {}
+        self.current = 0
+        self.peak = 0
+        self.grads = 0
+        self.grads_at_peak = 0
+
+    def size(self, nbytes: int) -> int:
+        return round_block(nbytes) if self.rounding else nbytes
+
+    def count(self, t: torch.Tensor) -> None:
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError, TypeError):
+            return
+        key = int(st._cdata)
+        n = self.size(int(st.nbytes()))
+        e = self.live.get(key)
+        if e is not None:
+            if e.nbytes != n:  # resize_, set_
+                self.current += n - e.nbytes
+                if e.grad:
+                    self.grads += n - e.nbytes
+                e.nbytes = n
+            else:
+                return
+        else:
+            e = _Entry(st, self._dead)
+            e.key, e.nbytes, e.grad = key, n, False
+            self.live[key] = e
+            self.current += n
+        if self.current > self.peak:
+            self.peak = self.current
+            self.grads_at_peak = self.grads
+
+    def _dead(self, e: _Entry) -> None:  # type: ignore[override]
+        if self.live.get(e.key) is e:
+            del self.live[e.key]
+            self.current -= e.nbytes
+            if e.grad:
+                self.grads -= e.nbytes
+
+    def mark_grad(self, t: torch.Tensor) -> None:
+        try:
+            e = self.live.get(int(t.untyped_storage()._cdata))
+        except (RuntimeError, NotImplementedError, TypeError):
+            return
+        if e is not None and not e.grad:
+            e.grad = True
+            self.grads += e.nbytes
+
+    def key_of(self, t: torch.Tensor) -> int | None:
+        try:
+            return int(t.untyped_storage()._cdata)
+        except (RuntimeError, NotImplementedError, TypeError):
+            return None
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+        self.grads_at_peak = self.grads
+
+
+def _dispatch_mode_base() -> Any:
+    try:
+        from torch.utils._python_dispatch import TorchDispatchMode
+    except ImportError:  # pragma: no cover - torch >= 2.4 has it
+        return None
+    return TorchDispatchMode
+
+
+def _ledger_mode(led: _Ledger) -> Any:
+    base = _dispatch_mode_base()
+    if base is None:  # pragma: no cover
+        raise FakeTensorError("This torch has no dispatch modes: no device-free estimate.", _ALTERNATIVE)
+
+    class _CountingMode(base):  # type: ignore[misc, valid-type]
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+        ) -> Any:
+            out = func(*args, **(kwargs or {}))
+            try:
+                if isinstance(out, torch.Tensor):
+                    led.count(out)
+                elif isinstance(out, (tuple, list)):
+                    for t in out:
+                        if isinstance(t, torch.Tensor):
+                            led.count(t)
+            except Exception:  # a tensor without a storage: not counted
+                pass
+            return out
+
+    return _CountingMode()
+
+
+_ALTERNATIVE = (
+    "Measure on a device instead: torchmem.estimate(model, batch, device='cuda') runs two small real steps."
+)
+
+
+def _fake_mode() -> tuple[Any, str]:
+    """``(mode, device)``: a FakeTensorMode and ``"cpu"``, or (where it cannot be imported) ``None`` and
+    ``"meta"``."""
+    try:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError:  # pragma: no cover - private API moved
+        return None, "meta"
+    try:
+        return FakeTensorMode(allow_non_fake_inputs=False), "cpu"
+    except TypeError:  # pragma: no cover - an older signature
+        return FakeTensorMode(), "cpu"
+
+
+def _translate(exc: BaseException) -> FakeTensorError | None:
+    """A :class:`FakeTensorError` for an exception the fake run raised because of fake tensors."""
+    name = type(exc).__name__
+    op = getattr(exc, "func", None)
+    op_text = str(op) if op is not None else ""
+    text = str(exc)
+    if name in ("DynamicOutputShapeException", "DataDependentOutputException") or (
+        "GuardOnDataDependent" in name
+    ):
+        why = "its output depends on tensor values (data-dependent shape or a Python scalar read)"
+    elif name in ("UnsupportedOperatorException", "UnsupportedFakeTensorException"):
+        why = "it has no fake (meta) kernel"
+    elif isinstance(exc, NotImplementedError) and ("'Meta' backend" in text or "meta" in text.lower()):
+        why = "it has no meta kernel"
+        if not op_text:
+            import re
+
+            m = re.search(r"run '([^']+)'", text)
+            op_text = m.group(1) if m else ""
+    else:
+        return None
+    where = f"The op {op_text}" if op_text else "An op of the model"
+    return FakeTensorError(
+        f"{where} cannot run under fake tensors: {why}. No device-free estimate for this model.",
+        _ALTERNATIVE,
+        op=op_text,
+    )
+
+
+# -- the model under fake tensors ------------------------------------------------------------------------
+@dataclass
+class _Plan:
+    """One fake run's settings."""
+
+    model: Any  # nn.Module (real or meta) or a factory
+    inputs: Inputs
+    b0: int
+    optimizer: OptimizerSpec
+    training: bool
+    dtype: torch.dtype | None
+    amp: torch.dtype | None
+    loss_fn: Callable[[Any], torch.Tensor]
+    checkpoint: tuple[str, ...]
+    grad_accum: int
+    generate_tokens: int
+    rounding: bool
+    workspace: int
+
+
+@dataclass
+class _Run:
+    """What one fake run measured, for one batch size."""
+
+    batch_size: int
+    m: StepMeasurement
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    weights_only: int
+    forward_grads: int = 0  # gradients live at the forward peak (gradient accumulation)
+    backward_grads: int = 0  # gradients live at the backward peak
+    kv_cache: int = 0
+    generate_peak: int | None = None
+    block_saved: dict[str, int] = field(default_factory=dict)  # saved-for-backward bytes per block
+    block_input: dict[str, int] = field(default_factory=dict)
+    block_params: dict[str, int] = field(default_factory=dict)
+
+
+def _blocks(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The repeated blocks (children of a ModuleList, or of a Sequential of two or more of one class, that
+    hold parameters), by qualified name: the units FSDP wraps and checkpointing targets."""
+    found: dict[str, torch.nn.Module] = {}
+    for name, mod in model.named_modules():
+        kids = list(mod.named_children())
+        if len(kids) < 2:
+            continue
+        same = len({type(k) for _, k in kids}) == 1
+        if isinstance(mod, torch.nn.ModuleList) or (isinstance(mod, torch.nn.Sequential) and same):
+            for kn, k in kids:
+                if any(True for _ in k.parameters()):
+                    q = f"{name}.{kn}" if name else kn
+                    if not any(q.startswith(f + ".") for f in found):
+                        found[q] = k
+    # drop blocks nested inside another block
+    names = sorted(found, key=len)
+    keep: dict[str, torch.nn.Module] = {}
+    for n in names:
+        if not any(n.startswith(k + ".") for k in keep):
+            keep[n] = found[n]
+    return keep
+
+
+def _select(names: Sequence[str], model: torch.nn.Module, blocks: dict[str, torch.nn.Module]) -> list[str]:
+    """Qualified module names for ``checkpoint=``: names, glob patterns (``layers.*``), class names, or
+    ``"blocks"`` (every repeated block)."""
+    mods = dict(model.named_modules())
+    out: list[str] = []
+    for spec in names:
+        if spec in ("blocks", "*"):
+            out.extend(blocks)
+        elif spec in mods:
+            out.append(spec)
+        else:
+            hit = [
+                n for n, m in mods.items() if n and (fnmatch.fnmatchcase(n, spec) or type(m).__name__ == spec)
+            ]
+            if not hit:
+                raise FitArgumentError(
+                    f"checkpoint={spec!r} names no module of {type(model).__name__}.",
+                    "Use qualified names (model.named_modules()), a pattern such as 'layers.*', a class "
+                    "name, or 'blocks'.",
+                )
+            out.extend(hit)
+    return list(dict.fromkeys(n for n in out if not any(n.startswith(o + ".") for o in out if o != n)))
+
+
+def _checkpointed(module: torch.nn.Module) -> None:
+    """Run ``module``'s forward under non-reentrant activation checkpointing (on the fake copy only)."""
+    from torch.utils.checkpoint import checkpoint
+
+    inner = module.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(inner, *args, use_reentrant=False, **kwargs)
+
+    module.forward = forward  # type: ignore[method-assign]
+
+
+def _fake_twin(plan: _Plan, dev: str, led: _Ledger) -> torch.nn.Module:
+    """The model under the fake mode: a factory called, or a real/meta model mirrored with fake parameters
+    and buffers (nothing copied). Called inside the fake and counting modes."""
+    src = plan.model
+    if isinstance(src, torch.nn.Module):
+        memo: dict[int, Any] = {}
+        for t in [*src.parameters(), *src.buffers()]:
+            fake = torch.empty(t.shape, dtype=t.dtype, device=dev)
+            if isinstance(t, torch.nn.Parameter):
+                fake = torch.nn.Parameter(fake, requires_grad=t.requires_grad)
+            memo[id(t)] = fake
+            if t.grad is not None:
+                memo[id(t.grad)] = None
+        twin = copy.deepcopy(src, memo)
+        for p in twin.parameters():
+            p.grad = None
+    else:  # pragma: no cover - _run_plan builds factories on the meta device first
+        raise FitArgumentError("internal: the factory was not built", "")
+    if plan.dtype is not None:
+        _cast(twin, plan.dtype)
+    for t in [*twin.parameters(), *twin.buffers()]:
+        led.count(t)
+    return twin
+
+
+def _cast(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Floating parameters and buffers to ``dtype``, in place by re-registering (``Module.to`` swaps
+    tensors, which fake tensors with weak references refuse)."""
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None and p.is_floating_point() and p.dtype != dtype:
+                mod._parameters[name] = torch.nn.Parameter(
+                    p.detach().to(dtype), requires_grad=p.requires_grad
+                )
+        for name, b in list(mod._buffers.items()):
+            if b is not None and b.is_floating_point() and b.dtype != dtype:
+                mod._buffers[name] = b.to(dtype)
+
+
+def _fake_inputs(plan: _Plan, bs: int, dev: str) -> Any:
+    if callable(plan.inputs) and not isinstance(plan.inputs, torch.Tensor):
+        with torch.device(dev):
+            return plan.inputs(bs)
+
+    def conv(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            shape = list(x.shape)
+            if shape and shape[0] == plan.b0:
+                shape[0] = bs
+            if x.is_floating_point():
+                return torch.empty(shape, dtype=x.dtype, device=dev)
+            return torch.zeros(shape, dtype=x.dtype, device=dev)
+        if isinstance(x, Mapping):
+            return {k: conv(v) for k, v in x.items()}
+        if isinstance(x, tuple):
+            return tuple(conv(v) for v in x)
+        if isinstance(x, list):
+            return [conv(v) for v in x]
+        return x
+
+    return conv(plan.inputs)
+
+
+def _bytes_of(tensors: Iterator[torch.Tensor], led: _Ledger) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        k = led.key_of(t)
+        if k is not None:
+            seen[k] = led.size(int(t.untyped_storage().nbytes()))
+    return sum(seen.values())
+
+
+class _Saved:
+    """Bytes saved for backward, each storage once, parameters excluded; per block while a block runs."""
+
+    def __init__(self, led: _Ledger, exclude: set[int]) -> None:
+        self.led = led
+        self.exclude = exclude
+        self.saved: dict[int, tuple[int, list[weakref.ref[torch.Tensor]]]] = {}
+        self.block: list[str] = []
+        self.per_block: dict[str, int] = {}
+        self.block_input: dict[str, int] = {}
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        packed = t.detach()
+        try:
+            key = self.led.key_of(t)
+            if key is not None and key not in self.exclude:
+                entry = self.saved.get(key)
+                if entry is None or not any(r() is not None for r in entry[1]):
+                    n = self.led.size(int(t.untyped_storage().nbytes()))
+                    entry = (n, [])
+                    self.saved[key] = entry
+                    if self.block:
+                        self.per_block[self.block[-1]] = self.per_block.get(self.block[-1], 0) + n
+                entry[1].append(weakref.ref(packed))
+        except Exception:
+            pass
+        return packed
+
+    @staticmethod
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def held(self) -> int:
+        return sum(nb for nb, refs in self.saved.values() if any(r() is not None for r in refs))
+
+    def hooks(self, blocks: dict[str, torch.nn.Module]) -> list[Any]:
+        handles = []
+        for name, mod in blocks.items():
+
+            def pre(_m: Any, args: Any, kwargs: Any = None, name: str = name) -> None:
+                self.block.append(name)
+                if name not in self.block_input:
+                    first = next(_tensors(args), None) if args else None
+                    self.block_input[name] = (
+                        0 if first is None else self.led.size(first.untyped_storage().nbytes())
+                    )
+
+            def post(_m: Any, _a: Any, _o: Any, name: str = name) -> None:
+                if self.block and self.block[-1] == name:
+                    self.block.pop()
+
+            handles.append(mod.register_forward_pre_hook(pre))
+            handles.append(mod.register_forward_hook(post))
+        return handles
+
+
+def _autocast(amp: torch.dtype | None, dev: str) -> Any:
+    if amp is None or dev == "meta":
+        return nullcontext()
+    return torch.autocast(dev, dtype=amp)
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _run_plan(plan: _Plan, sizes: Sequence[int]) -> list[_Run]:
+    """Build the fake model once and measure every size: inference first (weights only), then a warm-up
+    training step and one measured step per size."""
+    mode, dev = _fake_mode()
+    led = _Ledger(plan.rounding)
+    runs: list[_Run] = []
+    if not isinstance(plan.model, torch.nn.Module):
+        # Built on the meta device (no initialisation runs: weight init may read values, which fake
+        # tensors cannot), then mirrored with fake tensors like a real model.
+        with torch.device("meta"):
+            built = plan.model()
+        if not isinstance(built, torch.nn.Module):
+            raise FitArgumentError(
+                f"The model factory returned {type(built).__name__}, not a torch.nn.Module.", ""
+            )
+        plan = replace(plan, model=built, optimizer=plan.optimizer)
+    with ExitStack() as stack:
+        if mode is not None:
+            stack.enter_context(mode)
+        stack.enter_context(_ledger_mode(led))
+        stack.enter_context(torch.random.fork_rng(devices=[]))
+        twin = _fake_twin(plan, dev, led)
+        blocks = _blocks(twin)
+        for name in _select(plan.checkpoint, twin, blocks) if plan.checkpoint else []:
+            _checkpointed(twin.get_submodule(name))
+        params = _bytes_of(twin.parameters(), led)
+        weights = _bytes_of(iter([*twin.parameters(), *twin.buffers()]), led)
+        block_params = {n: _bytes_of(b.parameters(), led) for n, b in blocks.items()}
+        own = {k for k in (led.key_of(t) for t in [*twin.parameters(), *twin.buffers()]) if k is not None}
+        ws = plan.workspace
+
+        inference: dict[int, tuple[int, int, int, int | None]] = {}
+        for bs in sizes:
+            was = twin.training
+            twin.eval()
+            try:
+                batch = _fake_inputs(plan, bs, dev)
+                before = led.current
+                led.reset_peak()
+                kv, gen = 0, None
+                with torch.inference_mode(), _autocast(plan.amp, dev):
+                    if plan.generate_tokens > 0 and _accepts(twin.forward, "use_cache"):
+                        extra: dict[str, Any] = {"use_cache": True}
+                        if _accepts(twin.forward, "logits_to_keep"):
+                            extra["logits_to_keep"] = 1
+                        pre_peak_base = led.current
+                        out = _call(twin, batch, **extra)
+                        prefill_peak = led.peak
+                        outs = _bytes_of(_tensors(out), led)
+                        cache_now = max(led.current - pre_peak_base - outs, 0)
+                        seq = _seq_len(batch)
+                        full = cache_now if not seq else int(cache_now * (seq + plan.generate_tokens) / seq)
+                        kv = full
+                        gen = prefill_peak + (full - cache_now) + ws
+                        del out
+                    else:
+                        _call(twin, batch)
+                inference[bs] = (led.peak + ws, before + ws, kv, gen)
+                del batch
+            finally:
+                twin.train(was)
+        if not plan.training:
+            for bs in sizes:
+                ip, ib, kv, gen = inference[bs]
+                m = StepMeasurement(bs, None, None, None, None, None, ip, ib, None)
+                runs.append(_Run(bs, m, params, 0, 0, weights, kv_cache=kv, generate_peak=gen))
+            return runs
+
+        opt = _make_optimizer(
+            plan.optimizer, plan.model if isinstance(plan.model, torch.nn.Module) else None, twin
+        )
+        hooks = []
+        for p in twin.parameters():
+            if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook"):
+                hooks.append(p.register_post_accumulate_grad_hook(lambda q: led.mark_grad(q.grad)))
+        try:
+            twin.train()
+            for i, bs in enumerate([sizes[0], *sizes]):
+                measured = i > 0
+                f: dict[str, int] = {}
+                saved = _Saved(led, own)
+                handles = saved.hooks(blocks) if measured else []
+                batch = _fake_inputs(plan, bs, dev)
+                try:
+                    for micro in range(min(max(plan.grad_accum, 1), 2)):
+                        last = micro == min(max(plan.grad_accum, 1), 2) - 1
+                        f["before_forward"] = led.current
+                        led.reset_peak()
+                        with (
+                            torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack),
+                            _autocast(plan.amp, dev),
+                        ):
+                            out = _call(twin, batch)
+                            loss = plan.loss_fn(out)
+                        f["forward_peak"], f["forward_grads"] = led.peak, led.grads_at_peak
+                        f["after_forward"] = led.current
+                        f["saved"] = saved.held()
+                        del out
+                        led.reset_peak()
+                        loss.backward()
+                        f["backward_peak"], f["backward_grads"] = led.peak, led.grads_at_peak
+                        del loss
+                        if not last:
+                            saved = _Saved(led, own)
+                finally:
+                    for h in handles:
+                        h.remove()
+                del batch
+                f["grads"] = led.grads
+                led.reset_peak()
+                if opt is not None:
+                    opt.step()
+                    f["step_peak"] = led.peak
+                state = 0
+                if opt is not None:
+                    state = _bytes_of(
+                        iter(
+                            [
+                                v
+                                for st in opt.state.values()
+                                for v in st.values()
+                                if isinstance(v, torch.Tensor)
+                            ]
+                        ),
+                        led,
+                    )
+                grads = f["grads"]
+                if opt is not None:
+                    opt.zero_grad(set_to_none=True)
+                else:
+                    twin.zero_grad(set_to_none=True)
+                if not measured:
+                    continue
+                ip, ib, kv, gen = inference[bs]
+                m = StepMeasurement(
+                    bs,
+                    f["forward_peak"] + ws,
+                    f["after_forward"] + ws,
+                    f["before_forward"] + ws,
+                    f["backward_peak"] + ws,
+                    f["step_peak"] + ws if "step_peak" in f else None,
+                    ip,
+                    ib,
+                    f["saved"],
+                )
+                runs.append(
+                    _Run(
+                        bs,
+                        m,
+                        params,
+                        grads,
+                        state,
+                        weights,
+                        forward_grads=f["forward_grads"],
+                        backward_grads=f["backward_grads"],
+                        kv_cache=kv,
+                        generate_peak=gen,
+                        block_saved=dict(saved.per_block),
+                        block_input=dict(saved.block_input),
+                        block_params=block_params,
+                    )
+                )
+        finally:
+            for h in hooks:
+                h.remove()
+            del opt
+    return runs
+
+
+def _seq_len(batch: Any) -> int | None:
+    for t in _tensors(batch):
+        if t.dim() >= 2 and not t.is_floating_point():
+            return int(t.shape[1])
+    return None
+
+
+def _run_guarded(plan: _Plan, sizes: Sequence[int]) -> list[_Run]:
+    try:
+        return _run_plan(plan, sizes)
+    except TorchmemError:
+        raise
+    except Exception as exc:
+        err = _translate(exc)
+        if err is not None:
+            raise err from exc
+        raise
+
+
+# -- per rank ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Sharding:
+    strategy: str
+    world_size: int
+
+
+def _per_rank(run: _Run, sh: _Sharding) -> tuple[StepMeasurement, int, int, int, int]:
+    """The run's figures for one rank: ``(measurement, parameters, gradients, optimizer_state, nccl)``."""
+    if sh.strategy == "none" or (sh.world_size <= 1 and sh.strategy == "ddp"):
+        return run.m, run.parameters, run.gradients, run.optimizer_state, 0
+    blocks = run.block_params
+    largest = max(blocks.values(), default=0)
+    root = max(run.parameters - sum(blocks.values()), 0)
+    s = shard(
+        sh.strategy,
+        sh.world_size,
+        parameters=run.parameters,
+        gradients=run.gradients,
+        optimizer_state=run.optimizer_state,
+        largest_unit=largest,
+        root_unit=root,
+    )
+    m = run.m
+    gshare = s.gradients / run.gradients if run.gradients else 1.0
+    base = -run.parameters - run.optimizer_state + s.parameters + s.optimizer_state
+    sharded_params = sh.strategy in ("zero3", "fsdp")
+    gather = s.gather if sharded_params else 0
+    ddp = s.reduce if sh.strategy == "ddp" else 0
+    unit_reduce = s.reduce if sh.strategy != "ddp" else 0
+
+    def at(v: int | None, grads_live: int, extra: int) -> int | None:
+        if v is None:
+            return None
+        return int(v + base - grads_live + grads_live * gshare + extra)
+
+    fwd = at(m.forward_peak, run.forward_grads, gather + ddp)
+    bwd = at(m.backward_peak, run.backward_grads, gather + unit_reduce + ddp)
+    step = at(m.step_peak, run.gradients, ddp)
+    after = at(m.after_forward, run.forward_grads, ddp)
+    before = at(m.before_forward, run.forward_grads, ddp)
+    inf = None if m.inference_peak is None else int(m.inference_peak - run.parameters + s.parameters + gather)
+    binf = None if m.before_inference is None else int(m.before_inference - run.parameters + s.parameters)
+    out = replace(
+        m,
+        forward_peak=fwd,
+        backward_peak=bwd,
+        step_peak=step,
+        after_forward=after,
+        before_forward=before,
+        inference_peak=inf,
+        before_inference=binf,
+    )
+    return out, s.parameters, s.gradients, s.optimizer_state, s.nccl
+
+
+# -- the public entry ------------------------------------------------------------------------------------
+def _estimate_of(
+    runs: list[_Run], sh: _Sharding, training: bool, model_name: str, notes: tuple[str, ...]
+) -> tuple[MemoryEstimate, int]:
+    """Exact rows (one fake run per size): one ``build_estimate`` per size, merged."""
+    rows: list[EstimateRow] = []
+    ms: list[StepMeasurement] = []
+    nccl = 0
+    last: MemoryEstimate | None = None
+    for r in runs:
+        m, p, g, o, nccl = _per_rank(r, sh)
+        ms.append(m)
+        e = build_estimate(
+            [m],
+            batch_sizes=[r.batch_size],
+            parameters=p,
+            gradients=g if training else 0,
+            optimizer_state=o,
+            weights_only=r.weights_only,
+            training=training,
+            model=model_name,
+            device="fake",
+            measured_on="fake tensors (no device)",
+            notes=notes,
+        )
+        rows.extend(e.rows)
+        last = e
+    assert last is not None
+    rows.sort(key=lambda row: (row.mode != "training", row.batch_size))
+    per_sample = 0.0
+    if len(runs) >= 2 and runs[-1].batch_size != runs[0].batch_size and training:
+        a, b = runs[0], runs[-1]
+        sa, sb = a.m.saved_for_backward or 0, b.m.saved_for_backward or 0
+        per_sample = max((sb - sa) / (b.batch_size - a.batch_size), 0.0)
+    elif training and runs and runs[0].m.saved_for_backward:
+        per_sample = (runs[0].m.saved_for_backward or 0) / runs[0].batch_size
+    est = replace(
+        last,
+        measured_at=tuple(r.batch_size for r in runs),
+        rows=tuple(rows),
+        measurements=tuple(ms),
+        activations_per_sample=per_sample,
+    )
+    return est, nccl
+
+
+def _device_peak(allocated: int, target: Target, nccl: int, fragmentation: float) -> int:
+    return reserved_for(allocated, fragmentation) + target.overhead + nccl
+
+
+def estimate_fake(
+    model: torch.nn.Module | Callable[[], torch.nn.Module],
+    example_inputs: Inputs,
+    *,
+    optimizer: OptimizerSpec = None,
+    batch_sizes: Sequence[int] | None = None,
+    training: bool = True,
+    target: str | Target = "H100-80GB",
+    dtype: torch.dtype | None = None,
+    amp: torch.dtype | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    checkpoint: Sequence[str] | str | bool | None = None,
+    grad_accum: int = 1,
+    sharding: str | None = None,
+    world_size: int = 1,
+    generate_tokens: int = 0,
+    fragmentation: float | None = None,
+    suggest: bool = True,
+) -> TargetEstimate:
+    """Estimate a step's peak memory on ``target`` without any device: the model runs on fake tensors.
+
+    ``torchmem.estimate(..., target=...)`` calls this. The answer is per rank, for the largest of
+    ``batch_sizes`` (``.fits``, ``.device_peak`` against ``.target_total``, ``.largest_batch_size``), with
+    one row per batch size and mode, and — when it does not fit — the changes that would make it fit,
+    ranked by the bytes they save (``.changes``).
+
+    Args:
+        model: A model (real, or on the ``meta`` device: only shapes and dtypes are read; it is not
+            changed), or a factory ``() -> model``, called under fake tensors (nothing allocated).
+        example_inputs: One batch (tensors whose first dimension is the batch size are resized; values
+            are not used), or a factory ``batch_size -> batch`` called under fake tensors.
+        optimizer: ``None``, a ``torch.optim`` name, a class, a factory ``params -> optimizer``, or an
+            instance (its kind and settings).
+        batch_sizes: The per-rank batch sizes to estimate (default: the example's).
+        training: A training step (else inference only).
+        target: A GPU name from :data:`torchmem.analysis.targets.TARGETS` (``"H100-80GB"``, ``"A100-40GB"``,
+            ``"L4"``, ``"T4"``, ``"RTX4090"``, ``"H200"``, ...), a size (``"24GiB"``) or a ``Target``.
+        dtype: Cast the model to this dtype (``torch.bfloat16``: weights, gradients and Adam state too).
+        amp: Run forward under autocast with this dtype.
+        loss_fn: ``output -> scalar loss`` (default: the output's ``loss``, else the mean of its outputs).
+        checkpoint: Activation checkpointing of these modules: qualified names, patterns (``"layers.*"``),
+            class names, ``"blocks"`` or ``True`` (every repeated block).
+        grad_accum: Micro-batches per optimizer step (from the second one on, gradients are live during
+            forward); ``batch_sizes`` are micro-batch sizes.
+        sharding: ``None``/``"none"``, ``"ddp"``, ``"fsdp"`` (FSDP2 ``fully_shard`` per repeated block and
+            the root), ``"zero1"``, ``"zero2"``, ``"zero3"``.
+        world_size: Ranks sharing the model.
+        generate_tokens: With ``training=False``: a generate call of this many new tokens after the
+            prompt (the example's sequence): its KV cache is estimated (models whose forward takes
+            ``use_cache``).
+        fragmentation: Reserved bytes above the allocated peak, as a fraction (default
+            :data:`torchmem.analysis.targets.FRAGMENTATION`).
+        suggest: When it does not fit, estimate the changes (a few more fake runs).
+
+    Returns:
+        A :class:`TargetEstimate` (a :class:`MemoryEstimate` with the verdict); ``str()`` prints it.
+
+    Raises:
+        FakeTensorError: an op of the model cannot run under fake tensors (named in the message).
+        FitArgumentError: bad arguments (unknown target, optimizer, module names, sizes).
+
+    Example:
+        >>> import torch
+        >>> from torchmem.capture.fake import estimate_fake
+        >>> est = estimate_fake(lambda: torch.nn.Linear(1024, 1024), lambda bs: torch.randn(bs, 1024),
+        ...                     optimizer="adamw", batch_sizes=[64], target="T4")
+        >>> est.fits, est.parameters == 1024 * 1025 * 4
+        (True, True)
+    """
+    tgt = resolve_target(target)
+    if not isinstance(model, torch.nn.Module):
+        try:
+            inspect.signature(model).bind()
+            ok = True
+        except TypeError:  # not callable, or it needs arguments
+            ok = False
+        except ValueError:  # no signature (a builtin): try it
+            ok = callable(model)
+        if not ok:
+            raise FitArgumentError(
+                f"model must be a torch.nn.Module or a factory () -> module, got {type(model).__name__}.", ""
+            )
+    if callable(example_inputs) and not isinstance(example_inputs, torch.Tensor):
+        b0 = min(int(b) for b in batch_sizes) if batch_sizes else 1
+    else:
+        found = _batch_of(example_inputs)
+        if found is None or found <= 0:
+            raise FitArgumentError(
+                "example_inputs has no tensor with a batch dimension.",
+                "Pass one batch, e.g. torch.randn(4, 64), or a factory batch_size -> batch.",
+            )
+        b0 = found
+    sizes = sorted({int(b) for b in (batch_sizes or (b0,))})
+    if not sizes or any(isinstance(b, bool) or b <= 0 for b in sizes):
+        raise FitArgumentError(f"batch_sizes must be positive ints, got {batch_sizes!r}.", "")
+    if grad_accum < 1:
+        raise FitArgumentError(f"grad_accum must be >= 1, got {grad_accum}.", "")
+    if world_size < 1:
+        raise FitArgumentError(f"world_size must be >= 1, got {world_size}.", "")
+    strategy = (sharding or "none").lower()
+    if strategy == "fsdp2":
+        strategy = "fsdp"
+    if strategy not in ("none", "ddp", "fsdp", "zero1", "zero2", "zero3"):
+        raise FitArgumentError(f"Unknown sharding {sharding!r}.", "Use ddp, fsdp, zero1, zero2 or zero3.")
+    if checkpoint is True:
+        ckpt: tuple[str, ...] = ("blocks",)
+    elif not checkpoint:
+        ckpt = ()
+    elif isinstance(checkpoint, str):
+        ckpt = (checkpoint,)
+    else:
+        ckpt = tuple(str(c) for c in checkpoint)
+    frag = fragmentation if fragmentation is not None else None
+    from torchmem.analysis.targets import FRAGMENTATION
+
+    frag_f = FRAGMENTATION if frag is None else float(frag)
+    plan = _Plan(
+        model=model,
+        inputs=example_inputs,
+        b0=b0,
+        optimizer=optimizer,
+        training=training,
+        dtype=dtype,
+        amp=amp,
+        loss_fn=loss_fn or default_loss,
+        checkpoint=ckpt,
+        grad_accum=grad_accum,
+        generate_tokens=int(generate_tokens) if not training else 0,
+        rounding=True,
+        workspace=tgt.workspace,
+    )
+    sh = _Sharding(strategy, int(world_size))
+    name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "model")
+    notes: list[str] = ["device-free: fake tensors, allocator block rounding, the target's cuBLAS workspace"]
+    if not tgt.measured:
+        notes.append(f"{tgt.name}: context and library figures are typical, not measured by torchmem")
+    if training and optimizer is None:
+        notes.append("no optimizer: the training step is forward and backward only")
+    runs = _run_guarded(plan, sizes)
+    est, nccl = _estimate_of(runs, sh, training, name, tuple(notes))
+    mode = "training" if training else "inference"
+    bs = sizes[-1]
+    last = runs[-1]
+    alloc = est.peak(bs, mode) or 0
+    gen_peak = None
+    if not training and plan.generate_tokens and last.generate_peak is not None:
+        gen_peak = last.generate_peak
+        alloc = max(alloc, gen_peak)
+    dpeak = _device_peak(alloc, tgt, nccl, frag_f)
+    fits = dpeak <= tgt.total
+
+    def device_peak_at(b: int, p: _Plan = plan, s: _Sharding = sh) -> int:
+        r = _run_guarded(p, [b])
+        e, n = _estimate_of(r, s, training, name, ())
+        a = e.peak(b, mode) or 0
+        if not training and p.generate_tokens and r[-1].generate_peak is not None:
+            a = max(a, r[-1].generate_peak)
+        return _device_peak(a, tgt, n, frag_f)
+
+    largest = _largest_batch(runs, sh, training, name, tgt, nccl, frag_f, device_peak_at, mode)
+    changes: tuple[Change, ...] = ()
+    if suggest and not fits:
+        changes = _changes(plan, sh, runs, bs, dpeak, tgt, training, name, frag_f, largest, device_peak_at)
+    return TargetEstimate(
+        **{f: getattr(est, f) for f in MemoryEstimate.__dataclass_fields__},
+        target=tgt.name,
+        target_total=tgt.total,
+        overhead=tgt.overhead + nccl,
+        workspace=tgt.workspace,
+        fragmentation=frag_f,
+        batch_size=bs,
+        mode=mode,
+        allocated_peak=alloc,
+        reserved_peak=reserved_for(alloc, frag_f),
+        device_peak=dpeak,
+        fits=fits,
+        largest_batch_size=largest,
+        strategy=strategy,
+        world_size=int(world_size),
+        grad_accum=grad_accum,
+        checkpointed=ckpt,
+        kv_cache=last.kv_cache,
+        generate_tokens=plan.generate_tokens,
+        changes=changes,
+        method="fake-tensor" if _fake_mode()[0] is not None else "meta-device",
+    )
+
+
+def _largest_batch(
+    runs: list[_Run],
+    sh: _Sharding,
+    training: bool,
+    name: str,
+    tgt: Target,
+    nccl: int,
+    frag: float,
+    device_peak_at: Callable[[int], int],
+    mode: str,
+    max_runs: int = 4,
+) -> int | None:
+    """The largest per-rank batch size whose device peak is within the target: a line through two fake
+    runs, then a few fake runs to check it (``None`` if even 1 does not fit)."""
+    known: dict[int, int] = {}
+    for r in runs:
+        e, n = _estimate_of([r], sh, training, name, ())
+        a = e.peak(r.batch_size, mode) or 0
+        if r.generate_peak is not None and not training:
+            a = max(a, r.generate_peak)
+        known[r.batch_size] = _device_peak(a, tgt, n, frag)
+    for _ in range(max_runs):
+        ok = [b for b, v in known.items() if v <= tgt.total]
+        bad = [b for b, v in known.items() if v > tgt.total]
+        lo = max(ok, default=0)
+        hi = min((b for b in bad if b > lo), default=None)
+        if hi is not None and hi - lo <= max(1, lo // 50):
+            return lo or None
+        pts = sorted(known.items())
+        if len(pts) < 2:
+            b1 = pts[0][0]
+            b2 = b1 * 2 if b1 > 1 else 2
+            if hi is not None and hi <= b2:
+                b2 = max(1, (lo + hi) // 2) if lo else max(1, hi // 2)
+            if b2 in known:
+                return lo or None
+            known[b2] = device_peak_at(b2)
+            continue
+        (x1, y1), (x2, y2) = pts[-2], pts[-1]
+        if lo and hi is not None:
+            (x1, y1), (x2, y2) = (lo, known[lo]), (hi, known[hi])
+        slope = (y2 - y1) / (x2 - x1) if x2 != x1 else 0.0
+        if slope <= 0 or (y2 - y1) < 0.01 * y2:  # a batch-independent phase holds the peak: go further
+            guess = (lo + hi) // 2 if hi is not None else x2 * 8
+        else:
+            guess = int(x1 + (tgt.total - y1) / slope)
+        if hi is not None:
+            guess = min(guess, hi - 1)
+        guess = max(guess, 1, lo + 1 if lo else 1)
+        if guess > 1 << 22:
+            return guess
+        if guess in known:
+            return lo or None
+        known[guess] = device_peak_at(guess)
+    ok = [b for b, v in known.items() if v <= tgt.total]
+    return max(ok) if ok else None
+
+
+def _changes(
+    plan: _Plan,
+    sh: _Sharding,
+    runs: list[_Run],
+    bs: int,
+    dpeak: int,
+    tgt: Target,
+    training: bool,
+    name: str,
+    frag: float,
+    largest: int | None,
+    device_peak_at: Callable[..., int],
+) -> tuple[Change, ...]:
+    """The changes that lower the device peak at ``bs``, each estimated (fake runs or sharding
+    arithmetic), ranked by the bytes they save."""
+    out: list[Change] = []
+
+    def add(kind: str, what: str, new: int) -> None:
+        if new < dpeak:
+            out.append(Change(kind, what, dpeak - new, new, new <= tgt.total))
+
+    with_errors = (FakeTensorError, FitArgumentError, RuntimeError, TypeError, ValueError)
+    floating = plan.dtype in (None, torch.float32)
+    if floating and plan.amp is None:
+        try:
+            add(
+                "dtype",
+                "bf16 autocast (amp=torch.bfloat16)",
+                device_peak_at(bs, replace(plan, amp=torch.bfloat16)),
+            )
+        except with_errors:
+            pass
+        try:
+            add(
+                "dtype",
+                "bf16 weights (dtype=torch.bfloat16: weights, gradients and optimizer state in bf16)",
+                device_peak_at(bs, replace(plan, dtype=torch.bfloat16)),
+            )
+        except with_errors:
+            pass
+    last = runs[-1]
+    if training and last.block_saved and not plan.checkpoint:
+        per = sorted(
+            ((n, max(s - last.block_input.get(n, 0), 0)) for n, s in last.block_saved.items()),
+            key=lambda kv: -kv[1],
+        )
+        try:
+            new = device_peak_at(bs, replace(plan, checkpoint=("blocks",)))
+            top = ", ".join(f"{n} {fmt_bytes(v)}" for n, v in per[:3])
+            more = f" (+{len(per) - 3} more)" if len(per) > 3 else ""
+            add("checkpoint", f"activation checkpointing of {len(per)} blocks: {top}{more}", new)
+        except with_errors:
+            pass
+    if training:
+        for strategy in ("fsdp",):
+            for n in (2, 4, 8, 16, 32, 64):
+                alt = _Sharding(strategy, n * max(sh.world_size, 1)) if sh.strategy == "none" else None
+                if alt is None:
+                    if sh.strategy in ("fsdp", "zero3"):
+                        alt = _Sharding(sh.strategy, sh.world_size * n)
+                    else:
+                        alt = _Sharding("fsdp", max(sh.world_size, 1) * n)
+                e, nccl = _estimate_of([last], alt, training, name, ())
+                new = _device_peak(e.peak(bs, "training") or 0, tgt, nccl, frag)
+                if new <= tgt.total or n == 64:
+                    add("sharding", f"FSDP over {alt.world_size} GPUs (fully_shard each block)", new)
+                    break
+    if largest is not None and largest < bs:
+        try:
+            add("batch_size", f"batch size {largest} (the largest that fits)", device_peak_at(largest))
+        except with_errors:
+            pass
+    out.sort(key=lambda c: -c.saves)
+    return tuple(out)
+
+
+__all__ = ["FakeTensorError", "default_loss", "estimate_fake"]

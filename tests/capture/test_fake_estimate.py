@@ -1,0 +1,290 @@
+"""The device-free estimate (fake tensors) against the exact CPU ledger; its verdict, changes and errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import torchmem
+from torchmem.analysis.estimate import FitArgumentError
+
+# A target without workspace, context or fragmentation: the fake figures alone, as the CPU ledger sees them.
+from torchmem.analysis.targets import Target
+from torchmem.capture.fake import FakeTensorError, estimate_fake
+from torchmem.devices import ledger
+from torchmem.results.fit import MemoryEstimate, TargetEstimate
+
+BARE = Target("bare", 1 << 40, 0, 0, 0)
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(128, 512),
+        torch.nn.GELU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.GELU(),
+        torch.nn.Linear(512, 10),
+    )
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(d, 4 * d)
+        self.down = torch.nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(x)))
+
+
+class _Net(torch.nn.Module):
+    def __init__(self, d: int = 64, n: int = 4) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(_Block(d) for _ in range(n))
+        self.head = torch.nn.Linear(d, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for b in self.layers:
+            x = b(x)
+        return self.head(x)
+
+
+def _measured(model: torch.nn.Module, x: torch.Tensor, training: bool = True) -> int:
+    """The exact peak of the third AdamW step (or an inference forward), model built inside the ledger."""
+    with ledger().enabled() as led:
+        m = type(model)() if not isinstance(model, torch.nn.Sequential) else _mlp()
+        m.load_state_dict(model.state_dict())
+        xb = x.clone()
+        if not training:
+            led.reset_peak("cpu")
+            with torch.inference_mode():
+                m.eval()(xb)
+            return led.peak("cpu")
+        opt = torch.optim.AdamW(m.parameters())
+        for i in range(3):
+            if i == 2:
+                led.reset_peak("cpu")
+            m(xb).float().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return led.peak("cpu")
+
+
+@pytest.mark.parametrize("factory", [_mlp, _Net], ids=["mlp", "blocks"])
+def test_fake_peaks_match_the_exact_ledger(factory: Any) -> None:
+    torch.manual_seed(0)
+    model = factory()
+    x = torch.randn(32, 128 if factory is _mlp else 64)
+    est = estimate_fake(model, x, optimizer="adamw", target=BARE)
+    for mode in ("training", "inference"):
+        real = _measured(model, x, training=mode == "training")
+        fake = est.peak(32, mode)
+        assert fake is not None
+        assert abs(fake - real) <= 0.03 * real, (mode, fake, real)
+    # the user's model is untouched: real parameters, no gradients
+    assert all(p.device.type == "cpu" and p.grad is None for p in model.parameters())
+    assert type(next(model.parameters())) is torch.nn.Parameter
+
+
+def test_estimate_with_target_takes_the_device_free_path_and_round_trips() -> None:
+    est = torchmem.estimate(_mlp, torch.randn(8, 128), optimizer="adamw", batch_sizes=[8, 64], target="L4")
+    assert isinstance(est, TargetEstimate) and isinstance(est, MemoryEstimate)
+    assert est.fits and est.target == "L4" and est.largest_batch_size is not None
+    assert est.largest_batch_size > 64
+    # each parameter's storage at the caching allocator's block size (512-byte multiples)
+    assert est.parameters == sum(-(-p.numel() * 4 // 512) * 512 for p in _mlp().parameters())
+    # AdamW: exp_avg + exp_avg_sq, plus one scalar step tensor per parameter (one 512-byte block each)
+    assert est.optimizer_state == 2 * est.parameters + 6 * 512
+    assert est.device_peak > est.allocated_peak + est.overhead
+    assert "fits on L4" in str(est)
+    assert TargetEstimate.from_dict(est.to_dict()) == est
+
+
+def test_does_not_fit_gives_ranked_changes_and_the_largest_batch() -> None:
+    # 200 MiB of weights, AdamW -> about 800 MiB of state; the target has 1 GiB and no overhead.
+    small = Target("tiny", 1 << 30, 0, 0, 0)
+    est = estimate_fake(
+        lambda: _Net(d=1024, n=12),
+        lambda bs: torch.randn(bs, 128, 1024),
+        optimizer="adamw",
+        batch_sizes=[16],
+        target=small,
+    )
+    assert not est.fits and "does not fit on tiny" in est.verdict
+    kinds = [c.kind for c in est.changes]
+    assert {"dtype", "checkpoint", "sharding"} <= set(kinds)
+    assert [c.saves for c in est.changes] == sorted((c.saves for c in est.changes), reverse=True)
+    ckpt = next(c for c in est.changes if c.kind == "checkpoint")
+    assert "layers.0" in ckpt.what and ckpt.saves > 0
+    if est.largest_batch_size is not None:
+        assert est.largest_batch_size < 16
+        assert any(c.kind == "batch_size" for c in est.changes)
+
+
+def test_checkpointing_and_grad_accumulation_move_the_peak() -> None:
+    def inputs(bs: int) -> torch.Tensor:
+        return torch.randn(bs, 256, 64)
+
+    base = estimate_fake(_Net, inputs, optimizer="sgd", batch_sizes=[8], target=BARE)
+    ckpt = estimate_fake(_Net, inputs, optimizer="sgd", batch_sizes=[8], target=BARE, checkpoint=True)
+    accum = estimate_fake(_Net, inputs, optimizer="sgd", batch_sizes=[8], target=BARE, grad_accum=4)
+    assert ckpt.checkpointed == ("blocks",)
+    assert ckpt.rows[0].activations < base.rows[0].activations / 2
+    # with accumulation the gradients are live during the next forward
+    assert accum.measurements[0].forward_peak - base.measurements[0].forward_peak >= base.gradients * 0.9
+    with pytest.raises(FitArgumentError, match="names no module"):
+        estimate_fake(_Net, inputs, batch_sizes=[8], target=BARE, checkpoint=["nope"])
+
+
+def test_bf16_halves_weights_and_state() -> None:
+    fp32 = estimate_fake(_mlp, torch.randn(4, 128), optimizer="adamw", target=BARE)
+    bf16 = estimate_fake(_mlp, torch.randn(4, 128), optimizer="adamw", target=BARE, dtype=torch.bfloat16)
+    assert bf16.parameters * 2 == pytest.approx(fp32.parameters, rel=0.01)
+    assert bf16.optimizer_state * 2 == pytest.approx(fp32.optimizer_state, rel=0.01)
+
+
+def test_kv_cache_of_a_generate_call() -> None:
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=512,
+    )
+    est = estimate_fake(
+        lambda: transformers.LlamaForCausalLM(cfg),
+        lambda bs: {"input_ids": torch.zeros(bs, 32, dtype=torch.long)},
+        batch_sizes=[2],
+        training=False,
+        generate_tokens=96,
+        target=BARE,
+    )
+    # K and V per layer: batch x kv_heads x (prompt + new) x head_dim, fp32
+    expected = 2 * 2 * 2 * 2 * (32 + 96) * 16 * 4
+    assert est.kv_cache == pytest.approx(expected, rel=0.05)
+    assert est.allocated_peak >= est.parameters + est.kv_cache
+
+
+class _DataDependent(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        return y[y > 0].sum() + y.mean()
+
+
+def test_a_model_fake_tensors_cannot_run_names_the_op() -> None:
+    with pytest.raises(FakeTensorError) as info:
+        estimate_fake(_DataDependent(), torch.randn(4, 8), target=BARE)
+    assert "aten." in info.value.op
+    assert info.value.op in info.value.message
+    assert "device='cuda'" in info.value.hint
+
+
+def test_measured_path_refuses_device_free_options() -> None:
+    with pytest.raises(FitArgumentError, match="device-free"):
+        torchmem.estimate(_mlp(), torch.randn(4, 128), device="cpu", grad_accum=2)
+
+
+_RANKS = """
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+def build():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(),
+                                                     torch.nn.Linear(2048, 512)) for _ in range(4)])
+
+def main(rank, world, port, out):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"; os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    from torchmem.devices import ledger
+    original = torch.UntypedStorage.resize_
+    def resize_(self, n):  # FSDP2 frees unsharded parameters by resizing their storage (not an aten op)
+        old = self.nbytes(); res = original(self, n)
+        ledger().record_mutation({self._cdata: (self, old)})
+        return res
+    torch.UntypedStorage.resize_ = resize_
+    with ledger().enabled() as led:
+        m = build()
+        for b in m:
+            fully_shard(b)
+        fully_shard(m)
+        opt = torch.optim.AdamW(m.parameters())
+        x = torch.randn(64, 512)
+        for _ in range(3):
+            led.reset_peak("cpu")
+            m(x).float().pow(2).mean().backward()
+            opt.step(); opt.zero_grad(set_to_none=True)
+        with open(f"{out}.{rank}", "w") as fh:
+            fh.write(str(led.peak("cpu")))
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    import socket, torch.multiprocessing as mp
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    mp.spawn(main, args=(2, port, sys.argv[1]), nprocs=2)
+"""
+
+
+def test_fsdp_per_rank_estimate_against_two_gloo_ranks(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed.fsdp")
+    if not hasattr(torch.distributed.fsdp, "fully_shard") or not torch.distributed.is_gloo_available():
+        pytest.skip("needs FSDP2 fully_shard and gloo")
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent(_RANKS))
+    out = tmp_path / "peak"
+    src = str(Path(torchmem.__file__).resolve().parents[1])
+    env = {"PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = [int((tmp_path / f"peak.{r}").read_text()) for r in (0, 1)]
+
+    def build() -> torch.nn.Module:
+        return torch.nn.Sequential(
+            *[
+                torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512))
+                for _ in range(4)
+            ]
+        )
+
+    def loss(o: torch.Tensor) -> torch.Tensor:
+        return o.float().pow(2).mean()
+
+    est = estimate_fake(
+        build,
+        lambda bs: torch.randn(bs, 512),
+        optimizer="adamw",
+        batch_sizes=[64],
+        target=BARE,
+        sharding="fsdp",
+        world_size=2,
+        loss_fn=loss,
+    )
+    one = estimate_fake(
+        build, lambda bs: torch.randn(bs, 512), optimizer="adamw", batch_sizes=[64], target=BARE, loss_fn=loss
+    )
+    per_rank = est.peak(64)
+    assert per_rank is not None
+    for m in measured:
+        assert abs(per_rank - m) <= 0.10 * m, (per_rank, measured)
+    assert est.parameters * 2 == pytest.approx(one.parameters, abs=8)
+    assert est.strategy == "fsdp" and est.world_size == 2
