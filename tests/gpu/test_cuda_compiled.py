@@ -29,6 +29,7 @@ class Net(torch.nn.Module):
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.compile's own (torch.jit.script_method)
+@pytest.mark.filterwarnings("ignore::UserWarning")  # inductor's TF32 advice
 def test_reduce_overhead_graph_pool_is_named_with_its_fix_and_is_a_breakdown_row() -> None:
     model = Net().cuda()
     f = torch.compile(model, mode="reduce-overhead")

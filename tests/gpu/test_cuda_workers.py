@@ -66,7 +66,9 @@ def test_a_growing_pinned_cache_is_named() -> None:
         del buf
         checks.poll(now=100.0 + i * wk.POLL_S)
     codes = [c for c, _ in said]
-    assert codes == ["pinned-growth"], said
+    from torchmem.devices import backend
+
+    assert codes == ["pinned-growth"], (said, checks._pinned, backend("cuda:0").pinned_host_figures())
 
 
 def test_torchmem_run_warns_once_when_a_worker_creates_a_cuda_context(tmp_path: Path) -> None:

@@ -78,7 +78,18 @@ def _measured(factory: Any, x: torch.Tensor, dev: torch.device) -> tuple[int, in
 
 @pytest.mark.parametrize(
     ("factory", "shape"),
-    [(_transformer, (32, 256, 512)), (_cnn, (64, 3, 64, 64))],
+    [
+        pytest.param(
+            _transformer,
+            (32, 256, 512),
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="issue 16 open: the fake run is a CPU run; on the H100 the transformer's peak "
+                "measured is 1.54x the fake estimate (2026-11-24, docs/benchmarks.md)",
+            ),
+        ),
+        (_cnn, (64, 3, 64, 64)),
+    ],
     ids=["transformer", "cnn"],
 )
 def test_fake_estimate_within_10_percent_of_the_measured_peak(
