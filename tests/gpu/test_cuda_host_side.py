@@ -22,12 +22,12 @@ MiB = 1 << 20
 
 def test_pinned_memory_held_in_use_and_cached_is_in_stats_and_breakdown() -> None:
     torch.cuda.init()
-    before = torchmem.stats("cuda:0")
     pinned = [torch.empty(n * MiB, dtype=torch.uint8).pin_memory() for n in (3, 7, 13, 29)]  # varying sizes
     keep = pinned[:1]
     del pinned  # three blocks go back to the host allocator's cache, one stays in use
     s = torchmem.stats("cuda:0")
-    assert s.pinned_host is not None and s.pinned_host - (before.pinned_host or 0) >= 52 * MiB, s
+    # all four were alive at once: the host allocator holds them (whatever earlier tests left in its cache)
+    assert s.pinned_host is not None and s.pinned_host >= 52 * MiB, s
     # torch counts a freed pinned block as active until its host allocator processes the block's events
     # (at a later pinned allocation), so "in use" may still include the blocks just freed
     assert s.pinned_host_active is not None and 3 * MiB <= s.pinned_host_active <= s.pinned_host, s

@@ -604,9 +604,9 @@ def budget(
 
     The budget is the memory the block may add, at its worst, to what was allocated when it began.
 
-    - **CUDA**: the block's allocator peak is measured like :func:`torchmem.track` measures it: torch's peak
-      counters are reset at entry (``max_memory_allocated()`` afterwards reports the peak since the most
-      recent block began) and an enclosing ``track()``/``budget()`` still gets its own correct peak. The
+    - **CUDA**: the block's allocator peak is measured like :func:`torchmem.track` measures it: exact, on
+      torch's peak counter shared with the program (``max_memory_allocated()`` keeps its meaning) and with
+      an enclosing ``track()``/``budget()``, which still gets its own correct peak. The
       working set is the largest live tensors at the end of the block (with ``hard=True``: at the
       failure, while the exception still holds its frames). ``hard=True`` also caps the allocator with
       :func:`limit` at ``allocated at entry + budget`` for the block; that cap applies to *reserved*

@@ -4,8 +4,9 @@ How it measures (see docs/profile.md):
 
 - **Peaks.** Every hook event (a module's forward entry/exit, its backward start/end, the optimizer step's
   start/end) reads the device's allocated bytes and the peak since the previous event, then starts a new
-  interval: on CUDA by resetting torch's peak counters (as ``track()`` does, so enclosing ``track()`` blocks
-  keep their peaks), on the CPU on a ledger watermark torchmem owns. A module's forward (backward) peak is the
+  interval: on CUDA on torch's peak counter shared as ``track()`` shares it (enclosing ``track()`` blocks and
+  the program's own ``max_memory_allocated()`` keep their peaks; XPU resets torch's counters), on the CPU on
+  a ledger watermark torchmem owns. A module's forward (backward) peak is the
   highest interval peak while its window was open, above the level when it opened. Exact at hook granularity.
 - **Activations.** One ``saved_tensors_hooks`` pair for the whole block: each tensor autograd saves is
   attributed to the innermost module whose forward is running; at that forward's end the storages still
@@ -428,6 +429,8 @@ class Profiler:
         self._recomputed: set[int] = set()
         self._measure = True
         self._tframe: _TrackFrame | None = None
+        self._ptoken: int | None = None  # the shared peak counter's reader (CUDA)
+        self._ptoken_used: bool | None = None
         self._mark: Any = None
         self._started = False
         self._entry_other = 0
@@ -447,12 +450,15 @@ class Profiler:
                 self._notes.append(f"{self._dev} has no allocator statistics: peaks are not measured")
             elif self._peaks:
                 self._tframe = _TrackFrame()
-                with _open_lock:
-                    prior = h.peak_allocated or 0
-                    for other in _open.get(self._dev, ()):
-                        other.carried = max(other.carried, prior)
-                    self._be.reset_peak()
-                    _open.setdefault(self._dev, []).append(self._tframe)
+                self._ptoken = self._be.open_peak()  # CUDA: the shared counter, the program's peaks stay
+                self._ptoken_used = self._ptoken is not None
+                if self._ptoken is None:
+                    with _open_lock:
+                        prior = h.peak_allocated or 0
+                        for other in _open.get(self._dev, ()):
+                            other.carried = max(other.carried, prior)
+                        self._be.reset_peak()
+                        _open.setdefault(self._dev, []).append(self._tframe)
             else:
                 self._notes.append("peaks=False: forward/backward peaks and the measured peak are not read")
         self._register_static()
@@ -527,6 +533,10 @@ class Profiler:
         cur = h.allocated
         if self._tframe is None:
             return cur, cur
+        if self._ptoken is not None:  # the interval's peak, then a new interval
+            closed = self._be.close_peak(self._ptoken)
+            self._ptoken = self._be.open_peak()
+            return cur, max(closed[0] if closed else cur, cur)
         pk = max(h.peak_allocated or cur, self._tframe.carried, cur)
         with _open_lock:
             self._tframe.carried = 0
@@ -832,9 +842,9 @@ class Profiler:
                 "CPU: exact ledger figures; tensors made before the block count only if they belong to the "
                 "model, its optimizer, or are saved for backward"
             )
-        elif self._tframe is not None:
+        elif self._tframe is not None and self._ptoken_used is False:
             notes.append(
-                "CUDA: torch's peak counters were reset at every hook event; after the block "
+                "torch's peak counters were reset at every hook event; after the block "
                 "max_memory_allocated() covers only its last interval (the block's peak is measured_peak)"
             )
         return build_profile(
@@ -865,6 +875,10 @@ class Profiler:
                 hooks = getattr(t, attr, None)
                 if hooks is not None and len(hooks) == 0:
                     setattr(t, attr, None)
+            token = getattr(self, "_ptoken", None)
+            if token is not None:
+                self._ptoken = None
+                self._be.close_peak(token)
             if getattr(self, "_tframe", None) is not None:
                 with _open_lock:
                     frames = _open.get(self._dev, [])
@@ -904,8 +918,9 @@ def profile(
         model: The model to profile (a ``torch.compile`` wrapper is measured as one block).
         device: The device to measure (default: where the model's parameters are).
         optimizer: The optimizer(s) stepping the model, for optimizer-state figures and the step window.
-        peaks: On CUDA, read peaks by resetting torch's peak counters at every hook event (enclosing
-            ``track()`` blocks keep theirs). ``False`` leaves the counters alone; peaks are then ``None``.
+        peaks: Read peaks at every hook event: on CUDA on torch's peak counter shared with the program and
+            enclosing ``track()`` blocks (their peaks and ``max_memory_allocated()`` stay); on XPU by
+            resetting torch's counters. ``False`` leaves the counters alone; peaks are then ``None``.
             Ignored on the CPU, where torchmem keeps its own peaks.
 
     Returns:

@@ -94,7 +94,8 @@ class LoopSurvivors:
             the recording pauses until the run is long enough (see the module's "Cost budget").
             ``float("inf")``: record ``steps`` steps in a row whatever they cost.
         spent_s: Extra time earlier recorders of the same run already spent (a recorder that replaces one
-            when the program's step boundary changes shares its budget, instead of starting a fresh one).
+            when the program's step boundary changes shares its budget, instead of starting a fresh one;
+            its own first two steps are recorded in any case).
         since: ``time.perf_counter()`` of the run's first boundary, when earlier recorders saw it (the budget
             is a share of the time since then).
 
@@ -337,9 +338,10 @@ class LoopSurvivors:
         """Whether one more recorded step keeps the recording's extra time within the budget."""
         per, rec, _ = self._cost()
         n = len(self._covered)
-        extra = per * n + self._harvest_s + self._spent_before
-        if n < _MIN_STEPS and extra < _MIN_STEPS_S:
-            return True
+        own = per * n + self._harvest_s
+        if n < _MIN_STEPS and own < _MIN_STEPS_S:
+            return True  # two steps of this boundary kind are always recorded: they can show accumulation
+        extra = own + self._spent_before  # beyond them, one budget for the run's recorders together
         allowed = max(self.budget * (now - self._t_first + rec), _FLOOR_S)
         return extra + per <= allowed
 

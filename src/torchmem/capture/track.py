@@ -135,6 +135,19 @@ class Tracker(ContextDecorator):
         self._frames.append(f)
         return self
 
+    def peaks_now(self) -> tuple[int | None, int | None]:
+        """``(allocated, reserved)`` peaks of the innermost open block so far (exact on CUDA); the allocator's
+        peak counters where this device kind cannot share them (the block reset them at entry)."""
+        if not self._frames or self._be is None:
+            return None, None
+        f = self._frames[-1]
+        if f.token is not None:
+            got = self._be.peak_since(f.token)
+            if got is not None:
+                return got
+        hot = self._be.hot()
+        return hot.peak_allocated, hot.peak_reserved
+
     def __exit__(self, *exc: object) -> None:
         if not self._frames:
             raise TrackingError("track() exited more often than it was entered.", "")
@@ -148,7 +161,8 @@ class Tracker(ContextDecorator):
             peak = f.mark.peak
             ledger().close_watermark(f.mark)
         elif f.token is not None:
-            peak = be.close_peak(f.token)
+            closed = be.close_peak(f.token)
+            peak = None if closed is None else closed[0]
         else:
             with _open_lock:
                 frames = _open.get(dev, [])

@@ -95,12 +95,13 @@ class Backend(ABC):
         instead)."""
         return None
 
-    def close_peak(self, token: int) -> int | None:
-        """End the reading :meth:`open_peak` started: the highest allocated bytes since it opened."""
+    def close_peak(self, token: int) -> tuple[int, int] | None:
+        """End the reading :meth:`open_peak` started: the highest ``(allocated, reserved)`` bytes since."""
         return None
 
-    def peak_since(self, token: int) -> int | None:
-        """The highest allocated bytes since :meth:`open_peak` gave ``token``, the reading staying open."""
+    def peak_since(self, token: int) -> tuple[int, int] | None:
+        """The highest ``(allocated, reserved)`` bytes since :meth:`open_peak` gave ``token`` (it stays
+        open)."""
         return None
 
 

@@ -97,10 +97,10 @@ class CudaBackend(Backend):
             return None
         return _peaks.open_reader(self._idx)
 
-    def close_peak(self, token: int) -> int | None:
+    def close_peak(self, token: int) -> tuple[int, int] | None:
         return _peaks.close_reader(self._idx, token)
 
-    def peak_since(self, token: int) -> int | None:
+    def peak_since(self, token: int) -> tuple[int, int] | None:
         return _peaks.reader_peak(self._idx, token)
 
     def uuid(self) -> str | None:

@@ -32,6 +32,8 @@ import torch
 from torchmem.devices._base import flatten
 
 _lock = threading.RLock()
+_ALLOC = "allocated_bytes.all.peak"
+_RESERVED = "reserved_bytes.all.peak"
 _ids = itertools.count(1)
 
 
@@ -58,7 +60,7 @@ class _Mux:
         self.user: dict[
             str, int
         ] = {}  # the program's folded peaks, by flat key (``allocated_bytes.all.peak``)
-        self.readers: dict[int, int] = {}  # reader id -> folded allocated peak
+        self.readers: dict[int, list[int]] = {}  # reader id -> folded [allocated, reserved] peaks
 
     def _peaks(self) -> dict[str, int]:
         return {k: v for k, v in flatten(self._raw(self.index)).items() if k.endswith(".peak")}
@@ -69,24 +71,27 @@ class _Mux:
             for k, v in peaks.items():
                 if v > self.user.get(k, 0):
                     self.user[k] = v
-        now = peaks.get("allocated_bytes.all.peak", 0)
+        now_a = peaks.get(_ALLOC, 0)
+        now_r = peaks.get(_RESERVED, 0)
         for rid, folded in self.readers.items():
-            if rid != skip and now > folded:
-                self.readers[rid] = now
+            if rid != skip:
+                folded[0] = max(folded[0], now_a)
+                folded[1] = max(folded[1], now_r)
 
     def open(self) -> int:
         rid = next(_ids)
         self._fold()
-        self.readers[rid] = 0
+        self.readers[rid] = [0, 0]
         self._reset(self.index)
         return rid
 
-    def peak(self, rid: int) -> int:
-        now = self._peaks().get("allocated_bytes.all.peak", 0)
-        return max(self.readers.get(rid, 0), now)
+    def peaks(self, rid: int) -> tuple[int, int]:
+        now = self._peaks()
+        folded = self.readers.get(rid, [0, 0])
+        return max(folded[0], now.get(_ALLOC, 0)), max(folded[1], now.get(_RESERVED, 0))
 
-    def close(self, rid: int) -> int:
-        p = self.peak(rid)
+    def close(self, rid: int) -> tuple[int, int]:
+        p = self.peaks(rid)
         self.readers.pop(rid, None)
         return p
 
@@ -198,20 +203,20 @@ def open_reader(index: int) -> int:
         return mux.open()
 
 
-def reader_peak(index: int, rid: int) -> int:
-    """The highest allocated bytes on the device since reader ``rid`` opened (exact)."""
+def reader_peak(index: int, rid: int) -> tuple[int, int]:
+    """The highest allocated and reserved bytes on the device since reader ``rid`` opened (exact)."""
     with _lock:
         mux = _muxes.get(index)
-        return 0 if mux is None else mux.peak(rid)
+        return (0, 0) if mux is None else mux.peaks(rid)
 
 
-def close_reader(index: int, rid: int) -> int:
+def close_reader(index: int, rid: int) -> tuple[int, int]:
     """Stop reader ``rid`` and return its peak; torch's functions go back to their own once nothing
     differs."""
     with _lock:
         mux = _muxes.get(index)
         if mux is None:
-            return 0
+            return 0, 0
         p = mux.close(rid)
         try:
             _unpatch_if_idle()
@@ -226,8 +231,8 @@ def user_peaks(index: int, allocated_peak: int, reserved_peak: int) -> tuple[int
     if mux is None or not mux.user:
         return allocated_peak, reserved_peak
     return (
-        mux.user_peak("allocated_bytes.all.peak", allocated_peak),
-        mux.user_peak("reserved_bytes.all.peak", reserved_peak),
+        mux.user_peak(_ALLOC, allocated_peak),
+        mux.user_peak(_RESERVED, reserved_peak),
     )
 
 

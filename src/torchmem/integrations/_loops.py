@@ -59,7 +59,8 @@ class StepPeaks:
             return None
         peak = None
         if self._token is not None:
-            peak = be.close_peak(self._token)
+            closed = be.close_peak(self._token)
+            peak = None if closed is None else closed[0]
             self._token = None
         self._token = be.open_peak()
         if peak is not None:

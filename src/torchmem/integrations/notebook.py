@@ -83,7 +83,7 @@ def _cell(shell: Any, line: str, cell: str) -> None:
     args = _args(line)
     device = args[0] if args else None
     outcome: list[Any] = []
-    # The peak is measured as track() does: on CUDA that resets torch's peak counters at the cell's start.
+    # The peak is measured as track() does: exact, and the notebook's own view of torch's peak counters stays.
     result = check_calls(
         lambda: outcome.append(shell.run_cell(cell, store_history=False)),
         device=device,

@@ -102,7 +102,7 @@ def find_batch_size(
 
     1. the first trial runs at ``start`` (halved on out-of-memory until one fits);
     2. the peak of each trial (CUDA: the caching allocator's reserved peak and its allocated peak,
-       measured like :func:`torchmem.track` — which resets torch's peak counters at each trial; CPU: the
+       measured like :func:`torchmem.track`, exact and leaving the program's peak counters alone; CPU: the
        exact ledger's watermark) fits a line ``peak = a + b * batch_size`` through the measured points
        nearest the boundary (a trial that created state, e.g. optimizer state, counts it as fixed memory);
     3. the model predicts the largest size whose peak stays within the budget — ``capacity`` (the device's

@@ -144,7 +144,7 @@ class TrialMeter:
             except Exception as e:
                 exc = e
             if not self.cpu:
-                peak_reserved = self.backend.hot().peak_reserved
+                peak_reserved = tracker.peaks_now()[1]  # this call's reserved peak (exact on CUDA)
         finally:
             tracker.__exit__(None, None, None)
         seconds = time.perf_counter() - t0
