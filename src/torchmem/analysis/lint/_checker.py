@@ -833,8 +833,11 @@ class Rules:
     def run(self) -> list[RawFinding]:
         for scope in self.w.scopes:
             for kind, node, ctx, extra in scope.events:
-                handler = getattr(self, f"_on_{kind}")
-                handler(scope, node, ctx, extra)
+                # "cuda" and "save" events have no rule of their own: TM005 and TM006 read them from the
+                # scope's events
+                handler = getattr(self, f"_on_{kind}", None)
+                if handler is not None:
+                    handler(scope, node, ctx, extra)
             self._tm002(scope)
             self._tm005(scope)
         return self.out
@@ -873,9 +876,6 @@ class Rules:
             f"a training loop (line {_line(loop.node)}): every step's graph stays alive",
         )
 
-    def _on_cuda(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
-        pass  # read by TM005 for the data-pipeline scopes
-
     def _on_retain(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         loop = ctx.loop
         assert loop is not None
@@ -894,9 +894,6 @@ class Rules:
             f"`retain_graph=True` on the last backward of the iteration while `{key}` carries the graph into "
             f"the next one (line {line}): every iteration's graph stays alive and memory grows each step",
         )
-
-    def _on_save(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
-        pass  # read by TM006
 
     def _on_zero_grad(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         if self.facts.cuda_graphs or self.facts.grad_inplace:
