@@ -44,3 +44,13 @@ def test_pinned_figures_are_zero_before_cuda_is_initialised_and_none_without_cud
     s = torchmem.stats("cpu")
     assert s.pinned_host is None and s.pinned_host_active is None  # the CPU has no host allocator
     assert not torch.cuda.is_initialized()
+
+
+def test_the_unexplained_row_names_nccls_estimated_buffers() -> None:
+    # 2 communicators x 2 channels x 2 buffers x 4 MiB = 32 MiB estimated; 300 MiB unexplained
+    s = cuda_stats(nccl_buffers=32 * MiB, nccl_communicators=2, unexplained=300 * MiB)
+    text = str(s.breakdown())
+    row = next(x for x in text.splitlines() if "unexplained" in x)
+    assert "NCCL buffers ~32.00 MiB (2 communicator(s)" in row, text
+    plain = str(cuda_stats(unexplained=300 * MiB).breakdown())
+    assert "NCCL buffers ~" not in plain

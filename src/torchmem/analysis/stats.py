@@ -40,6 +40,8 @@ def build_stats(
     pinned_host_active: int | None = None,
     host_rss: int | None = None,
     private_pools: int | None = None,
+    nccl_buffers: int | None = None,
+    nccl_communicators: int | None = None,
 ) -> MemoryStats:
     """Derive a :class:`MemoryStats` from raw readings.
 
@@ -132,6 +134,8 @@ def build_stats(
         pinned_host_active=pinned_host_active,
         host_rss=host_rss,
         private_pools=private_pools,
+        nccl_buffers=nccl_buffers,
+        nccl_communicators=nccl_communicators,
         limit=limit,
         notes=notes,
     )

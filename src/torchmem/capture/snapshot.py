@@ -111,6 +111,7 @@ def _read_cuda(be: CudaBackend, probe: bool = True) -> MemoryStats:
         elif _context.probe_enabled():
             notes.append("The CUDA context could not be measured (the probe process failed).")
 
+    nccl = _nccl() if probe else (None, None)
     return build_stats(
         device=be.label,
         platform=be.platform,
@@ -131,7 +132,26 @@ def _read_cuda(be: CudaBackend, probe: bool = True) -> MemoryStats:
         private_pools=_private_pools(index) if (probe and initialized) else None,
         limit=_limit(be),
         notes=tuple(notes),
+        nccl_buffers=nccl[0],
+        nccl_communicators=nccl[1],
     )
+
+
+def _nccl() -> tuple[int | None, int | None]:
+    """NCCL's buffers for the process group's communicators, estimated from the environment (no collective;
+    empty outside torch.distributed with NCCL)."""
+    try:
+        from torchmem.capture.ranks import process_group_facts
+        from torchmem.results.ranks import estimate_nccl
+
+        facts = process_group_facts()
+        n = int((facts or {}).get("nccl_communicators") or 0)
+        est = estimate_nccl(os.environ, n)
+    except Exception:
+        return None, None
+    if est is None:
+        return None, None
+    return est.bytes, est.communicators
 
 
 def _private_pools(index: int) -> int | None:

@@ -162,6 +162,10 @@ class MemoryStats:
         private_pools: Of ``reserved``, the segments in private memory pools (CUDA graphs recorded by
             ``torch.cuda.graph`` or torch.compile's ``reduce-overhead`` mode); read by :func:`torchmem.stats`
             (one allocator snapshot), ``None`` where not read.
+        nccl_buffers: NCCL's device buffers estimated from its environment (``NCCL_BUFFSIZE``, channels) for
+            ``nccl_communicators`` communicators of an initialised process group (a lower bound, outside the
+            caching allocator; docs/distributed.md); ``None`` outside torch.distributed with NCCL.
+        nccl_communicators: The NCCL communicators counted for ``nccl_buffers``.
         limit: The per-process cap in effect (:func:`torchmem.limit`, or a memory fraction set another way),
             in bytes; ``None`` when no cap is in effect.
         notes: Why some figures are ``n/a``, and what to do about it.
@@ -198,6 +202,8 @@ class MemoryStats:
     pinned_host_active: int | None = None
     host_rss: int | None = None
     private_pools: int | None = None
+    nccl_buffers: int | None = None
+    nccl_communicators: int | None = None
 
     @property
     def other_processes_used(self) -> int | None:
@@ -301,6 +307,12 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
         else _sub(s.process_used, s.reserved, sum(s.other_allocators.values()))
     )
     rest_note = "library handles and lazily loaded kernels (cuBLAS, cuDNN), NCCL buffers, raw cudaMalloc"
+    if s.nccl_buffers and rest is not None and rest > 0:
+        share = min(s.nccl_buffers, rest)
+        rest_note = (
+            f"of which NCCL buffers ~{fmt_bytes(share)} ({s.nccl_communicators or '?'} communicator(s), "
+            "estimated from NCCL_BUFFSIZE and the channel count: a lower bound); " + rest_note
+        )
     if rest is not None and rest < 0:
         # No figure is ever negative: the rows above add up to more than this process's usage.
         rest_note = (
