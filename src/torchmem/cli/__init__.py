@@ -7,30 +7,34 @@ hint and exits with its ``exit_code``; a wrong command line exits 2 (argparse); 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from torchmem._errors import TorchmemError
-from torchmem.cli import demo as demo_cmd
-from torchmem.cli import estimate as estimate_cmd
-from torchmem.cli import explain as explain_cmd
-from torchmem.cli import lint as lint_cmd
-from torchmem.cli import report as report_cmd
-from torchmem.cli import run as run_cmd
-from torchmem.cli import stats as stats_cmd
 
-_COMMANDS = {
-    "stats": stats_cmd,
-    "explain": explain_cmd,
-    "run": run_cmd,
-    "report": report_cmd,
-    "demo": demo_cmd,
-    "estimate": estimate_cmd,
-    "lint": lint_cmd,
+# Command -> its module, imported when the command runs (or when the full help is printed): `torchmem lint`
+# must not import torch, which the other commands' modules do.
+_COMMANDS: dict[str, Any] = {
+    "stats": "torchmem.cli.stats",
+    "explain": "torchmem.cli.explain",
+    "run": "torchmem.cli.run",
+    "report": "torchmem.cli.report",
+    "demo": "torchmem.cli.demo",
+    "estimate": "torchmem.cli.estimate",
+    "lint": "torchmem.cli.lint",
 }
 
 
-def _parser() -> argparse.ArgumentParser:
+def _command(name: str) -> Any:
+    mod = _COMMANDS[name]
+    if isinstance(mod, str):
+        mod = _COMMANDS[name] = importlib.import_module(mod)
+    return mod
+
+
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
     from torchmem._version import __version__
 
     p = argparse.ArgumentParser(
@@ -38,8 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"torchmem {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for mod in _COMMANDS.values():
-        mod.add_parser(sub)
+    for name in [only] if only in _COMMANDS else list(_COMMANDS):
+        _command(name).add_parser(sub)
     return p
 
 
@@ -52,12 +56,12 @@ def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
-    parser = _parser()
     raw = list(argv) if argv is not None else sys.argv[1:]
     program: list[str] | None = None
     cmd_at = next((i for i, a in enumerate(raw) if not a.startswith("-")), None)
+    parser = _parser(raw[cmd_at] if cmd_at is not None else None)  # only that command's module is imported
     if cmd_at is not None and raw[cmd_at] == "run":  # the program's own options are not torchmem's
-        own, program = run_cmd.split_argv(raw[cmd_at + 1 :])
+        own, program = _command("run").split_argv(raw[cmd_at + 1 :])
         raw = [*raw[: cmd_at + 1], *own]
     try:
         args, extra = parser.parse_known_args(raw)
@@ -72,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stdout)
         return 0
     try:
-        return int(_COMMANDS[args.command].run(args))
+        return int(_command(args.command).run(args))
     except TorchmemError as exc:
         print(f"torchmem: error: {exc.message}", file=sys.stderr)
         if exc.hint:
