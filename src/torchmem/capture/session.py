@@ -162,6 +162,7 @@ class Session:
         self._timeline_n = 0
         self._peak_seen = 0
         self._last_step_write = 0.0
+        self._pending_steps: collections.deque[tuple[float, int, int | None]] = collections.deque()
         self._survivors: Any = None
         self._worker_checks: Any = None  # the DataLoader/worker checks (capture/workers.py)
         self._host: Any = None
@@ -446,7 +447,13 @@ class Session:
                 now = time.perf_counter()
                 if n <= 1000 or now - self._last_step_write >= 0.01:
                     self._last_step_write = now
-                    self._write("step", step=n, allocated=series[-1][1] if read_now else None)
+                    # Kept here and written by the sampler thread (one batch per tick): a JSON line and a
+                    # write() per step were the largest part of a step's bookkeeping on a GPU host.
+                    writer = self._writer
+                    if writer is not None:
+                        self._pending_steps.append((writer.elapsed(), n, series[-1][1] if read_now else None))
+                        if len(self._pending_steps) > 4096:  # the sampler is not draining them: write here
+                            self._flush_steps()
             if w.leaking and not self._leak_written and w.culprits:
                 self._leak_written = True
                 self._write("leak", report=self._labelled(w.report()).to_dict())
@@ -496,6 +503,7 @@ class Session:
             # nothing (it is the program running).
             t_s = time.thread_time()
             try:
+                self._flush_steps()
                 r = self._reading()
                 self._write(
                     "sample",
@@ -962,6 +970,7 @@ class Session:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
+        self._flush_steps()
         if self._worker_checks is not None:
             self._worker_checks.uninstall()
         self._finish_ranks(exc)
@@ -1183,6 +1192,16 @@ class Session:
             self._write("stats", when=when, stats=s.to_dict(), breakdown=bd)
         except Exception as exc:
             self._note(f"stats at {when} could not be read ({type(exc).__name__}: {exc})")
+
+    def _flush_steps(self) -> None:
+        """Write the step records the loop kept since the last flush (in order, with their own times)."""
+        pending = self._pending_steps
+        while pending:
+            try:
+                t, n, allocated = pending.popleft()
+            except IndexError:
+                return
+            self._write("step", step=n, allocated=allocated, t=t)
 
     def _write(self, record: str, /, **fields: Any) -> None:
         if self._writer is None or self._disabled:
