@@ -45,3 +45,19 @@ def count(n: int, noun: str, plural: str | None = None) -> str:
         ('1 storage', '3 storages', '0 live tensor storages')
     """
     return f"{n} {noun if n == 1 else (plural or noun + 's')}"
+
+
+def text_table(rows: list[list[str]], right: set[int]) -> list[str]:
+    """Plain-text columns (the first row is the header): two spaces between, columns in ``right`` aligned
+    right, each line indented by two spaces.
+
+    Example:
+        >>> text_table([["rank", "peak"], ["0", "1.00 GiB"]], {1})
+        ['  rank      peak', '  0     1.00 GiB']
+    """
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
+        out.append("  " + "  ".join(cells).rstrip())
+    return out

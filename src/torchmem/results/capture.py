@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, TypeVar
 
-from torchmem._format import fmt_bytes
+from torchmem._format import fmt_bytes, text_table
 from torchmem.results._dicts import ResultFormatError, from_mapping
 from torchmem.results.stats import Breakdown, MemoryStats
 
@@ -587,15 +587,6 @@ def fmt_seconds(s: float | None) -> str:
     return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s"
 
 
-def _table(rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for r in rows:
-        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
-        out.append("  " + "  ".join(cells).rstrip())
-    return out
-
-
 def render_summary(cap: Capture, *, max_modules: int = 10) -> str:
     """The terminal summary: run facts, peaks, reconciliation, leak verdict, OOM, module table, warnings."""
     f = run_facts(cap)
@@ -672,7 +663,7 @@ def render_summary(cap: Capture, *, max_modules: int = 10) -> str:
         ]
         more = f", top {len(top)} of {len(rows)} by held bytes" if len(rows) > len(top) else ""
         lines.append(f"Per-module memory{more}:")
-        lines += _table(table, set(range(1, len(head))))
+        lines += text_table(table, set(range(1, len(head))))
         lines += [f"  note: {n}" for n in notes]
 
     if cap.notes:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from torchmem._format import fmt_bytes
+from torchmem._format import fmt_bytes, text_table
 from torchmem.results._dicts import from_mapping
 
 NCCL_BUFFSIZE_DEFAULT = 4 * 1024 * 1024
@@ -180,7 +180,7 @@ class DistributedStats:
                     str(len(ctx.get(f"{r.host}:{r.device}", (r.rank,)))),
                 ]
             )
-        lines = [f"{len(self.ranks)} ranks:", *table(rows, set(range(2, 7)))]
+        lines = [f"{len(self.ranks)} ranks:", *text_table(rows, set(range(2, 7)))]
         peaks = [r.peak_allocated for r in self.ranks if r.peak_allocated is not None]
         if len(peaks) > 1 and min(peaks) > 0:
             lines.append(
@@ -188,16 +188,6 @@ class DistributedStats:
                 f"({max(peaks) / min(peaks):.2f}x)"
             )
         return "\n".join(lines)
-
-
-def table(rows: list[list[str]], right: set[int]) -> list[str]:
-    """Plain-text columns (first row the header), two spaces between, numbers right-aligned."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    out = []
-    for r in rows:
-        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)]
-        out.append("  " + "  ".join(cells).rstrip())
-    return out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -348,7 +338,7 @@ def render_merged(rep: MergedReport) -> str:
                 r.ended,
             ]
         )
-    lines += table(rows, {2, 3, 4, 5, 6, 7})
+    lines += text_table(rows, {2, 3, 4, 5, 6, 7})
     if rep.stopped:
         lines.append("")
         lines += [f"STOPPED: {s}" for s in rep.stopped]
@@ -380,7 +370,7 @@ def render_merged(rep: MergedReport) -> str:
                         how.get(s.how, s.how) + when,
                     ]
                 )
-            lines += ["  " + x for x in table(st, {1, 2, 3, 4})]
+            lines += ["  " + x for x in text_table(st, {1, 2, 3, 4})]
     for r in rep.rows:
         lines.append("")
         lines.append(f"{r.label} ({r.capture}):")
