@@ -6,8 +6,10 @@ from transformers configs, no weights, no torchvision), fp32, AdamW:
 
 - **measured**: one real step after two warm-up steps. CUDA: ``torch.cuda.max_memory_allocated`` after
   ``reset_peak_memory_stats`` (absolute: weights, gradients, optimizer state, the batch, workspaces). CPU:
-  torchmem's exact ledger (the model built inside it). Inference: a fresh model's forward in eval mode
-  under ``inference_mode``, before any training.
+  torchmem's exact ledger (the model built inside it). Inference: a fresh model's second forward in eval
+  mode under ``inference_mode``, before any training. The cuBLAS workspaces earlier models left are freed
+  first, so each row holds its own, as a process running only that model would: the main thread's in
+  inference, the main and the autograd thread's in training.
 - **fake**: ``estimate_fake(factory, inputs, target=...)``'s allocated peak (allocator block rounding; on
   CUDA the H100's cuBLAS workspace; on the CPU a target without workspace).
 - **measured estimate()**: ``torchmem.estimate(model, batch of 2, device=...)``: two small real steps,
@@ -147,12 +149,20 @@ def _measured(factory: Factory, batch: Batch, bs: int, dev: torch.device) -> tup
     """(training peak, inference peak), absolute bytes (CUDA allocator / CPU ledger)."""
     gc.collect()
     cuda = dev.type == "cuda"
+    if cuda:  # free the workspaces earlier models left (the autograd thread's among them)
+        torch.cuda.synchronize()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
+        torch.cuda.empty_cache()
     with ledger().enabled() if not cuda else _null() as led:
         torch.manual_seed(0)
         model = factory().to(dev)
         x = batch(bs, dev.type)
         model.eval()
         if cuda:
+            with torch.inference_mode():
+                model(**x)  # warm-up: the main thread's cuBLAS workspace, as in any serving loop
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(dev)
         else:

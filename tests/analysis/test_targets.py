@@ -7,7 +7,9 @@ import pytest
 from torchmem.analysis.estimate import FitArgumentError
 from torchmem.analysis.targets import (
     TARGETS,
+    Target,
     UnknownTargetError,
+    attention_backend,
     reserved_for,
     resolve_target,
     round_block,
@@ -73,3 +75,56 @@ def test_sharding_arithmetic() -> None:
     assert odd.parameters == 4  # padded up
     with pytest.raises(FitArgumentError):
         shard("tp", 2, **kw)
+
+
+def test_every_named_gpu_has_its_compute_capability_and_a_size_is_a_generic_gpu() -> None:
+    assert resolve_target("H100").sm == (9, 0) and resolve_target("T4").sm == (7, 5)
+    assert all(t.sm is not None for t in TARGETS.values())
+    assert resolve_target("24GiB").sm == (8, 0)
+    assert Target("bare", 1 << 30, 0, 0, 0).sm is None  # CPU kernel choices (the CPU-ledger comparisons)
+
+
+def test_training_holds_the_forward_and_the_backward_threads_workspaces() -> None:
+    h100 = resolve_target("H100")
+    assert h100.workspaces(False) == 32 << 20
+    assert h100.workspaces(True) == 64 << 20
+    assert resolve_target("A100-40GB").workspaces(False) == 8 * 2**20 + 128 * 1024
+
+
+_ATT = {
+    "q_heads": 12,
+    "kv_heads": 12,
+    "head_dim": 64,
+    "v_head_dim": 64,
+    "q_len": 512,
+    "kv_len": 512,
+    "mask": False,
+    "causal": True,
+    "grad": True,
+}
+
+
+@pytest.mark.parametrize(
+    ("sm", "dtype", "change", "backend"),
+    [
+        ((9, 0), "float32", {}, "efficient"),  # no fp32 flash: the memory-efficient kernel
+        ((9, 0), "bfloat16", {}, "flash"),
+        ((9, 0), "float16", {"mask": True, "causal": False}, "efficient"),  # flash takes no mask
+        ((9, 0), "bfloat16", {"kv_heads": 4}, "flash"),  # flash takes grouped-query heads
+        ((9, 0), "float32", {"kv_heads": 4}, "math"),  # ... the efficient kernel does not (torch <= 2.11)
+        ((9, 0), "bfloat16", {"head_dim": 320, "v_head_dim": 320}, "efficient"),
+        ((9, 0), "float32", {"head_dim": 66, "v_head_dim": 66}, "math"),  # not GEMM-aligned
+        ((9, 0), "bfloat16", {"q_len": 1}, "efficient"),  # causal over unequal lengths: not flash
+        ((8, 9), "bfloat16", {"head_dim": 256, "v_head_dim": 256}, "efficient"),  # sm89 training: <= 192
+        ((8, 9), "bfloat16", {"head_dim": 256, "v_head_dim": 256, "grad": False}, "flash"),
+        ((7, 5), "float16", {}, "efficient"),  # T4: no flash before sm80
+        ((7, 5), "bfloat16", {}, "math"),  # ... and no fused kernel for bf16
+        ((7, 0), "float32", {"head_dim": 66, "v_head_dim": 66}, "efficient"),  # no alignment rule pre-TC
+        ((9, 0), "float64", {}, "math"),
+    ],
+)
+def test_attention_backend_follows_the_cuda_dispatch_rules(
+    sm: tuple[int, int], dtype: str, change: dict[str, object], backend: str
+) -> None:
+    args = {**_ATT, **change}
+    assert attention_backend(sm, dtype=dtype, **args) == backend  # type: ignore[arg-type]

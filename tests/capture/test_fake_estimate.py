@@ -288,3 +288,118 @@ def test_fsdp_per_rank_estimate_against_two_gloo_ranks(tmp_path: Path) -> None:
         assert abs(per_rank - m) <= 0.10 * m, (per_rank, measured)
     assert est.parameters * 2 == pytest.approx(one.parameters, abs=8)
     assert est.strategy == "fsdp" and est.world_size == 2
+
+
+# -- a GPU target: the fake run (a CPU run) takes the GPU's kernels -------------------------------------
+# An H100's kernel choices with nothing added (no workspace, context or fragmentation): the differences
+# below are the tensors alone.
+GPU = Target("gpu", 1 << 40, 0, 0, 0, sm=(9, 0))
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, d: int = 64, heads: int = 4, kv_heads: int = 4, p: float = 0.0) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.hd, self.p = heads, kv_heads, d // heads, p
+        self.q = torch.nn.Linear(d, d)
+        self.kv = torch.nn.Linear(d, 2 * kv_heads * self.hd)
+        self.o = torch.nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.heads, self.hd).transpose(1, 2)
+        k, v = (t.view(b, n, self.kv_heads, self.hd).transpose(1, 2) for t in self.kv(x).chunk(2, -1))
+        extra = {"enable_gqa": True} if self.kv_heads != self.heads else {}
+        y = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.p if self.training else 0.0, is_causal=True, **extra
+        )
+        return self.o(y.transpose(1, 2).reshape(b, n, -1))
+
+
+def _saved(est: TargetEstimate) -> int:
+    saved = est.measurements[0].saved_for_backward
+    assert saved is not None
+    return saved
+
+
+def test_attention_with_dropout_keeps_no_scores_on_a_gpu() -> None:
+    # The CPU takes the math path for attention dropout (the scores, the probabilities and the dropout
+    # mask are saved); CUDA's memory-efficient kernel saves its output and a logsumexp.
+    f = torch.nn.functional.scaled_dot_product_attention
+    x = torch.randn(4, 256, 64)
+    cpu = estimate_fake(lambda: _Attention(p=0.1), x, target=BARE)
+    gpu = estimate_fake(lambda: _Attention(p=0.1), x, target=GPU)
+    probabilities = 4 * 4 * 256 * 256 * 4
+    assert _saved(cpu) - _saved(gpu) >= 2 * probabilities
+    assert torch.nn.functional.scaled_dot_product_attention is f  # put back
+    assert any("sm 9.0" in n for n in gpu.notes)
+
+
+def test_grouped_query_attention_in_fp32_takes_the_math_path_on_a_gpu() -> None:
+    # The CPU's flash kernel takes grouped-query heads; CUDA's fp32 kernel does not (torch <= 2.11).
+    x = torch.randn(4, 256, 64)
+    cpu = estimate_fake(lambda: _Attention(kv_heads=2), x, target=BARE)
+    gpu = estimate_fake(lambda: _Attention(kv_heads=2), x, target=GPU)
+    assert _saved(gpu) - _saved(cpu) >= 4 * 4 * 256 * 256 * 4
+
+
+def test_dropout_saves_a_boolean_mask_on_a_gpu() -> None:
+    def net() -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.Dropout(0.5), torch.nn.Linear(1024, 8))
+
+    x = torch.randn(256, 64)
+    cpu = estimate_fake(net, x, target=BARE)
+    gpu = estimate_fake(net, x, target=GPU)
+    assert _saved(cpu) - _saved(gpu) == 256 * 1024 * (4 - 1)  # a float mask on the CPU, a bool on CUDA
+
+
+class _Vocab(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(1000, 32)
+        self.head = torch.nn.Linear(32, 8000)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.emb(ids))
+        return torch.nn.functional.cross_entropy(logits.view(-1, 8000), ids.view(-1))
+
+
+def test_inference_counts_the_temporaries_inside_composite_ops() -> None:
+    # Under inference_mode cross_entropy reaches the fake mode whole: its log_softmax (as large as the
+    # logits) was built unseen. A device holds both at once.
+    ids = torch.zeros(4, 128, dtype=torch.long)
+    cpu = estimate_fake(_Vocab(), ids, training=False, target=BARE)
+    gpu = estimate_fake(_Vocab(), ids, training=False, target=GPU)
+    logits = 4 * 128 * 8000 * 4
+    more = (gpu.peak(4, "inference") or 0) - (cpu.peak(4, "inference") or 0)
+    assert more == pytest.approx(logits, rel=0.02)
+
+
+def test_the_optimizer_step_is_the_foreach_one_on_a_gpu() -> None:
+    # torch's default for CUDA parameters: one temporary as large as all the parameters
+    # (sqrt(exp_avg_sq)); the CPU's per-parameter loop holds two of the largest parameter's size.
+    def net() -> torch.nn.Module:
+        return _Net(d=256, n=8)
+
+    x = torch.randn(4, 16, 256)
+    cpu = estimate_fake(net, x, optimizer="adamw", target=BARE)
+    gpu = estimate_fake(net, x, optimizer="adamw", target=GPU)
+    step_cpu, step_gpu = cpu.measurements[0].step_peak, gpu.measurements[0].step_peak
+    assert step_cpu is not None and step_gpu is not None
+    largest = 256 * 1024 * 4
+    assert step_gpu - step_cpu == pytest.approx(gpu.parameters - 2 * largest, rel=0.05)
+
+
+def test_the_transformer_inference_fast_path_is_counted_on_a_gpu() -> None:
+    # nn.TransformerEncoderLayer's inference fast path is one fused op; its temporaries (the QKV GEMM,
+    # the feed-forward's hidden layer) are rebuilt from the ops its CUDA kernel runs.
+    fused = torch._transformer_encoder_layer_fwd
+
+    def layer() -> torch.nn.Module:
+        return torch.nn.TransformerEncoderLayer(64, 4, 512, batch_first=True, dropout=0.0)
+
+    x = torch.randn(8, 128, 64)
+    cpu = estimate_fake(layer, x, training=False, target=BARE)
+    gpu = estimate_fake(layer, x, training=False, target=GPU)
+    hidden = 8 * 128 * 512 * 4
+    assert (gpu.peak(8, "inference") or 0) - (cpu.peak(8, "inference") or 0) >= hidden
+    assert torch._transformer_encoder_layer_fwd is fused

@@ -27,12 +27,16 @@ def dev() -> Iterator[torch.device]:
     torch.cuda.empty_cache()
 
 
-def _transformer() -> torch.nn.Module:
+def _transformer(dropout: float = 0.0) -> torch.nn.Module:
     return torch.nn.TransformerEncoder(
-        torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True, dropout=0.0),
+        torch.nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True, dropout=dropout),
         6,
         enable_nested_tensor=False,
     )
+
+
+def _transformer_dropout() -> torch.nn.Module:
+    return _transformer(0.1)
 
 
 def _cnn() -> torch.nn.Module:
@@ -49,11 +53,25 @@ def _cnn() -> torch.nn.Module:
     )
 
 
+def _clear_workspaces() -> None:
+    """Free the cuBLAS workspaces earlier tests left (the autograd thread's among them), so that the
+    measured step holds its own: one in inference, two in training (forward and backward threads)."""
+    torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    torch.cuda.empty_cache()
+
+
 def _measured(factory: Any, x: torch.Tensor, dev: torch.device) -> tuple[int, int]:
+    """(training peak, inference peak): steady state, the third step and the second forward."""
+    _clear_workspaces()
     torch.manual_seed(0)
     model = factory().to(dev)
     xb = x.to(dev)
     model.eval()
+    with torch.inference_mode():
+        model(xb)  # warm-up: the main thread's cuBLAS workspace
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats(dev)
     with torch.inference_mode():
@@ -78,19 +96,8 @@ def _measured(factory: Any, x: torch.Tensor, dev: torch.device) -> tuple[int, in
 
 @pytest.mark.parametrize(
     ("factory", "shape"),
-    [
-        pytest.param(
-            _transformer,
-            (32, 256, 512),
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="issue 16 open: the fake run is a CPU run; on the H100 the transformer's peak "
-                "measured is 1.54x the fake estimate (2026-11-24, docs/benchmarks.md)",
-            ),
-        ),
-        (_cnn, (64, 3, 64, 64)),
-    ],
-    ids=["transformer", "cnn"],
+    [(_transformer, (32, 256, 512)), (_transformer_dropout, (32, 256, 512)), (_cnn, (64, 3, 64, 64))],
+    ids=["transformer", "transformer-dropout", "cnn"],
 )
 def test_fake_estimate_within_10_percent_of_the_measured_peak(
     dev: torch.device, factory: Any, shape: Any
@@ -101,5 +108,5 @@ def test_fake_estimate_within_10_percent_of_the_measured_peak(
     fake_train, fake_inf = est.peak(shape[0], "training"), est.peak(shape[0], "inference")
     assert fake_train is not None and fake_inf is not None
     assert abs(fake_train - real_train) <= 0.10 * real_train, (fake_train, real_train)
-    assert abs(fake_inf - real_inf) <= 0.10 * real_inf + (est.workspace or 0), (fake_inf, real_inf)
+    assert abs(fake_inf - real_inf) <= 0.10 * real_inf, (fake_inf, real_inf)
     assert est.fits

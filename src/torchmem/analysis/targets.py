@@ -14,6 +14,10 @@ but on no device. What a real GPU adds is here:
 - **a fragmentation allowance** (:data:`FRAGMENTATION`): reserved memory above the allocated peak, as a
   fraction of it.
 - **NCCL buffers** (:data:`NCCL_ALLOWANCE`) when distributed.
+- **the GPU's kernel choices** that change what a step holds (:func:`attention_backend`,
+  :meth:`Target.workspaces`): which fused attention kernel ``scaled_dot_product_attention`` takes on the
+  target's compute capability (the fake run is a CPU run, whose choice differs), and how many cuBLAS
+  workspaces a step holds (one per thread issuing GEMMs: forward, and autograd's backward thread).
 - **sharding** (:func:`shard`): what each rank holds of parameters, gradients and optimizer state under
   DDP, FSDP (FSDP2 ``fully_shard``) and the ZeRO stages, and the communication buffers each adds.
 
@@ -67,6 +71,9 @@ class Target:
         workspace: The cuBLAS workspace torch allocates through the caching allocator (one per handle and
             stream), bytes.
         measured: Whether ``context`` and ``libraries`` were measured by this project (else typical).
+        sm: The compute capability (``(9, 0)`` for an H100): the device-free estimate then reproduces the
+            GPU's kernel choices (fused attention, foreach optimizers, composite ops' temporaries). ``None``
+            keeps the CPU's choices (a bare size budget compared with the CPU ledger).
     """
 
     name: str
@@ -75,33 +82,51 @@ class Target:
     libraries: int
     workspace: int
     measured: bool = False
+    sm: tuple[int, int] | None = None
 
     @property
     def overhead(self) -> int:
         """Bytes in use outside the caching allocator before the first tensor: context + libraries."""
         return self.context + self.libraries
 
+    def workspaces(self, training: bool) -> int:
+        """The cuBLAS workspace bytes a step holds at its peak: one per (thread, stream) that runs GEMMs
+        (torch >= 2.3 allocates them through the caching allocator, keyed by handle and stream, and keeps
+        them). Inference: the main thread's. Training: also autograd's backward thread's (its own cuBLAS
+        handle), live from the first backward on, so in every phase of the steady-state step.
+
+        Example:
+            >>> t = resolve_target("H100")
+            >>> t.workspaces(False) >> 20, t.workspaces(True) >> 20
+            (32, 64)
+        """
+        return self.workspace * (2 if training else 1)
+
 
 def _gib(x: float) -> int:
     return round(x * _GiB)
 
 
+_WS_SM90 = 32 * _MiB  # torch's default cuBLAS workspace on sm90 (CUBLAS_WORKSPACE_CONFIG :4096:8)
+_WS = 8 * _MiB + 128 * 1024  # elsewhere (:4096:2:16:8)
+
 #: The known targets. The H100 figures are this project's measurement (H100 80GB HBM3, driver 580.159,
-#: torch 2.11+cu130); the others are typical of current drivers with lazy module loading.
+#: torch 2.11+cu130); the others are typical of current drivers with lazy module loading. The
+#: workspace sizes are torch's defaults per compute capability; ``sm`` is the GPU's.
 TARGETS: dict[str, Target] = {
     t.name: t
     for t in (
-        Target("H100-80GB", _gib(79.18), 518 * _MiB, 224 * _MiB, 32 * _MiB, measured=True),
-        Target("H200", _gib(139.81), 520 * _MiB, 224 * _MiB, 32 * _MiB),
-        Target("A100-80GB", _gib(79.15), 420 * _MiB, 200 * _MiB, 8 * _MiB + 128 * 1024),
-        Target("A100-40GB", _gib(39.39), 420 * _MiB, 200 * _MiB, 8 * _MiB + 128 * 1024),
-        Target("L4", _gib(22.05), 380 * _MiB, 180 * _MiB, 8 * _MiB + 128 * 1024),
-        Target("A10G", _gib(22.19), 380 * _MiB, 180 * _MiB, 8 * _MiB + 128 * 1024),
-        Target("T4", _gib(14.75), 300 * _MiB, 150 * _MiB, 8 * _MiB + 128 * 1024),
-        Target("V100-16GB", _gib(15.77), 310 * _MiB, 150 * _MiB, 8 * _MiB + 128 * 1024),
-        Target("V100-32GB", _gib(31.74), 310 * _MiB, 150 * _MiB, 8 * _MiB + 128 * 1024),
-        Target("RTX4090", _gib(23.65), 400 * _MiB, 180 * _MiB, 8 * _MiB + 128 * 1024),
-        Target("RTX3090", _gib(23.69), 380 * _MiB, 180 * _MiB, 8 * _MiB + 128 * 1024),
+        Target("H100-80GB", _gib(79.18), 518 * _MiB, 224 * _MiB, _WS_SM90, measured=True, sm=(9, 0)),
+        Target("H200", _gib(139.81), 520 * _MiB, 224 * _MiB, _WS_SM90, sm=(9, 0)),
+        Target("A100-80GB", _gib(79.15), 420 * _MiB, 200 * _MiB, _WS, sm=(8, 0)),
+        Target("A100-40GB", _gib(39.39), 420 * _MiB, 200 * _MiB, _WS, sm=(8, 0)),
+        Target("L4", _gib(22.05), 380 * _MiB, 180 * _MiB, _WS, sm=(8, 9)),
+        Target("A10G", _gib(22.19), 380 * _MiB, 180 * _MiB, _WS, sm=(8, 6)),
+        Target("T4", _gib(14.75), 300 * _MiB, 150 * _MiB, _WS, sm=(7, 5)),
+        Target("V100-16GB", _gib(15.77), 310 * _MiB, 150 * _MiB, _WS, sm=(7, 0)),
+        Target("V100-32GB", _gib(31.74), 310 * _MiB, 150 * _MiB, _WS, sm=(7, 0)),
+        Target("RTX4090", _gib(23.65), 400 * _MiB, 180 * _MiB, _WS, sm=(8, 9)),
+        Target("RTX3090", _gib(23.69), 380 * _MiB, 180 * _MiB, _WS, sm=(8, 6)),
     )
 }
 
@@ -156,7 +181,7 @@ def resolve_target(name: str | Target) -> Target:
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(GIB|GB|G)?\s*", name.upper())
     if m:
         return Target(
-            f"{m.group(1)} GiB GPU", _gib(float(m.group(1))), 400 * _MiB, 180 * _MiB, 8 * _MiB + 128 * 1024
+            f"{m.group(1)} GiB GPU", _gib(float(m.group(1))), 400 * _MiB, 180 * _MiB, _WS, sm=(8, 0)
         )
     raise UnknownTargetError(
         f"Unknown target GPU {name!r}.", f"Use one of {', '.join(TARGETS)}, or a size such as '24GiB'."
@@ -183,6 +208,79 @@ def segment_size(nbytes: int) -> int:
 def reserved_for(allocated_peak: int, fragmentation: float = FRAGMENTATION) -> int:
     """Reserved (``cudaMalloc``'d) bytes to expect at an allocated peak: the peak plus the allowance."""
     return int(allocated_peak * (1.0 + fragmentation))
+
+
+#: ``scaled_dot_product_attention``'s kernels, as :func:`attention_backend` names them.
+ATTENTION_BACKENDS = ("flash", "efficient", "math")
+
+
+def attention_backend(
+    sm: tuple[int, int],
+    *,
+    dtype: str,
+    q_heads: int,
+    kv_heads: int,
+    head_dim: int,
+    v_head_dim: int,
+    q_len: int,
+    kv_len: int,
+    mask: bool,
+    causal: bool,
+    grad: bool,
+) -> str:
+    """The kernel CUDA's ``scaled_dot_product_attention`` takes on a GPU of compute capability ``sm``:
+    ``"flash"`` (saves the output and a logsumexp), ``"efficient"`` (the same, and the mask it was given)
+    or ``"math"`` (materialises the scores: batch x heads x q_len x kv_len, and saves the probabilities).
+
+    The rules are torch's (``sdp_utils.cpp``, torch 2.4-2.11, default priority), reduced to what decides
+    memory: flash needs fp16/bf16, sm80+, no mask, equal head dims up to 256 (192 when training on
+    sm86/89/120) and no causal mask over unequal lengths; it takes grouped-query heads. The memory-efficient
+    kernel takes fp32 too (bf16 from sm80), masks, head dims aligned to the GEMM (4 elements on sm80+,
+    8 for half precision before), but not grouped-query heads (``enable_gqa``: measured on the H100, torch
+    2.11; a newer torch that runs it fused makes this rule over-estimate, the safe side). cuDNN attention,
+    preferred on sm90+ with a recent cuDNN, holds what flash holds. Everything else takes the math path.
+    ``dtype`` is the query's (``"float32"``, ``"float16"``, ``"bfloat16"``).
+
+    Example:
+        >>> attention_backend((9, 0), dtype="float32", q_heads=12, kv_heads=12, head_dim=64, v_head_dim=64,
+        ...                   q_len=512, kv_len=512, mask=False, causal=True, grad=True)
+        'efficient'
+        >>> attention_backend((9, 0), dtype="float32", q_heads=16, kv_heads=8, head_dim=64, v_head_dim=64,
+        ...                   q_len=512, kv_len=512, mask=False, causal=True, grad=True)
+        'math'
+        >>> attention_backend((8, 0), dtype="bfloat16", q_heads=16, kv_heads=8, head_dim=128,
+        ...                   v_head_dim=128, q_len=2048, kv_len=2048, mask=False, causal=True, grad=True)
+        'flash'
+    """
+    half = dtype in ("float16", "bfloat16")
+    if half and dtype == "bfloat16" and sm < (8, 0):
+        return "math"  # no fused kernel takes bf16 before Ampere
+    heads_divide = kv_heads > 0 and q_heads % kv_heads == 0
+    flash_dim = 192 if grad and sm in ((8, 6), (8, 9), (12, 0)) else 256
+    if (
+        half
+        and (8, 0) <= sm <= (12, 1)
+        and not mask
+        and head_dim == v_head_dim <= flash_dim
+        and heads_divide
+        and not (causal and q_len != kv_len)
+    ):
+        return "flash"
+    tensor_cores = sm >= (8, 0) or (sm >= (7, 0) and half)
+    align = 4 if sm >= (8, 0) else 1
+    if tensor_cores:
+        align = max(align, 8 if half else 4)
+    if (
+        sm >= (5, 0)
+        and dtype in ("float32", "float16", "bfloat16")
+        and q_heads == kv_heads
+        and head_dim > 0
+        and v_head_dim > 0
+        and head_dim % align == 0
+        and v_head_dim % align == 0
+    ):
+        return "efficient"
+    return "math"
 
 
 STRATEGIES = ("none", "ddp", "zero1", "zero2", "zero3", "fsdp")
@@ -267,6 +365,7 @@ def shard(
 
 
 __all__ = [
+    "ATTENTION_BACKENDS",
     "FRAGMENTATION",
     "NCCL_ALLOWANCE",
     "STRATEGIES",
@@ -274,6 +373,7 @@ __all__ = [
     "Shard",
     "Target",
     "UnknownTargetError",
+    "attention_backend",
     "reserved_for",
     "resolve_target",
     "round_block",

@@ -7,8 +7,11 @@ optimizer step) and an inference forward run on it. Nothing is allocated: each o
 outputs' shapes. A dispatch mode above the fake mode counts each new storage once, at the caching
 allocator's block size for CUDA (512-byte multiples), and uncounts it when it dies, so the figures per
 phase are the live tensor bytes a real device would hold — parameters, gradients, optimizer state,
-activations saved for backward and the temporaries of each op. What the tensors do not show (the CUDA
-context and libraries, the cuBLAS workspace, fragmentation, NCCL, sharding) comes from
+activations saved for backward and the temporaries of each op. The fake run is a CPU run; for a GPU
+target it takes that GPU's kernel choices where they hold different tensors (fused attention, fused
+dropout, the transformer fast paths' temporaries, composite ops' temporaries under ``inference_mode``,
+foreach optimizers: see "the target GPU's kernel choices" below). What the tensors do not show (the CUDA
+context and libraries, the cuBLAS workspaces, fragmentation, NCCL, sharding) comes from
 :mod:`torchmem.analysis.targets`.
 
 Where ``FakeTensorMode`` (a private torch API) cannot be imported, the same run happens on the ``meta``
@@ -25,9 +28,10 @@ from __future__ import annotations
 import copy
 import fnmatch
 import inspect
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -38,6 +42,7 @@ from torchmem._format import fmt_bytes
 from torchmem.analysis.estimate import FitArgumentError, build_estimate
 from torchmem.analysis.targets import (
     Target,
+    attention_backend,
     reserved_for,
     resolve_target,
     round_block,
@@ -245,7 +250,29 @@ def _dispatch_mode_base() -> Any:
     return TorchDispatchMode
 
 
-def _ledger_mode(led: _Ledger) -> Any:
+_COMPOSITE: dict[Any, bool] = {}
+
+
+def _composite(func: Any) -> bool:
+    """Whether ``func`` is a CompositeImplicitAutograd op (made of other aten ops). Cached per op."""
+    hit = _COMPOSITE.get(func)
+    if hit is None:
+        try:
+            hit = bool(
+                torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd")
+            ) and hasattr(func, "decompose")
+        except Exception:  # private API moved, or not an OpOverload
+            hit = False
+        _COMPOSITE[func] = hit
+    return hit
+
+
+def _ledger_mode(led: _Ledger, decompose: bool = False) -> Any:
+    """The counting mode. With ``decompose``, a composite op that reaches it whole (under
+    ``inference_mode`` or ``no_grad`` autograd does not split it: ``cross_entropy_loss``,
+    ``scaled_dot_product_attention``, ``linear``) runs as its parts under the mode, so the temporaries a
+    device allocates inside it (``log_softmax``'s output, the attention scores) are counted too; the fake
+    mode below would otherwise build them unseen."""
     base = _dispatch_mode_base()
     if base is None:  # pragma: no cover
         raise FakeTensorError("This torch has no dispatch modes: no device-free estimate.", _ALTERNATIVE)
@@ -254,6 +281,11 @@ def _ledger_mode(led: _Ledger) -> Any:
         def __torch_dispatch__(
             self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
         ) -> Any:
+            if decompose and _composite(func):
+                with self:
+                    out = func.decompose(*args, **(kwargs or {}))
+                if out is not NotImplemented:
+                    return out
             out = func(*args, **(kwargs or {}))
             try:
                 if isinstance(out, torch.Tensor):
@@ -333,7 +365,9 @@ class _Plan:
     grad_accum: int
     generate_tokens: int
     rounding: bool
-    workspace: int
+    workspace: int  # cuBLAS workspace bytes in an inference row
+    workspace_training: int = 0  # in a training row (the forward and the backward thread's)
+    sm: tuple[int, int] | None = None  # the target GPU's compute capability: reproduce its kernel choices
 
 
 @dataclass
@@ -549,6 +583,268 @@ def _autocast(amp: torch.dtype | None, dev: str) -> Any:
     return torch.autocast(dev, dtype=amp)
 
 
+# -- the target GPU's kernel choices ----------------------------------------------------------------------
+# The fake run is a CPU run: torch picks CPU kernels. Where the GPU's pick holds different tensors, the fake
+# run is steered to the GPU's (only while a GPU target's fake run is on, on its thread):
+# - scaled_dot_product_attention: the CUDA kernel the target would take (analysis.targets.attention_backend)
+#   is called through its aten op, whose fake (meta) kernel gives the outputs and autograd the saved tensors
+#   of the real one: flash/efficient keep the output and a logsumexp where the CPU's math path (its choice
+#   with dropout) materialises the scores; the math path where the GPU takes it (grouped-query heads in
+#   fp32) and the CPU does not.
+# - dropout: the fused native_dropout (a boolean mask saved) where the CPU's composite saves a float mask.
+# - nn.MultiheadAttention / TransformerEncoderLayer inference fast paths: one fused op whose temporaries
+#   the fake mode builds unseen; rebuilt from the ops its CUDA kernel runs (each counted).
+# - optimizers: foreach on CUDA parameters (torch's default there), per-parameter loops on the CPU.
+# - composite ops reaching the fake mode whole (inference): decomposed under the counting mode.
+_GPU = threading.local()
+_GPU_LOCK = threading.Lock()
+_GPU_USERS = [0]
+_STAND_IN_ERRORS: set[str] = set()  # what a stand-in could not run (the CPU's kernel ran instead)
+
+
+def _gpu_sdpa(
+    sm: tuple[int, int],
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Any:
+    """``scaled_dot_product_attention`` as the CUDA kernel of a GPU of compute capability ``sm`` runs it,
+    on fake tensors; ``NotImplemented`` where it does not apply (the CPU's own choice runs)."""
+    q, k, v = query, key, value
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_nested for t in (q, k, v)):
+        return NotImplemented
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        return NotImplemented
+    b, hq, lq, d = (int(x) for x in q.shape)
+    hk, lk, dv = int(k.shape[1]), int(k.shape[2]), int(v.shape[3])
+    if hq != hk and not enable_gqa:
+        return NotImplemented
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    backend = attention_backend(
+        sm,
+        dtype=str(q.dtype).removeprefix("torch."),
+        q_heads=hq,
+        kv_heads=hk,
+        head_dim=d,
+        v_head_dim=dv,
+        q_len=lq,
+        kv_len=lk,
+        mask=attn_mask is not None,
+        causal=bool(is_causal),
+        grad=grad,
+    )
+    aten = torch.ops.aten
+    if backend == "flash":
+        pad = (-d) % 8  # the CUDA wrapper pads the head dim to a multiple of 8 (copies)
+        sc = scale if scale is not None else d**-0.5
+        if pad:
+            q, k, v = (torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v))
+        flash = aten._scaled_dot_product_flash_attention
+        out = flash(q, k, v, dropout_p, bool(is_causal), False, scale=sc)[0]
+        return out[..., :dv] if pad else out
+    if backend == "efficient":
+        bias = attn_mask
+        if bias is not None:
+            if bias.dtype == torch.bool:  # the CUDA wrapper turns a boolean mask into an additive one
+                bias = torch.zeros(bias.shape, dtype=q.dtype, device=bias.device).masked_fill(
+                    bias.logical_not(), float("-inf")
+                )
+            elif bias.dtype != q.dtype:
+                bias = bias.to(q.dtype)
+            tail = (-int(bias.shape[-1])) % 16  # and pads its last dim to 16 elements (a copy)
+            if tail:
+                bias = torch.nn.functional.pad(bias, (0, tail))[..., : int(bias.shape[-1])]
+            bias = bias.expand(b, hq, lq, lk)
+        return aten._scaled_dot_product_efficient_attention(
+            q, k, v, bias, grad, dropout_p, bool(is_causal), scale=scale
+        )[0]
+    extra: dict[str, Any] = {"enable_gqa": True} if enable_gqa else {}
+    return aten._scaled_dot_product_attention_math(
+        q, k, v, attn_mask, dropout_p, bool(is_causal), scale=scale, **extra
+    )[0]
+
+
+def _gpu_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> Any:
+    """``dropout`` as CUDA runs it: the fused ``native_dropout``, which saves a boolean mask (1 byte per
+    element); the CPU's composite saves a mask of the input's dtype (4 bytes in fp32)."""
+    if (
+        not training
+        or inplace
+        or not isinstance(input, torch.Tensor)
+        or not 0.0 < float(p) < 1.0
+        or input.numel() == 0
+        or not input.is_floating_point()
+    ):
+        return NotImplemented
+    return torch.ops.aten.native_dropout(input, float(p), True)[0]
+
+
+def _gpu_mha(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    embed_dim: int,
+    num_head: int,
+    qkv_weight: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    need_weights: bool = True,
+    average_attn_weights: bool = True,
+    mask_type: int | None = None,
+) -> Any:
+    """``nn.MultiheadAttention``'s inference fast path (``_native_multi_head_attention``) as its CUDA
+    kernel runs self-attention without a mask: one QKV GEMM, fused attention on views of it, the output
+    projection. The fused op's temporaries are then tensors the ledger sees."""
+    F = torch.nn.functional
+    if need_weights or mask is not None or query is not key or key is not value:
+        return NotImplemented
+    if not isinstance(query, torch.Tensor) or query.dim() != 3 or query.is_nested:
+        return NotImplemented
+    b, n = int(query.shape[0]), int(query.shape[1])
+    qkv = F.linear(query, qkv_weight, qkv_bias)
+    q, k, v = (c.view(b, n, num_head, embed_dim // num_head).transpose(1, 2) for c in qkv.chunk(3, -1))
+    y = F.scaled_dot_product_attention(q, k, v)  # the stand-in: the GPU's kernel
+    del q, k, v, qkv
+    return F.linear(y.transpose(1, 2).reshape(b, n, embed_dim), proj_weight, proj_bias), None
+
+
+def _gpu_encoder_layer(
+    src: torch.Tensor,
+    embed_dim: int,
+    num_heads: int,
+    qkv_weight: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    proj_weight: torch.Tensor,
+    proj_bias: torch.Tensor,
+    use_gelu: bool,
+    norm_first: bool,
+    eps: float,
+    norm_weight_1: torch.Tensor,
+    norm_bias_1: torch.Tensor,
+    norm_weight_2: torch.Tensor,
+    norm_bias_2: torch.Tensor,
+    ffn_weight_1: torch.Tensor,
+    ffn_bias_1: torch.Tensor,
+    ffn_weight_2: torch.Tensor,
+    ffn_bias_2: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    mask_type: int | None = None,
+) -> Any:
+    """``nn.TransformerEncoderLayer``'s inference fast path (``_transformer_encoder_layer_fwd``) as its
+    CUDA kernel runs it: the attention above, residual adds and ReLU in place, GELU not."""
+    F = torch.nn.functional
+    if mask is not None or not isinstance(src, torch.Tensor) or src.dim() != 3 or src.is_nested:
+        return NotImplemented
+    shape = (int(embed_dim),)
+    x = F.layer_norm(src, shape, norm_weight_1, norm_bias_1, eps) if norm_first else src
+    att = _gpu_mha(x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, None, False)
+    if att is NotImplemented:
+        return NotImplemented
+    x = att[0]
+    del att
+    x.add_(src)
+    if not norm_first:
+        x = F.layer_norm(x, shape, norm_weight_1, norm_bias_1, eps)
+    pre = x
+    if norm_first:
+        x = F.layer_norm(x, shape, norm_weight_2, norm_bias_2, eps)
+    h = F.linear(x, ffn_weight_1, ffn_bias_1)
+    h = F.gelu(h) if use_gelu else h.relu_()
+    x = F.linear(h, ffn_weight_2, ffn_bias_2)
+    del h
+    x.add_(pre)
+    del pre
+    if not norm_first:
+        x = F.layer_norm(x, shape, norm_weight_2, norm_bias_2, eps)
+    return x
+
+
+# Names replaced while a GPU target's fake run is on: (module, name) -> what the GPU runs (NotImplemented
+# where that does not apply), for the original's arguments.
+_GPU_FUNCTIONS: dict[tuple[str, str], Callable[..., Any]] = {
+    ("torch.nn.functional", "scaled_dot_product_attention"): _gpu_sdpa,
+    ("torch.nn.functional", "dropout"): _gpu_dropout,
+    ("torch", "_native_multi_head_attention"): _gpu_mha,
+    ("torch", "_transformer_encoder_layer_fwd"): _gpu_encoder_layer,
+}
+_ORIGINALS: dict[tuple[str, str], Any] = {}
+
+
+def _module(name: str) -> Any:
+    return torch.nn.functional if name == "torch.nn.functional" else torch
+
+
+def _stand_in(where: tuple[str, str]) -> Callable[..., Any]:
+    gpu = _GPU_FUNCTIONS[where]
+    needs_sm = gpu is _gpu_sdpa
+
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        """Stands in for a torch function while a GPU target's fake run is on: on that run's thread,
+        what the GPU runs; anywhere else (and on any failure), torch's own."""
+        original = _ORIGINALS[where]
+        sm = getattr(_GPU, "sm", None)
+        if sm is not None:
+            try:
+                out = gpu(sm, *args, **kwargs) if needs_sm else gpu(*args, **kwargs)
+            except Exception as exc:  # an op or a signature this torch lacks: the CPU's choice, said once
+                _STAND_IN_ERRORS.add(f"{where[1]}: {type(exc).__name__}: {str(exc)[:200]}")
+                out = NotImplemented
+            if out is not NotImplemented:
+                return out
+        return original(*args, **kwargs)
+
+    hook.__name__ = where[1]
+    hook.__torchmem_stand_in__ = True  # type: ignore[attr-defined]
+    return hook
+
+
+@contextmanager
+def _gpu_kernels(sm: tuple[int, int] | None) -> Iterator[None]:
+    """While on (this thread): the fake run takes the target GPU's kernels (see above). No-op for
+    ``sm=None`` (a CPU-ledger comparison)."""
+    if sm is None:
+        yield
+        return
+    with _GPU_LOCK:
+        if _GPU_USERS[0] == 0:
+            for where in _GPU_FUNCTIONS:
+                current = getattr(_module(where[0]), where[1], None)
+                if current is None or getattr(current, "__torchmem_stand_in__", False):
+                    continue
+                _ORIGINALS[where] = current
+                setattr(_module(where[0]), where[1], _stand_in(where))
+        _GPU_USERS[0] += 1
+    prev = getattr(_GPU, "sm", None)
+    _GPU.sm = sm
+    try:
+        yield
+    finally:
+        _GPU.sm = prev
+        with _GPU_LOCK:
+            _GPU_USERS[0] -= 1
+            if _GPU_USERS[0] == 0:
+                for where, original in list(_ORIGINALS.items()):
+                    setattr(_module(where[0]), where[1], original)
+                _ORIGINALS.clear()
+
+
+def _foreach_like_cuda(opt: Any) -> None:
+    """torch's optimizers default to their foreach (multi-tensor) implementation for CUDA parameters and
+    to per-parameter loops on the CPU; the foreach one holds a temporary the size of the parameters (e.g.
+    Adam's ``sqrt(exp_avg_sq)`` for all of them at once). Set it where the user left the default."""
+    for group in getattr(opt, "param_groups", ()):
+        default = "foreach" in group and group["foreach"] is None
+        if default and not group.get("fused") and not group.get("differentiable"):
+            group["foreach"] = True
+
+
 def _accepts(fn: Callable[..., Any], name: str) -> bool:
     try:
         params = inspect.signature(fn).parameters
@@ -576,7 +872,8 @@ def _run_plan(plan: _Plan, sizes: Sequence[int]) -> list[_Run]:
     with ExitStack() as stack:
         if mode is not None:
             stack.enter_context(mode)
-        stack.enter_context(_ledger_mode(led))
+        stack.enter_context(_ledger_mode(led, decompose=plan.sm is not None))
+        stack.enter_context(_gpu_kernels(plan.sm))
         stack.enter_context(torch.random.fork_rng(devices=[]))
         twin = _fake_twin(plan, dev, led)
         blocks = _blocks(twin)
@@ -628,6 +925,9 @@ def _run_plan(plan: _Plan, sizes: Sequence[int]) -> list[_Run]:
         opt = _make_optimizer(
             plan.optimizer, plan.model if isinstance(plan.model, torch.nn.Module) else None, twin
         )
+        if plan.sm is not None:
+            _foreach_like_cuda(opt)
+        ws = plan.workspace_training
         hooks = []
         for p in twin.parameters():
             if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook"):
@@ -980,16 +1280,26 @@ def estimate_fake(
         grad_accum=grad_accum,
         generate_tokens=int(generate_tokens) if not training else 0,
         rounding=True,
-        workspace=tgt.workspace,
+        workspace=tgt.workspaces(False),
+        workspace_training=tgt.workspaces(True),
+        sm=tgt.sm,
     )
     sh = _Sharding(strategy, int(world_size))
     name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "model")
     notes: list[str] = ["device-free: fake tensors, allocator block rounding, the target's cuBLAS workspace"]
+    if tgt.sm is not None:
+        notes.append(
+            f"{tgt.name}'s kernels (sm {tgt.sm[0]}.{tgt.sm[1]}): fused attention as CUDA picks it, foreach "
+            "optimizers, composite ops' temporaries"
+        )
     if not tgt.measured:
         notes.append(f"{tgt.name}: context and library figures are typical, not measured by torchmem")
     if training and optimizer is None:
         notes.append("no optimizer: the training step is forward and backward only")
+    errors_before = set(_STAND_IN_ERRORS)
     runs = _run_guarded(plan, sizes)
+    for err in sorted(_STAND_IN_ERRORS - errors_before)[:1]:
+        notes.append(f"kept the CPU's kernel where the GPU's could not run on fake tensors ({err})")
     est, nccl = _estimate_of(runs, sh, training, name, tuple(notes))
     mode = "training" if training else "inference"
     bs = sizes[-1]
@@ -1019,7 +1329,7 @@ def estimate_fake(
         target=tgt.name,
         target_total=tgt.total,
         overhead=tgt.overhead + nccl,
-        workspace=tgt.workspace,
+        workspace=tgt.workspaces(training),
         fragmentation=frag_f,
         batch_size=bs,
         mode=mode,
