@@ -54,6 +54,30 @@ def _python(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _together(cwd: Path, *commands: list[str]) -> list[subprocess.CompletedProcess[str]]:
+    """``python *command`` for each command, all started at once (independent runs, mostly interpreter
+    start-up: they overlap on the machine's cores), each waited for; in order."""
+    procs = [
+        (
+            cmd,
+            subprocess.Popen(
+                [sys.executable, *cmd],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=ENV,
+                cwd=cwd,
+            ),
+        )
+        for cmd in commands
+    ]
+    done = []
+    for cmd, p in procs:
+        out, err = p.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(cmd, p.returncode, out, err))
+    return done
+
+
 # ---------------------------------------------------------------------------------------------------------
 # data loss
 
@@ -164,17 +188,24 @@ def test_module_and_script_see_what_python_shows_them(tmp_path: Path) -> None:
     _write(tmp_path / "pkg" / "__init__.py", "")
     _write(tmp_path / "pkg" / "train.py", show)
     _write(tmp_path / "s.py", show)
-    for prog in (["-m", "pkg.train", "--steps", "5"], ["s.py", "--steps", "5", "-q"]):
-        want = _python(prog, tmp_path)
-        got = _torchmem(["run", "-q", "-o", str(tmp_path / f"{prog[-3]}.jsonl"), *prog], tmp_path)
+    progs = (["-m", "pkg.train", "--steps", "5"], ["s.py", "--steps", "5", "-q"])
+    runs = _together(
+        tmp_path,
+        *progs,
+        *(
+            ["-m", "torchmem", "run", "-q", "-o", str(tmp_path / f"{prog[-3]}.jsonl"), *prog]
+            for prog in progs
+        ),
+    )
+    for want, got in zip(runs[: len(progs)], runs[len(progs) :]):
         assert got.returncode == want.returncode == 0, got.stderr
         assert got.stdout == want.stdout
 
 
 def _same_traceback(tmp_path: Path, name: str, code: str, *prefix: str) -> tuple[str, str]:
     _write(tmp_path / name, code)
-    want = _python([*prefix, name.removesuffix(".py") if prefix else name], tmp_path)
-    got = _torchmem(["run", "-q", *prefix, name.removesuffix(".py") if prefix else name], tmp_path)
+    target = name.removesuffix(".py") if prefix else name
+    want, got = _together(tmp_path, [*prefix, target], ["-m", "torchmem", "run", "-q", *prefix, target])
     assert got.returncode == want.returncode
     return want.stderr, got.stderr
 
@@ -209,13 +240,22 @@ def test_chained_and_plain_errors_match_python(tmp_path: Path) -> None:
 
 
 def test_syntax_error_and_missing_module_print_as_python_and_write_no_capture(tmp_path: Path) -> None:
-    want, got = _same_traceback(tmp_path, "bad.py", "x = 1\ndef (\n")
+    _write(tmp_path / "bad.py", "x = 1\ndef (\n")
+    _write(tmp_path / "pk" / "__init__.py", "")
+    plain, bad, missing, package = _together(
+        tmp_path,
+        ["bad.py"],
+        ["-m", "torchmem", "run", "-q", "bad.py"],
+        ["-m", "torchmem", "run", "-q", "-m", "no_such_module_xyz"],
+        ["-m", "torchmem", "run", "-q", "-m", "pk"],
+    )
+    assert bad.returncode == plain.returncode
+    want, got = plain.stderr, bad.stderr
     assert got == want and got.startswith('  File "') and "SyntaxError" in got
-    r = _torchmem(["run", "-q", "-m", "no_such_module_xyz"], tmp_path)
+    r = missing
     assert r.returncode == 1
     assert r.stderr == "torchmem run: No module named no_such_module_xyz\n"
-    _write(tmp_path / "pk" / "__init__.py", "")
-    r = _torchmem(["run", "-q", "-m", "pk"], tmp_path)
+    r = package
     assert r.returncode == 1 and "'pk' is a package and cannot be directly executed" in r.stderr
     assert not list(tmp_path.glob("*.jsonl"))  # runs that never started leave no capture
 

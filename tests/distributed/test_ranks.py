@@ -1,7 +1,8 @@
 """Distributed runs on the CPU with gloo: per-rank captures, the merged report, a leak on one rank, an OOM on
 one rank with every rank's state, a killed rank, followed child processes, gather_stats, find_batch_size.
 
-Each job is launched once (module fixtures) and shared by the assertions on it: spawning ranks is slow.
+Each job is launched once (module fixtures) and shared by the assertions on it: spawning ranks is slow. The
+three jobs start together and run side by side.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,66 @@ def _run(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.Complete
     )
 
 
+class _Job:
+    """A job started now (``python *args`` in ``cwd``); :meth:`result` waits for it."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        self.cwd = cwd
+        self._args = [sys.executable, *args]
+        self._proc = subprocess.Popen(
+            self._args, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self._done: subprocess.CompletedProcess[str] | None = None
+
+    def result(self, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        if self._done is None:
+            try:
+                out, err = self._proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.communicate()
+                raise
+            self._done = subprocess.CompletedProcess(self._args, self._proc.returncode, out, err)
+        return self._done
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Job]]:
+    """The module's three jobs, started together when the first is needed: each is mostly interpreter and
+    torch start-up in several processes, and they share nothing (their own folders, rendezvous ports and
+    OOM flags), so they overlap instead of running one after the other."""
+    ddp, oom, workers = (tmp_path_factory.mktemp(n) for n in ("ddp", "oom", "workers"))
+    started = {
+        "ddp": _Job(
+            [
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                "-m",
+                "torchmem",
+                "run",
+                "--no-status",
+                "-q",
+                "-o",
+                "run.jsonl",
+                str(PROGRAMS / "ddp_job.py"),
+                str(ddp / "result"),
+            ],
+            ddp,
+        ),
+        "oom": _Job(
+            ["-m", "torchmem", "run", "--nproc", "2", "-o", "job.jsonl", str(PROGRAMS / "oom_job.py")], oom
+        ),
+        "workers": _Job(
+            ["-m", "torchmem", "run", "--no-status", "-o", "w.jsonl", str(PROGRAMS / "workers.py")], workers
+        ),
+    }
+    yield started
+    for job in started.values():
+        job.result()  # none is left running (a fixture that failed before waiting for its job)
+
+
 def _report(cwd: Path, *captures: str) -> str:
     r = _run(["-m", "torchmem", "report", *captures], cwd)
     assert r.returncode == 0, r.stderr
@@ -47,27 +109,8 @@ def _report(cwd: Path, *captures: str) -> str:
 
 # -- a DDP job through torchrun: rank 1 leaks; gather_stats; find_batch_size ------------------------------
 @pytest.fixture(scope="module")
-def ddp_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    d = tmp_path_factory.mktemp("ddp")
-    r = _run(
-        [
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node=2",
-            "-m",
-            "torchmem",
-            "run",
-            "--no-status",
-            "-q",
-            "-o",
-            "run.jsonl",
-            str(PROGRAMS / "ddp_job.py"),
-            str(d / "result"),
-        ],
-        d,
-    )
-    return d, r
+def ddp_job(jobs: dict[str, _Job]) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    return jobs["ddp"].cwd, jobs["ddp"].result()
 
 
 def test_each_rank_writes_its_own_capture_with_its_identity_in_the_header(ddp_job) -> None:  # type: ignore[no-untyped-def]
@@ -117,10 +160,8 @@ def test_gather_stats_reaches_rank_0_and_the_ranks_agree_on_a_batch_size(ddp_job
 
 # -- torchmem run --nproc: rank 1 runs out of memory, the launcher stops rank 0 --------------------------
 @pytest.fixture(scope="module")
-def oom_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    d = tmp_path_factory.mktemp("oom")
-    r = _run(["-m", "torchmem", "run", "--nproc", "2", "-o", "job.jsonl", str(PROGRAMS / "oom_job.py")], d)
-    return d, r
+def oom_job(jobs: dict[str, _Job]) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    return jobs["oom"].cwd, jobs["oom"].result()
 
 
 def test_an_oom_on_one_rank_comes_with_every_rank_s_state(oom_job) -> None:  # type: ignore[no-untyped-def]
@@ -158,10 +199,8 @@ def test_the_rank_the_launcher_stopped_is_named(oom_job) -> None:  # type: ignor
 
 # -- child processes: followed, each with its own capture; one is killed mid-run --------------------------
 @pytest.fixture(scope="module")
-def workers_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    d = tmp_path_factory.mktemp("workers")
-    r = _run(["-m", "torchmem", "run", "--no-status", "-o", "w.jsonl", str(PROGRAMS / "workers.py")], d)
-    return d, r
+def workers_job(jobs: dict[str, _Job]) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    return jobs["workers"].cwd, jobs["workers"].result()
 
 
 def test_children_that_train_record_their_own_captures(workers_job) -> None:  # type: ignore[no-untyped-def]

@@ -221,24 +221,139 @@ def run_program(
     return Run(out.returncode, out.stdout, out.stderr, None if plain else capture, time.perf_counter() - t0)
 
 
+# A fork server: an interpreter that has imported torch and torchmem's CLI once (what ``python -m torchmem``
+# does before it runs the program) and forks a fresh child per run. The child redirects its stdin, stdout
+# and stderr, moves to the run's folder, sets ``sys.argv`` as ``python -m torchmem`` would and falls through
+# to the end of the script, where torchmem's console entry point runs; the interpreter then shuts down as
+# usual (atexit handlers, non-daemon threads, buffered output flushed), and its exit status is the run's.
+# The server runs one child at a time and never starts a thread, so each fork copies one thread.
+_FORK_SERVER = r"""
+import json, os, signal, sys, time
+import torch  # noqa: F401  (imported once: what every run starts with)
+import torchmem.cli
+reply = os.fdopen(os.dup(1), "w")
+for line in sys.stdin:
+    req = json.loads(line)
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        break
+    deadline = t0 + req["timeout"]
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            code = os.waitstatus_to_exitcode(status)
+            break
+        if time.perf_counter() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            break
+        time.sleep(0.01)
+    reply.write(json.dumps({"returncode": code, "seconds": time.perf_counter() - t0}) + "\n")
+    reply.flush()
+else:
+    sys.exit(0)
+reply.close()
+write = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, req["stdout"], write), (2, req["stderr"], write)):
+    new = os.open(path, flags, 0o644)
+    os.dup2(new, fd)
+    os.close(new)
+sys.stdin = open(0, closefd=False)
+os.chdir(req["cwd"])
+sys.path[0] = os.getcwd()  # as python -m sets it
+sys.argv = [os.path.join(os.path.dirname(torchmem.__file__), "__main__.py"), *req["args"]]
+torchmem.cli.run()
+"""
+
+
+class _ForkServer:
+    """One fork-server process (see ``_FORK_SERVER``); :meth:`run`: one ``torchmem run`` in a new child."""
+
+    def __init__(self, env: Mapping[str, str], log: Path) -> None:
+        self._log = open(log, "w")  # noqa: SIM115  (the server's own errors, closed in close())
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _FORK_SERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            env=dict(env),
+        )
+        self.log = log
+
+    def run(self, s: Expected, workdir: Path, timeout: float) -> Run:
+        capture = workdir / f"{s.name}.jsonl"
+        if capture.exists():
+            capture.unlink()
+        out, err = workdir.parent / f"{workdir.name}.stdout", workdir.parent / f"{workdir.name}.stderr"
+        req = {
+            "args": ["run", "-o", str(capture), str(s.path)],
+            "cwd": str(workdir),
+            "stdout": str(out),
+            "stderr": str(err),
+            "timeout": timeout,
+        }
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps(req) + "\n")
+        self._proc.stdin.flush()
+        line = self._proc.stdout.readline()
+        assert line, f"the fork server died: {self.log.read_text()[-3000:]}"
+        rep = json.loads(line)
+        return Run(rep["returncode"], out.read_text(), err.read_text(), capture, rep["seconds"])
+
+    def close(self) -> None:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.close()
+        self._proc.wait(timeout=60)
+        self._proc.stdout.close()
+        self._log.close()
+
+
 def run_all(
     scenarios: Sequence[Expected],
     tmp_path_factory: Any,
     *,
     workers: int,
     env: Mapping[str, str] | None = None,
+    fork_server: bool = False,
+    timeout: float = 300,
 ) -> dict[str, Run]:
-    """Run every scenario once, ``workers`` at a time (each run is mostly interpreter and torch start-up),
-    each in its own temporary folder; by name."""
+    """Run every scenario once, ``workers`` at a time, each in its own temporary folder; by name.
+
+    Each run is mostly interpreter and torch start-up: with ``fork_server``, each worker starts one
+    interpreter that imports torch and torchmem once and forks a child per run, which runs torchmem's
+    command line (``python -m torchmem run -o <capture> prog.py``) from there."""
     from concurrent.futures import ThreadPoolExecutor
+    from queue import Queue
 
     dirs = {s.name: tmp_path_factory.mktemp(s.name) for s in scenarios}  # mktemp is not thread-safe
+    servers: Queue[_ForkServer] = Queue()
+    if fork_server:
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = SRC + (
+            os.pathsep + full_env["PYTHONPATH"] if full_env.get("PYTHONPATH") else ""
+        )
+        full_env.update(env or {})
+        logs = tmp_path_factory.mktemp("fork_servers")
+        for k in range(workers):
+            servers.put(_ForkServer(full_env, logs / f"server{k}.log"))
 
     def one(s: Expected) -> tuple[str, Run]:
-        return s.name, run_program(s, dirs[s.name], env=env)
+        if not fork_server:
+            return s.name, run_program(s, dirs[s.name], env=env, timeout=timeout)
+        server = servers.get()
+        try:
+            return s.name, server.run(s, dirs[s.name], timeout)
+        finally:
+            servers.put(server)
 
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(pool.map(one, scenarios))
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return dict(pool.map(one, scenarios))
+    finally:
+        while not servers.empty():
+            servers.get().close()
 
 
 def paired_runs(

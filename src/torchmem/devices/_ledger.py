@@ -24,7 +24,7 @@ import sysconfig
 import threading
 import types
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -163,20 +163,6 @@ def birth_site(skip: int = 1) -> Site | None:
     return _site_in(sys._getframe(skip))
 
 
-def waiting_site(threads: Iterable[int]) -> Site | None:
-    """The user's frame of another thread that waits for this one: a birth on a thread with no program frame
-    (CUDA's autograd engine runs backward on its own device threads) comes from the ``backward()`` call a
-    recording thread is blocked in. ``None`` when no such thread has a program frame."""
-    me = threading.get_ident()
-    frames = sys._current_frames()
-    for tid in threads:
-        if tid != me and tid in frames:
-            site = _site_in(frames[tid])
-            if site is not None:
-                return site
-    return None
-
-
 def _site_in(f: types.FrameType | None) -> Site | None:
     """The first program frame from ``f`` outwards (a library's when there is none; see birth_site)."""
     global _INTERNAL
@@ -295,7 +281,6 @@ class Ledger:
         self._caps: list[Cap] = []  # limit()/budget(): see the "caps" section
         self._device_names: dict[Any, str] = {}  # torch.device -> "cpu", "cuda:0"
         self._on_death = self._released  # one bound method for every entry's callback
-        self._threads: set[int] = set()  # the threads that turned recording on (their frames name sites)
 
     # -- reading ---------------------------------------------------------------------------------
     @property
@@ -400,14 +385,12 @@ class Ledger:
             mode = _mode_class()(self)
             mode.__enter__()
             self._tls.mode = mode
-            self._threads.add(threading.get_ident())
         self._tls.depth = depth + 1
         try:
             yield self
         finally:
             self._tls.depth = getattr(self._tls, "depth", 1) - 1
             if self._tls.depth == 0:
-                self._threads.discard(threading.get_ident())
                 pushed: Any = getattr(self._tls, "mode", None)
                 self._tls.mode = None
                 if pushed is not None:
@@ -463,8 +446,6 @@ class Ledger:
                 e.cohorts = cohorts
                 if any(c.sites for c in cohorts):
                     e.site = birth_site(3)
-                    if e.site is None and threading.get_ident() not in self._threads:
-                        e.site = waiting_site(self._threads)
                 for c in cohorts:
                     c._keys.add(key)
                     c.devices.add(device)
