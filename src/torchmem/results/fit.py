@@ -362,7 +362,8 @@ class TargetEstimate(MemoryEstimate):
     Attributes:
         target: The target GPU's name; ``target_total`` its memory in bytes.
         overhead: Bytes outside the caching allocator: CUDA context, libraries, NCCL buffers.
-        workspace: The cuBLAS workspace included in every row.
+        workspace: The cuBLAS workspaces in the verdict's row (one in inference, two in training: the main
+            thread's and the autograd engine's backward thread's).
         fragmentation: The allowance for reserved above allocated bytes, as a fraction.
         batch_size / mode: What the verdict is for (the largest batch size asked, per rank).
         allocated_peak: The row's peak (or the generate peak, with ``generate_tokens``).
