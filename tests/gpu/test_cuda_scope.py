@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -18,6 +20,7 @@ MiB = 1 << 20
 def test_scope_returns_the_cache_when_nothing_survived() -> None:
     dev = torch.device("cuda", 0)
     torch.cuda.synchronize(dev)
+    gc.collect()  # garbage earlier tests left (scope() collects it too): not this test's memory
     torch.cuda.empty_cache()
     base = torch.cuda.memory_reserved(dev)
     with torchmem.scope() as sc:
@@ -34,6 +37,7 @@ def test_scope_returns_the_cache_when_nothing_survived() -> None:
 def test_scope_returns_the_cache_and_reports_what_survived() -> None:
     dev = torch.device("cuda", 0)
     torch.cuda.synchronize(dev)
+    gc.collect()  # garbage earlier tests left (scope() collects it too): not this test's memory
     torch.cuda.empty_cache()
     base = torch.cuda.memory_reserved(dev)
     kept: list[torch.Tensor] = []
