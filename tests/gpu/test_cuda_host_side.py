@@ -29,8 +29,9 @@ def test_pinned_memory_held_in_use_and_cached_is_in_stats_and_breakdown() -> Non
     # all four were alive at once: the host allocator holds them (whatever earlier tests left in its cache)
     assert s.pinned_host is not None and s.pinned_host >= 52 * MiB, s
     # torch counts a freed pinned block as active until its host allocator processes the block's events
-    # (at a later pinned allocation), so "in use" may still include the blocks just freed
-    assert s.pinned_host_active is not None and s.pinned_host_active >= 3 * MiB, s  # (torch: may pass held by bytes)
+    # (at a later pinned allocation), so "in use" may still include the blocks just freed (and it may pass
+    # what is held by a few bytes)
+    assert s.pinned_host_active is not None and s.pinned_host_active >= 3 * MiB, s
     assert s.host_rss is not None and s.host_rss >= s.pinned_host
     text = str(s.breakdown())
     assert "of which pinned (CUDA host allocator)" in text and "cached for reuse" in text, text
