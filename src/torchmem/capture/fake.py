@@ -1431,22 +1431,17 @@ def _changes(
     with_errors = (FakeTensorError, FitArgumentError, RuntimeError, TypeError, ValueError)
     floating = plan.dtype in (None, torch.float32)
     if floating and plan.amp is None:
-        try:
-            add(
-                "dtype",
-                "bf16 autocast (amp=torch.bfloat16)",
-                device_peak_at(bs, replace(plan, amp=torch.bfloat16)),
-            )
-        except with_errors:
-            pass
-        try:
-            add(
-                "dtype",
+        for text, changed in (
+            ("bf16 autocast (amp=torch.bfloat16)", replace(plan, amp=torch.bfloat16)),
+            (
                 "bf16 weights (dtype=torch.bfloat16: weights, gradients and optimizer state in bf16)",
-                device_peak_at(bs, replace(plan, dtype=torch.bfloat16)),
-            )
-        except with_errors:
-            pass
+                replace(plan, dtype=torch.bfloat16),
+            ),
+        ):
+            try:
+                add("dtype", text, device_peak_at(bs, changed))
+            except with_errors:
+                pass
     last = runs[-1]
     if training and last.block_saved and not plan.checkpoint:
         per = sorted(
