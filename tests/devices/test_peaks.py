@@ -69,3 +69,19 @@ def test_a_reader_opened_after_a_high_peak_does_not_see_it() -> None:
         assert mux.close(r)[0] == base + 1 * MiB
         del t
         assert not mux.idle()  # the program's 48 MiB peak is only in torchmem's folded view now
+
+
+def test_a_restart_is_a_close_and_an_open_from_one_reading() -> None:
+    with torchmem.cpu_tracking() as cpu:
+        mux = _Mux(0, _nested, lambda _i: torchmem.reset_peak("cpu"))
+        base = cpu.allocated
+        outer = mux.open()
+        step = mux.open()
+        a = _alloc(8)
+        del a
+        assert mux.restart(step)[0] == base + 8 * MiB  # the first interval
+        b = _alloc(2)
+        del b
+        assert mux.restart(step)[0] == base + 2 * MiB  # the second one alone
+        assert mux.close(step)[0] == base
+        assert mux.close(outer)[0] == base + 8 * MiB  # a restart folds the counter into the other readers

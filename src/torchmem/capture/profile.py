@@ -534,9 +534,8 @@ class Profiler:
         if self._tframe is None:
             return cur, cur
         if self._ptoken is not None:  # the interval's peak, then a new interval
-            closed = self._be.close_peak(self._ptoken)
-            self._ptoken = self._be.open_peak()
-            return cur, max(closed[0] if closed else cur, cur)
+            got = self._be.restart_peak(self._ptoken)
+            return cur, max(got[0] if got else cur, cur)
         pk = max(h.peak_allocated or cur, self._tframe.carried, cur)
         with _open_lock:
             self._tframe.carried = 0

@@ -99,6 +99,11 @@ class Backend(ABC):
         """End the reading :meth:`open_peak` started: the highest ``(allocated, reserved)`` bytes since."""
         return None
 
+    def restart_peak(self, token: int) -> tuple[int, int] | None:
+        """:meth:`close_peak` then :meth:`open_peak` in one: the interval's ``(allocated, reserved)`` peaks,
+        and ``token`` measures from now."""
+        return None
+
     def peak_since(self, token: int) -> tuple[int, int] | None:
         """The highest ``(allocated, reserved)`` bytes since :meth:`open_peak` gave ``token`` (it stays
         open)."""

@@ -100,6 +100,9 @@ class CudaBackend(Backend):
     def close_peak(self, token: int) -> tuple[int, int] | None:
         return _peaks.close_reader(self._idx, token)
 
+    def restart_peak(self, token: int) -> tuple[int, int] | None:
+        return _peaks.restart_reader(self._idx, token)
+
     def peak_since(self, token: int) -> tuple[int, int] | None:
         return _peaks.reader_peak(self._idx, token)
 

@@ -65,8 +65,9 @@ class _Mux:
     def _peaks(self) -> dict[str, int]:
         return {k: v for k, v in flatten(self._raw(self.index)).items() if k.endswith(".peak")}
 
-    def _fold(self, skip_user: bool = False, skip: int | None = None) -> None:
-        peaks = self._peaks()
+    def _fold(self, peaks: dict[str, int], skip_user: bool = False, skip: int | None = None) -> None:
+        """Fold one reading of the counters into the program's view (unless ``skip_user``) and every reader
+        but ``skip``."""
         if not skip_user:
             for k, v in peaks.items():
                 if v > self.user.get(k, 0):
@@ -80,7 +81,7 @@ class _Mux:
 
     def open(self) -> int:
         rid = next(_ids)
-        self._fold()
+        self._fold(self._peaks())
         self.readers[rid] = [0, 0]
         self._reset(self.index)
         return rid
@@ -90,13 +91,24 @@ class _Mux:
         folded = self.readers.get(rid, [0, 0])
         return max(folded[0], now.get(_ALLOC, 0)), max(folded[1], now.get(_RESERVED, 0))
 
+    def restart(self, rid: int) -> tuple[int, int]:
+        """Reader ``rid``'s peaks, and a new interval for it from now (close and open again, from one
+        reading of the counters)."""
+        now = self._peaks()
+        folded = self.readers.get(rid, [0, 0])
+        out = max(folded[0], now.get(_ALLOC, 0)), max(folded[1], now.get(_RESERVED, 0))
+        self._fold(now, skip=rid)
+        self.readers[rid] = [0, 0]
+        self._reset(self.index)
+        return out
+
     def close(self, rid: int) -> tuple[int, int]:
         p = self.peaks(rid)
         self.readers.pop(rid, None)
         return p
 
     def user_reset(self) -> None:
-        self._fold(skip_user=True)
+        self._fold(self._peaks(), skip_user=True)
         self.user.clear()
         self._reset(self.index)
 
@@ -210,6 +222,13 @@ def reader_peak(index: int, rid: int) -> tuple[int, int]:
         return (0, 0) if mux is None else mux.peaks(rid)
 
 
+def restart_reader(index: int, rid: int) -> tuple[int, int]:
+    """Reader ``rid``'s peaks since it opened or last restarted, and a new interval from now."""
+    with _lock:
+        mux = _muxes.get(index)
+        return (0, 0) if mux is None else mux.restart(rid)
+
+
 def close_reader(index: int, rid: int) -> tuple[int, int]:
     """Stop reader ``rid`` and return its peak; torch's functions go back to their own once nothing
     differs."""
@@ -247,4 +266,4 @@ def user_view_flat(index: int, flat: dict[str, int]) -> dict[str, int]:
     return flat
 
 
-__all__ = ["close_reader", "open_reader", "reader_peak", "user_peaks", "user_view_flat"]
+__all__ = ["close_reader", "open_reader", "reader_peak", "restart_reader", "user_peaks", "user_view_flat"]

@@ -58,11 +58,11 @@ class StepPeaks:
         if be is None:
             return None
         peak = None
-        if self._token is not None:
-            closed = be.close_peak(self._token)
-            peak = None if closed is None else closed[0]
-            self._token = None
-        self._token = be.open_peak()
+        if self._token is None:
+            self._token = be.open_peak()
+        else:
+            got = be.restart_peak(self._token)
+            peak = None if got is None else got[0]
         if peak is not None:
             self._max = peak if self._max is None else max(self._max, peak)
         return peak
