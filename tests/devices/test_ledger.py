@@ -7,9 +7,12 @@ so a ledger that miscounts by a single byte fails.
 from __future__ import annotations
 
 import gc
+import os
+import sys
 import threading
 import warnings
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -728,3 +731,49 @@ def test_turning_the_ledger_on_does_not_import_dynamo_and_compiled_code_still_co
         "compiled True 8000",
         "after _LedgerMode 4000 True",
     ], out.stdout + out.stderr
+
+
+# An "engine thread": code that looks like torch's own (no program frame on its stack), as CUDA's autograd
+# engine threads are, where backward's births happen.
+_ENGINE_SRC = """
+def engine_alloc(led, out):
+    with led.enabled():
+        out.append(torch.ones(4096))
+"""
+
+
+def _engine_alloc() -> Any:
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(
+        compile(_ENGINE_SRC, os.path.join(os.path.dirname(torch.__file__), "_engine_stub.py"), "exec"),
+        namespace,
+    )
+    return namespace["engine_alloc"]
+
+
+def test_births_on_an_engine_thread_take_the_caller_site() -> None:
+    led = ledger()
+    engine_alloc = _engine_alloc()
+    out: list[torch.Tensor] = []
+    with led.enabled():
+        cohort = led.open_cohort("cpu", sites=True)
+        try:
+            t = threading.Thread(target=engine_alloc, args=(led, out))
+            t.start()
+            t.join()
+            before = dict(led.cohort_site_bytes(cohort))
+            caller = led.enter_engine_call(skip=1)  # the line below calls "backward()"
+            line = sys._getframe().f_lineno - 1
+            try:
+                t = threading.Thread(target=engine_alloc, args=(led, out))
+                t.start()
+                t.join()
+            finally:
+                led.leave_engine_call(caller)
+            after = led.cohort_site_bytes(cohort)
+        finally:
+            led.close_cohort(cohort)
+    assert before == {None: (4096 * 4, 1)}  # no program frame: no site
+    sites = {s for s in after if s is not None}
+    assert [(os.path.basename(s.filename), s.lineno) for s in sites] == [("test_ledger.py", line)]
+    assert led._engine_caller is None

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from torchmem.devices._ledger import ledger
+
 KINDS = ("optimizer", "backward", "module", "dataloader", "generate")
 _RANK = {k: i for i, k in enumerate(KINDS)}
 # Events of a kind before it is chosen: one call is not a loop; but an optimizer step is always a step.
@@ -184,7 +186,9 @@ class StepBoundaries:
         import torch.autograd as ag
 
         def make(original: Any) -> Any:
-            return self._outermost_call(original, "backward", "_in_backward", skip_compiling=True)
+            return self._outermost_call(
+                original, "backward", "_in_backward", skip_compiling=True, engine_call=True
+            )
 
         self._patch(ag, "backward", make)
         self._patch(ag, "grad", make)
@@ -323,19 +327,28 @@ class StepBoundaries:
     def _generate_wrapper(self, original: Any) -> Any:
         return self._outermost_call(original, "generate", "_in_generate")
 
-    def _outermost_call(self, original: Any, kind: str, depth: str, skip_compiling: bool = False) -> Any:
+    def _outermost_call(
+        self, original: Any, kind: str, depth: str, skip_compiling: bool = False, engine_call: bool = False
+    ) -> Any:
         """``original`` wrapped to count a ``kind`` boundary when its outermost call on the session's thread
-        returns (a call that raises is not a boundary); ``depth`` names the nesting counter it keeps."""
+        returns (a call that raises is not a boundary); ``depth`` names the nesting counter it keeps.
+        ``engine_call``: the call allocates on engine threads (CUDA's backward), so while the exact ledger
+        records sites, births there are given this call's line."""
         boundaries = self
+        led = ledger()
 
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != boundaries.thread or (skip_compiling and boundaries._compiling()):
                 return original(*args, **kwargs)
             setattr(boundaries, depth, getattr(boundaries, depth) + 1)
+            entered = engine_call and led.active and led.wants_sites
+            caller = led.enter_engine_call() if entered else None
             try:
                 result = original(*args, **kwargs)
             finally:
+                if entered:
+                    led.leave_engine_call(caller)
                 setattr(boundaries, depth, getattr(boundaries, depth) - 1)
             if getattr(boundaries, depth) == 0:
                 boundaries._event(kind)

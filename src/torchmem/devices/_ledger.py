@@ -281,6 +281,28 @@ class Ledger:
         self._caps: list[Cap] = []  # limit()/budget(): see the "caps" section
         self._device_names: dict[Any, str] = {}  # torch.device -> "cpu", "cuda:0"
         self._on_death = self._released  # one bound method for every entry's callback
+        # The program's call into an engine that allocates on its own threads (CUDA's backward runs on the
+        # autograd engine's device threads, which have no program frame): (caller's thread, its site).
+        self._engine_caller: tuple[int, Site] | None = None
+
+    # -- births on engine threads ----------------------------------------------------------------
+    @property
+    def wants_sites(self) -> bool:
+        """Whether a cohort that records birth sites is open (cheap: read without the lock)."""
+        return any(c.sites for c in self._cohorts)
+
+    def enter_engine_call(self, skip: int = 2) -> tuple[int, Site] | None:
+        """The program calls into an engine that allocates on other threads (``backward()``): births on a
+        thread with no program frame are given the caller's site until :meth:`leave_engine_call`. Returns
+        what to hand back to it."""
+        prev = self._engine_caller
+        site = birth_site(skip + 1)
+        if site is not None:
+            self._engine_caller = (threading.get_ident(), site)
+        return prev
+
+    def leave_engine_call(self, prev: tuple[int, Site] | None) -> None:
+        self._engine_caller = prev
 
     # -- reading ---------------------------------------------------------------------------------
     @property
@@ -446,6 +468,10 @@ class Ledger:
                 e.cohorts = cohorts
                 if any(c.sites for c in cohorts):
                     e.site = birth_site(3)
+                    if e.site is None:
+                        caller = self._engine_caller
+                        if caller is not None and caller[0] != threading.get_ident():
+                            e.site = caller[1]
                 for c in cohorts:
                     c._keys.add(key)
                     c.devices.add(device)
