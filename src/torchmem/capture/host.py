@@ -326,6 +326,7 @@ class HostWatcher:
         self._work_seconds = 0.0  # time in scans and node counts
         # readings
         self._stride = 1
+        self._share = 0.005  # the readings' share of a step (torchmem run: less)
         self._stride_why = (0.0, 0.0)  # (step time, reading cost) the stride was chosen from
         self._nreads = 0
         self._last_t: float | None = None
@@ -641,12 +642,13 @@ class HostWatcher:
             rest = self._rss_cost + _READ_OVERHEAD if self._secondary else _READ_OVERHEAD
         self._spent, self._spent_n = 0.0, 0
         cap = self._max_stride or _MAX_STRIDE
+        share = self._share
         if self._secondary:
-            k = min(cap, max(1, math.ceil(rest / (0.0025 * step_time))))
-            m = max(1, math.ceil(figure / (0.0025 * step_time * k)))
+            k = min(cap, max(1, math.ceil(rest / (share / 2 * step_time))))
+            m = max(1, math.ceil(figure / (share / 2 * step_time * k)))
             self._heap_every = min(m, _MAX_HEAP_EVERY, max(1, cap // k))
         else:
-            k = min(cap, max(1, math.ceil((rest + figure) / (0.005 * step_time))))
+            k = min(cap, max(1, math.ceil((rest + figure) / (share * step_time))))
         self._stride = k
         self._stride_why = (step_time, rest + figure / (self._heap_every if self._secondary else 1))
 
@@ -1125,8 +1127,9 @@ class HostWatcher:
             step_time, cost = self._stride_why
             every = f" (the C heap every {self._heap_every * self._stride})" if self._heap_every > 1 else ""
             notes.append(
-                f"a step takes {step_time * 1e6:.1f} µs and a reading {cost * 1e6:.1f} µs: the host figures "
-                f"are read every {self._stride} steps{every}, to stay under 0.5 % of the run"
+                f"a step takes {step_time * 1e6:.1f} µs and a reading {cost * 1e6:.1f} µs: the host "
+                f"figures are read every {self._stride} steps{every}, to stay under {self._share * 100:g} % "
+                "of the run"
             )
         if self.source == "heap":
             notes.append(

@@ -162,6 +162,10 @@ class Session:
         self._timeline_n = 0
         self._peak_seen = 0
         self._last_step_write = 0.0
+        self._step_parts = [0.0, 0.0, 0.0]  # the step's readings, loop survivors, host watcher (seconds)
+        self._sampler_workers_s = 0.0
+        self._ticks = 0
+        self._tick_s: float | None = None
         self._pending_steps: collections.deque[tuple[float, int, int | None]] = collections.deque()
         self._survivors: Any = None
         self._worker_checks: Any = None  # the DataLoader/worker checks (capture/workers.py)
@@ -286,6 +290,9 @@ class Session:
             self._note(f"the {source} figure is unavailable ({exc}); using the exact tensor ledger")
             w = watch(device=self.device, warn=False, warmup=self.warmup)
         w._exclusive = False  # the monitored program may use torchmem.watch() itself
+        # After the first 64 readings (a short loop is read every step or two), the stride follows the
+        # readings' cost in the loop: a CUDA reading is 25-130 µs, 3-10 % of a 1-4 ms step if read each step.
+        w._relax_after = 64
         w.__enter__()
         return w
 
@@ -329,7 +336,11 @@ class Session:
         try:
             from torchmem.capture.host import HostWatcher
 
-            return HostWatcher(warmup=self.warmup, boundary=boundary).start()
+            # Node counts and readings within 0.2 % of the run each (its own default: 0.5 %): the run's
+            # budget is shared with the device readings, the sampler and the loop survivors.
+            host = HostWatcher(warmup=self.warmup, boundary=boundary, node_overhead=0.002)
+            host._share = 0.002
+            return host.start()
         except Exception as exc:
             self._note(f"host memory is not watched ({type(exc).__name__}: {exc})")
             return None
@@ -433,12 +444,21 @@ class Session:
             w = self._watcher
             if w is None:
                 return
+            pc = time.perf_counter
+            t0 = pc()
             w.step()
             self._steps = n = w.steps
+            t1 = pc()
             if self._survivors is not None:
                 self._survivors.boundary(n)
+            t2 = pc()
             if self._host is not None:
                 self._host.step()
+            t3 = pc()
+            parts = self._step_parts
+            parts[0] += t1 - t0
+            parts[1] += t2 - t1
+            parts[2] += t3 - t2
             series = w._series
             # One step record per reading the watcher took, at most one per 10 ms (a loop of thousands of
             # steps per second must not pay a JSON line per step); the sampler keeps the timeline.
@@ -461,8 +481,6 @@ class Session:
                 self._module_profile_step()
             if self._pending_ooms:
                 self._flush_ooms(caught_by=None)  # the program went on: it caught them
-            if not self._pg_written:
-                self._write_group_facts()
         except Exception as exc:  # never break the program
             self._note(f"step bookkeeping failed: {type(exc).__name__}: {exc}")
 
@@ -496,14 +514,18 @@ class Session:
     # -- sampling and status ---------------------------------------------------------------------
     def _sample_loop(self) -> None:
         last_status = 0.0
-        while not self._stop.wait(self.interval):
+        wait = self.interval
+        while not self._stop.wait(wait):
             if self._disabled:
                 return
             # The thread's CPU time, not the wall clock: time spent waiting for the GIL costs the program
             # nothing (it is the program running).
             t_s = time.thread_time()
+            t_w = t_s
             try:
                 self._flush_steps()
+                if not self._pg_written:
+                    self._write_group_facts()
                 r = self._reading()
                 self._write(
                     "sample",
@@ -519,7 +541,11 @@ class Session:
                 if self._boundaries is not None:
                     self._boundaries.check_imports()
                 if self._worker_checks is not None:
+                    t_w = time.thread_time()
                     self._worker_checks.poll(now)
+                    t_w = time.thread_time() - t_w
+                else:
+                    t_w = 0.0
                 if self._oom_flag is not None and self._oom_flag.seen is None:
                     self._check_flag()
                 if self.status and now - last_status >= 0.25:
@@ -528,7 +554,18 @@ class Session:
             except Exception as exc:
                 self._note(f"sampler stopped: {type(exc).__name__}: {exc}")
                 return
-            self._sampler_s += time.thread_time() - t_s
+            spent = time.thread_time() - t_s
+            self._sampler_s += spent
+            self._sampler_workers_s += t_w
+            self._ticks += 1
+            # Holding the GIL for its ticks costs a host-bound program their time: the ticks are spaced so
+            # that the sampler keeps under SAMPLER_SHARE of the run (a tick is ~0.1-1 ms: every 50 ms or
+            # more), judged on a moving average of the ticks (the first ones write the first 1000 step
+            # records, a one-off).
+            tick = spent if self._tick_s is None else 0.8 * self._tick_s + 0.2 * spent
+            self._tick_s = tick
+            if self._ticks >= 4:
+                wait = max(self.interval, min(_SAMPLER_MAX_INTERVAL, tick / SAMPLER_SHARE))
 
     def _reading(self) -> Any:
         """The session's figure: the allocator's counters, or on the CPU the C heap in use (the exact
@@ -1152,12 +1189,23 @@ class Session:
         parts = {"steps": self._own_step_s, "sampler": self._sampler_s, "ledger": ledger_s}
         own = min(sum(parts.values()), 0.95 * wall)
         ratio = wall / (wall - own) if wall > 0 else 1.0
+        sp = self._step_parts
+        detail = {
+            "steps.reading": sp[0],
+            "steps.survivors": sp[1],
+            "steps.host": sp[2],
+            "steps.other": max(0.0, self._own_step_s - sum(sp)),
+            "sampler.workers": self._sampler_workers_s,
+            "sampler.other": max(0.0, self._sampler_s - self._sampler_workers_s),
+        }
         self._write(
             "overhead",
             wall_s=round(wall, 6),
             own_s=round(own, 6),
             ratio=round(ratio, 4),
             parts={k: round(v, 6) for k, v in parts.items()},
+            detail={k: round(v, 6) for k, v in detail.items()},
+            sampler_ticks=self._ticks,
             steps=self._steps,
             ledger_steps=ledger_n,
             ledger_known=known,
@@ -1238,6 +1286,10 @@ OVERHEAD_NOTE_RATIO = 1.2
 OVERHEAD_NOTE_MIN_S = 0.5  # ... on a run of at least this long (a shorter one is mostly start-up)
 # The share of the run the loop survivors' recording may add (issue 12: <= 2 % on a real training script).
 SURVIVORS_BUDGET = 0.02
+# The share of the run the sampler thread's ticks may take (their CPU time: a host-bound loop waits for the
+# GIL while a tick runs), and the longest gap between two ticks that this spacing may reach.
+SAMPLER_SHARE = 0.003
+_SAMPLER_MAX_INTERVAL = 0.5
 
 
 def _glob_of(capture: str) -> str:

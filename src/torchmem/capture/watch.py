@@ -52,6 +52,9 @@ WINDOW_READINGS = 32
 _RENEW_AFTER = 8
 # A host figure's reading is timed every this many readings, and the stride chosen again.
 _RETUNE_EVERY = 64
+# A relaxed watcher (see Watcher._relax_after): the readings' share of a step, and the widest stride.
+_RELAXED_SHARE = 0.0025
+_RELAXED_MAX_STRIDE = 256
 
 SOURCES = ("auto", "allocator", "ledger", "heap")
 
@@ -177,6 +180,10 @@ class Watcher(Generic[T]):
         self._stride = 1
         self._stride_note: str | None = None
         self._readings = 0  # after the warm-up
+        # After this many readings (``torchmem run``: a long run), the stride is chosen again now and then
+        # from the readings' cost in the loop, to keep them under _RELAXED_SHARE of the run, max_stride aside.
+        self._relax_after: int | None = None
+        self._tune_cost: float | None = None
         self._tune_at: tuple[int, float] | None = None  # (step, time) of the last timed reading
         self._read_cost = 0.0
         self._read_times: list[float] = []
@@ -405,8 +412,12 @@ class Watcher(Generic[T]):
             if n == self.warmup and self._wants_window_from_start():
                 self._open_window(n)
             return
-        self._readings += 1
-        if self._readings % _RETUNE_EVERY or not self._host_figure or self._stride_fixed is not None:
+        self._readings = k = self._readings + 1
+        if (
+            k % _RETUNE_EVERY
+            or self._stride_fixed is not None
+            or not (self._host_figure or (self._relax_after is not None and k >= self._relax_after))
+        ):
             value = self._reader() - self._offset
         else:
             t0 = time.perf_counter()
@@ -474,10 +485,15 @@ class Watcher(Generic[T]):
         tens of µs) is read rarely enough to stay under 2 % of the run whatever ``max_stride`` says."""
         if self.source == "ledger" or step_time <= 0:
             return
-        k = max(1, math.ceil(cost / (0.005 * step_time)))
-        capped = self._max_stride is not None and k > self._max_stride
-        if self._max_stride is not None:
-            k = min(k, self._max_stride)
+        relaxed = self._relax_after is not None and self._readings >= self._relax_after
+        if relaxed:  # a long run: the readings' share of it, whatever max_stride says
+            k = min(_RELAXED_MAX_STRIDE, max(1, math.ceil(cost / (_RELAXED_SHARE * step_time))))
+            capped = False
+        else:
+            k = max(1, math.ceil(cost / (0.005 * step_time)))
+            capped = self._max_stride is not None and k > self._max_stride
+            if self._max_stride is not None:
+                k = min(k, self._max_stride)
         floor = math.ceil(cost / (0.02 * step_time)) if self._host_figure else 1
         if floor > k:
             k, capped = floor, False
@@ -492,9 +508,12 @@ class Watcher(Generic[T]):
         )
 
     def _retune(self, n: int, cost: float, now: float) -> None:
-        """Now and then, for a host figure: choose the stride again from the reading's cost now."""
+        """Now and then, for a host figure or a relaxed watcher: choose the stride again from the reading's
+        cost in the loop (a moving average: one reading may wait for the GIL or find a cold cache)."""
+        avg = self._tune_cost
+        self._tune_cost = avg = cost if avg is None else 0.7 * avg + 0.3 * cost
         if self._tune_at is not None and n > self._tune_at[0]:
-            self._set_stride((now - self._tune_at[1]) / (n - self._tune_at[0]), cost)
+            self._set_stride((now - self._tune_at[1]) / (n - self._tune_at[0]), avg)
         self._tune_at = (n, now)
 
     def _record(self, n: int, value: int) -> None:
