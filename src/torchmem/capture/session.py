@@ -337,8 +337,10 @@ class Session:
             from torchmem.capture.host import HostWatcher
 
             # Node counts and readings within 0.2 % of the run each (its own default: 0.5 %): the run's
-            # budget is shared with the device readings, the sampler and the loop survivors.
-            host = HostWatcher(warmup=self.warmup, boundary=boundary, node_overhead=0.002)
+            # budget is shared with the device readings, the sampler and the loop survivors. The first
+            # count after 30 s (a count walks the whole heap: ~0.1 s with a framework imported), so a short
+            # run pays none; a scan for growing host memory counts them anyway.
+            host = HostWatcher(warmup=self.warmup, boundary=boundary, node_interval=6.0, node_overhead=0.002)
             host._share = 0.002
             return host.start()
         except Exception as exc:
