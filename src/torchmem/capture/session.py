@@ -566,8 +566,11 @@ class Session:
             # records, a one-off).
             tick = spent if self._tick_s is None else 0.8 * self._tick_s + 0.2 * spent
             self._tick_s = tick
-            if self._ticks >= 4:
+            # Without steps the verdict comes from this timeline: its readings keep their pace then.
+            if self._ticks >= 20 and self._steps > 0:
                 wait = max(self.interval, min(_SAMPLER_MAX_INTERVAL, tick / SAMPLER_SHARE))
+            else:
+                wait = self.interval
 
     def _reading(self) -> Any:
         """The session's figure: the allocator's counters, or on the CPU the C heap in use (the exact
