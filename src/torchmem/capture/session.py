@@ -352,7 +352,7 @@ class Session:
 
         # A quarter of the leak threshold per step: a short loop's site that keeps less (predicted labels,
         # a few scalars) is not a leak, as it would not be for the growth detector.
-        # Within ~2 % of the run (after a small fixed allowance: a loop of a few ms per step is covered
+        # Within ~1 % of the run (after a small fixed allowance: a loop of a few ms per step is covered
         # fully); a long run's verdict comes from the growth detector, the survivors are for short loops.
         return LoopSurvivors(
             str(self.device),
@@ -1289,8 +1289,9 @@ _HOST_UNEXPLAINED_MIN = 256 * 1024
 # program; op-heavy programs may reach 2x).
 OVERHEAD_NOTE_RATIO = 1.2
 OVERHEAD_NOTE_MIN_S = 0.5  # ... on a run of at least this long (a shorter one is mostly start-up)
-# The share of the run the loop survivors' recording may add (issue 12: <= 2 % on a real training script).
-SURVIVORS_BUDGET = 0.02
+# The share of the run the loop survivors' recording may add beyond their first two steps (issue 12: <= 2 %
+# for all of torchmem).
+SURVIVORS_BUDGET = 0.01
 # The share of the run the sampler thread's ticks may take (their CPU time: a host-bound loop waits for the
 # GIL while a tick runs), and the longest gap between two ticks that this spacing may reach.
 SAMPLER_SHARE = 0.003

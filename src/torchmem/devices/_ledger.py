@@ -192,6 +192,9 @@ def _site_in(f: types.FrameType | None) -> Site | None:
 
 
 _LIBRARY = os.sep + "site-packages" + os.sep
+# An op with more outputs than this checks them against one set of its inputs' storages (a _foreach_ op over
+# N parameters would otherwise compare N outputs with N inputs each).
+_MANY_OUTPUTS = 4
 _LIBRARY_DEB = os.sep + "dist-packages" + os.sep
 
 
@@ -252,6 +255,18 @@ def _is_input_storage(key: int, out: torch.Tensor, args: tuple[Any, ...], kwargs
             if found is not None and found[0] == key:
                 return True
     return False
+
+
+def _input_storage_keys(args: tuple[Any, ...], kwargs: Any) -> set[int]:
+    """The storage keys of an op's input tensors (read after the op), for ops with many outputs
+    (``_foreach_*`` over a model's parameters): one pass instead of one per output."""
+    keys = set()
+    for a in _tensors_in(args, kwargs):
+        try:
+            keys.add(a.untyped_storage()._cdata)
+        except (RuntimeError, NotImplementedError, TypeError):
+            pass
+    return keys
 
 
 class _OpFacts(NamedTuple):
@@ -533,9 +548,12 @@ class Ledger:
             self._device_names[device] = name
         return name
 
-    def _record_output(self, fresh: bool, args: tuple[Any, ...], kwargs: Any, t: torch.Tensor) -> None:
+    def _record_output(
+        self, fresh: bool, args: tuple[Any, ...], kwargs: Any, t: torch.Tensor, inputs: set[int] | None = None
+    ) -> None:
         """Account for one output tensor of an op (called under the lock). ``fresh``: an op whose output
-        is a new allocation even when it is handed through as an input (``lift_fresh``)."""
+        is a new allocation even when it is handed through as an input (``lift_fresh``). ``inputs``: the
+        inputs' storage keys when the op has many outputs (see :func:`_input_storage_keys`)."""
         try:
             s = t.untyped_storage()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested and other storage-less
@@ -549,7 +567,7 @@ class Ledger:
             return
         # A storage the ledger has not seen is new unless it is an input's: a view or in-place result of a
         # storage that predates the ledger.
-        if not fresh and _is_input_storage(key, t, args, kwargs):
+        if not fresh and (key in inputs if inputs is not None else _is_input_storage(key, t, args, kwargs)):
             return
         dev = s.device
         name = self._device_names.get(dev)
@@ -565,9 +583,10 @@ class Ledger:
             if isinstance(out, torch.Tensor):
                 self._record_output(fresh, args, kwargs, out)
             elif isinstance(out, (tuple, list)):
+                inputs = _input_storage_keys(args, kwargs) if len(out) > _MANY_OUTPUTS else None
                 for t in out:
                     if isinstance(t, torch.Tensor):
-                        self._record_output(fresh, args, kwargs, t)
+                        self._record_output(fresh, args, kwargs, t, inputs)
 
     def record_mutation(self, before: dict[int, tuple[Any, int]]) -> None:
         """After a mutating op: follow storages whose size changed (``resize_``, ``out=``)."""
@@ -731,9 +750,10 @@ def _dispatch(
             if isinstance(out, torch.Tensor):
                 owner._record_output(fresh, args, kwargs, out)
             elif isinstance(out, (tuple, list)):
+                inputs = _input_storage_keys(args, kwargs) if len(out) > _MANY_OUTPUTS else None
                 for t in out:
                     if isinstance(t, torch.Tensor):
-                        owner._record_output(fresh, args, kwargs, t)
+                        owner._record_output(fresh, args, kwargs, t, inputs)
         if before:
             owner.record_mutation(before)
     except Exception as exc:
