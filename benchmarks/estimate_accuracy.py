@@ -12,8 +12,8 @@ from transformers configs, no weights, no torchvision), fp32, AdamW:
   inference, the main and the autograd thread's in training.
 - **fake**: ``estimate_fake(factory, inputs, target=...)``'s allocated peak (allocator block rounding; on
   CUDA the H100's cuBLAS workspace; on the CPU a target without workspace).
-- **measured estimate()**: ``torchmem.estimate(model, batch of 2, device=...)``: two small real steps,
-  extrapolated.
+- **measured estimate()**: ``torchmem.estimate(model, batch of 2, device=...)``: small real steps at 2, 4,
+  then doubling up to half the row's batch (``estimate_probes`` in the JSON), extrapolated.
 - **accelerate**: ``accelerate.commands.estimate``: ``calculate_maximum_sizes`` then
   ``estimate_training_usage(size, "float32")``'s peak (training), the weights' size (inference).
 - **DeepSpeed ZeRO-2 formula** (implemented here from DeepSpeed's documented
@@ -279,6 +279,8 @@ def main() -> None:
             "fake_inference": fake_inf,
             "estimate_training": me.peak(bs, "training"),
             "estimate_inference": me.peak(bs, "inference"),
+            "estimate_probes": list(me.measured_at),
+            "estimate_notes": list(me.notes),
             "accelerate_training": acc_tr,
             "accelerate_inference": acc_inf,
             "deepspeed_zero2_training": ds,

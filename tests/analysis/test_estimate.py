@@ -242,3 +242,63 @@ def test_activations_are_reported_when_the_optimizer_step_holds_the_peak() -> No
         assert r.parameters + r.gradients + r.optimizer_state + r.temporaries == r.peak == 1000
     text = str(e)
     assert "14 B*" in text and "freed before the optimizer step" in text and "optimizer" in text
+
+
+K = 4096  # bytes per unit below (a bend under 1 KiB per sample is not reported)
+
+
+def _step(b: int, fwd: int, bwd: int) -> StepMeasurement:
+    return StepMeasurement(b, fwd * K, fwd * K, 0, bwd * K, 0, fwd * K // 2, 0, fwd * K // 2)
+
+
+def test_a_bent_peak_is_extrapolated_from_the_largest_probes_and_said() -> None:
+    # backward: flat at small sizes (the gradients hold its peak), 100 per sample from 4 on (activations)
+    m = [_step(2, 1000 + 50 * 2, 2000), _step(4, 1000 + 50 * 4, 2000), _step(8, 1000 + 50 * 8, 2400)]
+    e = build_estimate(
+        m,
+        batch_sizes=[4, 6, 32],
+        parameters=100,
+        gradients=100,
+        optimizer_state=0,
+        weights_only=100,
+        training=True,
+        model="M",
+        device="cpu",
+        measured_on="cpu",
+    )
+    assert e.peak(4) == 2000 * K  # measured sizes are exact
+    assert e.peak(6) == 2200 * K  # between two, on the segment joining them
+    assert (
+        e.peak(32) == (2400 + 100 * 24) * K
+    )  # beyond, on the largest probes' line (a line through all: 4736)
+    assert any("not linear" in n and "batch size 4" in n for n in e.notes)
+    straight = [_step(b, 1000 + 50 * b, 1500 + 60 * b) for b in (2, 4, 8)]
+    e2 = build_estimate(
+        straight,
+        batch_sizes=[32],
+        parameters=100,
+        gradients=100,
+        optimizer_state=0,
+        weights_only=100,
+        training=True,
+        model="M",
+        device="cpu",
+        measured_on="cpu",
+    )
+    assert e2.peak(32) == (1500 + 60 * 32) * K and not any("not linear" in n for n in e2.notes)
+
+
+def test_probes_grow_toward_the_asked_size_and_predict_it() -> None:
+    """The example's batch (2) is far below the asked size (32): estimate() probes 2, 4, 8 and 16 and the
+    prediction at 32 is the measured peak (exact ledger); explicit probe_sizes are kept as given."""
+    make, data = CASES["transformer"]
+    torch.manual_seed(0)
+    model = make()
+    est = estimate(model, data(2), optimizer="adamw", batch_sizes=[32], device="cpu")
+    assert est.measured_at == (2, 4, 8, 16)
+    for training in (True, False):
+        measured = _measured_peak(model, data(32), training)
+        predicted = est.peak(32, "training" if training else "inference")
+        assert predicted is not None and abs(predicted - measured) <= 0.03 * measured, (training, predicted)
+    given = estimate(model, data(2), optimizer="adamw", batch_sizes=[32], device="cpu", probe_sizes=(2, 4))
+    assert given.measured_at == (2, 4)

@@ -83,17 +83,17 @@ def test_activations_equal_the_bytes_saved_for_backward(name: str, optimizer: st
     make, data = MODELS[name]
     torch.manual_seed(0)
     model = make()
-    sizes = [4, 8, 32]  # 4 and 8 are measured, 32 extrapolated
+    sizes = [4, 8, 32]  # 4, 8 and (probing up to half the largest) 16 are measured, 32 extrapolated
     est = estimate(model, data(4), optimizer=optimizer, batch_sizes=sizes, device="cpu")
     rows = _training(est)
     assert [r.batch_size for r in rows] == sizes
-    direct = {bs: saved_for_backward(make(), data(bs)) for bs in sizes}
+    direct = {bs: saved_for_backward(make(), data(bs)) for bs in [*sizes, 16]}
     for r in rows:
         # exact: the same storages, counted once, at the measured sizes and (linear) at the extrapolated one
         assert r.activations == direct[r.batch_size], (name, optimizer, r, direct)
-    assert [m.saved_for_backward for m in est.measurements] == [direct[4], direct[8]]
+    assert [m.saved_for_backward for m in est.measurements] == [direct[4], direct[8], direct[16]]
     assert 0 < rows[0].activations < rows[1].activations < rows[2].activations  # they grow with the batch
-    assert est.activations_per_sample == pytest.approx((direct[8] - direct[4]) / 4)
+    assert est.activations_per_sample == pytest.approx((direct[16] - direct[8]) / 8)
     for r in rows:
         fixed = r.parameters + r.gradients + r.optimizer_state + r.temporaries
         if r.activations_in_peak:

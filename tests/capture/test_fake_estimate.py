@@ -403,3 +403,68 @@ def test_the_transformer_inference_fast_path_is_counted_on_a_gpu() -> None:
     hidden = 8 * 128 * 512 * 4
     assert (gpu.peak(8, "inference") or 0) - (cpu.peak(8, "inference") or 0) >= hidden
     assert torch._transformer_encoder_layer_fwd is fused
+
+
+def _blocks4() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        *[
+            torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+            for _ in range(4)
+        ]
+    )
+
+
+def _fsdp_estimate() -> TargetEstimate:
+    return estimate_fake(
+        _blocks4,
+        lambda bs: torch.randn(bs, 64),
+        optimizer="adamw",
+        batch_sizes=[8],
+        target=BARE,
+        sharding="fsdp",
+        world_size=2,
+    )
+
+
+def test_fsdp2_on_a_fake_process_group_runs_and_leaves_nothing_behind(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The FSDP2 run (off by default: see ``_FSDP_ON_FAKE_GROUP``) shards the fake model per rank, and the
+    fake process group and the storage-resize hook are gone afterwards."""
+    import torch.distributed as dist
+
+    import torchmem.capture.fake as fake
+
+    if not dist.is_available() or fake._fully_shard() is None:
+        pytest.skip("needs torch.distributed and FSDP2")
+    monkeypatch.setattr(fake, "_FSDP_ON_FAKE_GROUP", True)
+    resize = torch.UntypedStorage.resize_
+    est = _fsdp_estimate()
+    if not any(n.startswith("FSDP2 ran") for n in est.notes):
+        pytest.skip(f"no fake process group in this torch: {est.notes}")
+    assert not dist.is_initialized() and torch.UntypedStorage.resize_ is resize
+    whole = sum(p.numel() * 4 for p in _blocks4().parameters())
+    assert est.parameters == pytest.approx(whole / 2, abs=4096)  # rank 0's shards
+    assert (est.peak(8) or 0) > est.parameters
+
+
+def test_fsdp_never_touches_a_process_group_the_user_has(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch.distributed as dist
+
+    import torchmem.capture.fake as fake
+
+    if not dist.is_available() or fake._fully_shard() is None:
+        pytest.skip("needs torch.distributed and FSDP2")
+    try:
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+    except ImportError:
+        pytest.skip("no fake process group in this torch")
+    monkeypatch.setattr(fake, "_FSDP_ON_FAKE_GROUP", True)
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=4)
+    try:
+        group = dist.group.WORLD
+        est = _fsdp_estimate()
+        assert dist.is_initialized() and dist.group.WORLD is group and dist.get_rank() == 1
+        assert any("arithmetic" in n and "already initialised" in n for n in est.notes)
+    finally:
+        dist.destroy_process_group()

@@ -35,7 +35,9 @@ def _search() -> BatchSizeResult:
 
 
 def _estimate() -> MemoryEstimate:
-    return torchmem.estimate(_mlp(), torch.randn(4, 64), optimizer="adamw", batch_sizes=[1, 64, 4096])
+    return torchmem.estimate(
+        _mlp(), torch.randn(4, 64), optimizer="adamw", batch_sizes=[1, 64, 4096], probe_sizes=(4, 8)
+    )
 
 
 def _through_json(d: dict[str, Any]) -> Any:

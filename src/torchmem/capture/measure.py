@@ -7,7 +7,9 @@ The user's model, its gradients, any optimizer passed in, the training/eval mode
 left as they were.
 
 Cost: one deep copy of the model (and a fresh optimizer for it) on the target device, and per probe size one
-inference forward plus two training steps (a warm-up and the measured one), each phase under a tracker. The
+inference forward plus two training steps (a warm-up and the measured one; on the CPU one after the first
+size), each phase under a tracker. Probe sizes double from the example's toward half the largest size asked
+for, within the free memory and 15 s. The
 fit itself is :func:`torchmem.analysis.estimate.build_estimate`; the result is a
 :class:`torchmem.results.fit.MemoryEstimate`.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
@@ -155,11 +158,12 @@ def _measure_training(
     dev: torch.device,
     loss_fn: Callable[[Any], torch.Tensor],
     autocast: Callable[[], Any],
+    warmup: bool = True,
 ) -> dict[str, int | None]:
     figures: dict[str, int | None] = {}
     model.train()
     own = {int(t.untyped_storage()._cdata) for t in [*model.parameters(), *model.buffers()]}
-    for measured in (False, True):  # the first step creates optimizer state and workspaces
+    for measured in (False, True) if warmup else (True,):  # the first creates optimizer state, workspaces
         f: dict[str, int | None] = figures if measured else {}
         saved = _SavedForBackward(own)
         with _phase(dev, f, "forward"), saved.counting(), autocast():
@@ -196,6 +200,68 @@ def _measurement(
         before_inference=rel(inf.get("inference_before")),
         saved_for_backward=tr.get("saved"),
     )
+
+
+_LADDER_SECONDS = 15.0  # probing beyond the first two sizes stops when the next would pass this
+_LADDER_STEPS = 4  # and after this many more sizes (up to 32 times the example's batch)
+
+
+def _room(be: Any, dev: torch.device) -> int | None:
+    """Bytes a probe may still take on ``dev``: free device memory plus what the cache holds unused, under
+    any per-process cap; ``None`` when unknown."""
+    try:
+        info = be.mem_info()
+        hot = be.hot()
+        cap = ops.memory_limit(dev)
+    except Exception:
+        return None
+    if info is None:
+        return None
+    room = int(info[0]) + max((hot.reserved or 0) - (hot.allocated or 0), 0)
+    if cap is not None:
+        room = min(room, cap - (hot.allocated or 0))
+    return room
+
+
+def _probe(
+    first: Sequence[int],
+    limit: int,
+    measure: Callable[[int], int | None],
+    be: Any,
+    dev: torch.device,
+    origin: int,
+) -> str | None:
+    """Measure the ``first`` sizes, then double the largest (at most ``_LADDER_STEPS`` times) while it
+    stays within ``limit``, the next probe's predicted peak (the line through the last two) takes at most
+    half of :func:`_room`, and the time spent probing beyond ``first`` stays under ``_LADDER_SECONDS``.
+    Returns a note when memory or time stopped it short of ``limit``."""
+    done: list[tuple[int, int]] = []
+    for m in first:
+        peak = measure(m)
+        if peak is not None:
+            done.append((m, peak - origin))
+    spent = 0.0
+    last_took = 0.0
+    while len(done) >= 2:
+        (x0, y0), (x1, y1) = done[-2], done[-1]
+        nxt = 2 * x1
+        if nxt > limit or len(done) >= len(first) + _LADDER_STEPS:
+            return None
+        slope = max((y1 - y0) / (x1 - x0), 0.0)
+        grow = slope * (nxt - x1)
+        room = _room(be, dev)
+        if room is not None and y1 + grow - ((be.hot().allocated or 0) - origin) > room // 2:
+            return f"probing stopped at batch size {x1}: batch size {nxt} might not fit in the free memory"
+        if last_took and spent + 2.5 * last_took > _LADDER_SECONDS:
+            return f"probing stopped at batch size {x1} (time budget); larger sizes are extrapolated"
+        t0 = time.perf_counter()
+        peak = measure(nxt)
+        last_took = time.perf_counter() - t0
+        spent += last_took
+        if peak is None:
+            return None
+        done.append((nxt, peak - origin))
+    return None
 
 
 _FAKE_DEVICES = ("fake", "meta")
@@ -273,7 +339,7 @@ def estimate(
 ) -> MemoryEstimate:
     """Predict the peak memory of training and inference steps at several batch sizes.
 
-    **Two ways.** Measured (the default): two small real steps on a copy of the model on ``device``.
+    **Two ways.** Measured (the default): small real steps on a copy of the model on ``device``.
     Device-free: with ``target=`` (a GPU name such as ``"H100-80GB"``), ``device="fake"``/``"meta"``, a
     model factory instead of a model, or a model on the ``meta`` device, nothing runs on any device: the
     model runs under fake tensors (:func:`torchmem.capture.fake.estimate_fake`) and the result is a
@@ -288,13 +354,20 @@ def estimate(
         >>> est.fits
         True
 
-    Two small steps run for real on a copy of ``model`` on ``device`` (default: the model's device), at
-    the example's batch size and twice that (``probe_sizes`` to choose). Each step is measured phase by
-    phase (forward, backward, optimizer step; then an inference forward in eval mode under
+    Small steps run for real on a copy of ``model`` on ``device`` (default: the model's device), at
+    the example's batch size and twice that, then at twice the largest again (up to four more) while
+    it stays within half the largest size asked for, the next one's predicted peak takes at most half
+    the free memory, and probing stays within 15 s (``probe_sizes`` to choose them yourself): peaks
+    measured at small sizes bend (the CUDA allocator rounds tensors of a few MiB up by as much as
+    1 MiB; the moment of the backward peak moves as activations outgrow gradients), so the line is
+    taken where the asked sizes are. On CUDA the cuBLAS workspaces are freed first, so the probes make
+    them again and they are in the figures, as in a process running only this model. Each step is
+    measured phase by phase (forward, backward, optimizer step; then an inference forward in eval mode under
     ``inference_mode``) — on CUDA with the caching allocator's peak like :func:`torchmem.track` (torch's
     peak counters are reset at each phase), on the CPU with the exact ledger — after a first warm-up
-    step, so optimizer state and library workspaces are in the figures. Each phase's peak is fitted
-    linearly in the batch size and extrapolated; the training peak is the largest phase. Activations are
+    step, so optimizer state and library workspaces are in the figures. Each phase's peak is read
+    piecewise linearly through the probes and extrapolated from the two largest (a note says where
+    the three largest are not on one line); the training peak is the largest phase. Activations are
     the bytes autograd saves for backward in the measured forward (``saved_tensors_hooks``: each storage
     once, the model's parameters and buffers excluded, the input batch included when a layer saves it):
     exact at the measured sizes, fitted linearly elsewhere, and reported in every training row, also where
@@ -317,7 +390,7 @@ def estimate(
         dtype: Cast the copy to this dtype first (e.g. ``torch.bfloat16``).
         amp: Run forward under ``torch.autocast`` with this dtype.
         loss_fn: ``output -> scalar loss`` (default: :func:`default_loss`).
-        probe_sizes: The two (or more) batch sizes to measure.
+        probe_sizes: The two (or more) batch sizes to measure (default: probed as above).
         target: The GPU to estimate for without a device (see above and
             :func:`torchmem.capture.fake.estimate_fake` for ``checkpoint``, ``grad_accum``, ``sharding``,
             ``world_size``, ``generate_tokens``).
@@ -400,12 +473,24 @@ def estimate(
             for t in [*model.parameters(), *model.buffers()]
         )
     notes: list[str] = []
+    # Probes up to half the largest size asked for (the example's size and twice that, then doubling while
+    # the next one fits in half the free memory and the time budget): small probes bend the line (at
+    # small sizes the CUDA allocator's blocks round tensors of a few MiB up by as much as 1 MiB, and the
+    # moment of the backward peak moves), so the fit is made where the asked sizes are.
+    limit = 0 if probe_sizes is not None else max(sizes) // 2
     measurements: list[StepMeasurement] = []
+    inference: dict[int, dict[str, int | None]] = {}
+    training_figs: dict[int, dict[str, int | None]] = {}
     with ExitStack() as stack:
         stack.enter_context(torch.random.fork_rng(devices=cuda_devices))
         if dev.type == "cpu":
             stack.enter_context(ledger().enabled())
         gc.collect()
+        if dev.type == "cuda":
+            # The cuBLAS workspaces count, as in a process running only this model: earlier GEMMs'
+            # are freed here and made again by the probes' first GEMMs (in the figures).
+            ops.synchronize(dev)
+            ops.clear_blas_workspaces(dev)
         ops.empty_cache(dev)
         hot = be.hot()
         origin = hot.allocated or 0
@@ -417,26 +502,37 @@ def estimate(
         opt = _make_optimizer(optimizer, model, twin) if training else None
         params = _storage_bytes(iter(twin.parameters()))
         grads = _storage_bytes(iter([p for p in twin.parameters() if p.requires_grad]))
+        work: dict[str, Any] = {"model": twin, "opt": opt}  # dropped with them in the end
+
+        def infer(m: int) -> int | None:
+            batch = _resize(example_inputs, b0, m, dev)
+            inference[m] = _measure_inference(work["model"], batch, dev, autocast)
+            return inference[m].get("inference_peak")
+
+        def train(m: int) -> int | None:
+            batch = _resize(example_inputs, b0, m, dev)
+            warm = not training_figs or dev.type != "cpu"  # the CPU ledger has no workspaces to make
+            f = _measure_training(work["model"], work["opt"], batch, dev, loss, autocast, warm)
+            training_figs[m] = f
+            vals = [f[k] for k in ("forward_peak", "backward_peak", "step_peak") if f.get(k) is not None]
+            return max(v for v in vals if v is not None) if vals else None
+
         try:
             # Inference first, while the copy holds only its weights (as an inference process does).
-            inference = []
-            for m in probes:
-                batch = _resize(example_inputs, b0, m, dev)
-                inference.append(_measure_inference(twin, batch, dev, autocast))
-                del batch
-            for m, inf in zip(probes, inference):
-                tr: dict[str, int | None] = {}
-                if training:
-                    batch = _resize(example_inputs, b0, m, dev)
-                    tr = _measure_training(twin, opt, batch, dev, loss, autocast)
-                    del batch
-                measurements.append(_measurement(m, inf, tr, origin))
+            stopped = _probe(probes, limit, infer, be, dev, origin)
+            if training:
+                stopped = _probe(probes, limit, train, be, dev, origin) or stopped
+            if stopped:
+                notes.append(stopped)
+            for m in sorted({*inference, *training_figs}):
+                measurements.append(_measurement(m, inference.get(m, {}), training_figs.get(m, {}), origin))
             state = 0
             if opt is not None:
                 state = _storage_bytes(
                     iter([v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)])
                 )
         finally:
+            work.clear()
             del opt, twin
             gc.collect()
             ops.empty_cache(dev)
