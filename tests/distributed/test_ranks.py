@@ -1,5 +1,6 @@
 """Distributed runs on the CPU with gloo: per-rank captures, the merged report, a leak on one rank, an OOM on
-one rank with every rank's state, a killed rank, followed child processes, gather_stats, find_batch_size.
+one rank with every rank's state, a rank killed under torchrun (the other stopped by torchrun's SIGTERM, its
+capture complete), followed child processes, gather_stats, find_batch_size.
 
 Each job is launched once (module fixtures) and shared by the assertions on it: spawning ranks is slow. The
 three jobs start together and run side by side.
@@ -66,10 +67,10 @@ class _Job:
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Job]]:
-    """The module's three jobs, started together when the first is needed: each is mostly interpreter and
+    """The module's four jobs, started together when the first is needed: each is mostly interpreter and
     torch start-up in several processes, and they share nothing (their own folders, rendezvous ports and
     OOM flags), so they overlap instead of running one after the other."""
-    ddp, oom, workers = (tmp_path_factory.mktemp(n) for n in ("ddp", "oom", "workers"))
+    ddp, oom, workers, killed = (tmp_path_factory.mktemp(n) for n in ("ddp", "oom", "workers", "killed"))
     started = {
         "ddp": _Job(
             [
@@ -94,6 +95,22 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Job]]:
         ),
         "workers": _Job(
             ["-m", "torchmem", "run", "--no-status", "-o", "w.jsonl", str(PROGRAMS / "workers.py")], workers
+        ),
+        "killed": _Job(
+            [
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node=2",
+                "-m",
+                "torchmem",
+                "run",
+                "--no-status",
+                "-o",
+                "k.jsonl",
+                str(PROGRAMS / "killed_rank.py"),
+            ],
+            killed,
         ),
     }
     yield started
@@ -192,12 +209,52 @@ def test_the_rank_the_launcher_stopped_is_named(oom_job) -> None:  # type: ignor
     d, _ = oom_job
     merged = merge_captures([read_capture(d / f"job.rank{k}.jsonl") for k in range(2)])
     rows = {r.label: r for r in merged.rows}
-    # rank 0 is stopped by torchrun's SIGTERM (no end record) or fails first in gloo ("connection closed")
-    if rows["rank 0"].finished:
-        assert any(s.startswith("rank 0 failed: exception") for s in merged.stopped)
-    else:
-        assert any(s.startswith("rank 0 stopped early") for s in merged.stopped)
-    assert any(s.startswith("rank 1 failed: oom") for s in merged.stopped)
+    # rank 0 fails in gloo ("connection closed") or torchrun's SIGTERM stops it: either way its capture is
+    # complete, and the report says it stopped after rank 1, the first to stop
+    assert rows["rank 0"].finished
+    assert merged.first_stopped == "rank 1"
+    assert (
+        merged.stopped[0].startswith("rank 1 failed: oom") and "the first rank to stop" in merged.stopped[0]
+    )
+    assert merged.stopped[1].startswith(("rank 0 failed: exception", "rank 0 terminated by SIGTERM"))
+    assert "after rank 1 failed" in merged.stopped[1]
+
+
+# -- torchrun: rank 1 is killed (SIGKILL) mid-run, torchrun's agent stops rank 0 with SIGTERM ---------------
+@pytest.fixture(scope="module")
+def killed_job(jobs: dict[str, _Job]) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    return jobs["killed"].cwd, jobs["killed"].result(timeout=90)  # no hang: rank 0 is stopped, not left
+
+
+def test_a_rank_killed_mid_run_the_other_s_capture_is_complete(killed_job) -> None:  # type: ignore[no-untyped-def]
+    d, r = killed_job
+    assert r.returncode == 1  # torchrun: a rank failed
+    assert "exitcode  : -9" in r.stderr and "exitcode  : -15" in r.stderr  # each died of its signal
+    rank0, rank1 = (read_capture(d / f"k.rank{k}.jsonl") for k in range(2))
+    assert rank1.end is None and rank1.step_count == 8  # killed: what it wrote up to then is read
+    assert rank0.end is not None and (rank0.end.reason, rank0.end.exit_code) == ("signal", -15)
+    assert rank0.end.steps == 8 and rank0.truncated is None
+    assert any(s.when == "end" for s in rank0.stats) and rank0.leaks  # the end reading and a leak verdict
+    assert "ended by SIGTERM (exit code -15)" in r.stderr  # rank 0's summary
+    # as without torchmem: no exception raised into the program (its finally does not run)
+    assert "rank 0 evaluates" in r.stdout and "finally" not in r.stdout
+
+
+def test_the_merged_report_names_the_rank_that_stopped_first(killed_job) -> None:  # type: ignore[no-untyped-def]
+    d, _ = killed_job
+    merged = merge_captures([read_capture(d / f"k.rank{k}.jsonl") for k in range(2)])
+    rows = {r.label: r for r in merged.rows}
+    assert rows["rank 0"].ended == "terminated by SIGTERM" and not rows["rank 1"].finished
+    assert merged.first_stopped == "rank 1"
+    first, then = merged.stopped
+    assert first.startswith("rank 1 stopped early at step 8 (killed: no end record")
+    assert "the first rank to stop" in first
+    assert then.startswith("rank 0 terminated by SIGTERM at step 8, ") and "after rank 1 stopped" in then
+    text = _report(d, "k.rank0.jsonl", "k.rank1.jsonl")
+    assert "STOPPED: rank 1 stopped early at step 8" in text
+    assert "STOPPED: rank 0 terminated by SIGTERM" in text
+    again = type(merged).from_dict(json.loads(json.dumps(merged.to_dict())))
+    assert again == merged
 
 
 # -- child processes: followed, each with its own capture; one is killed mid-run --------------------------
@@ -209,12 +266,13 @@ def workers_job(jobs: dict[str, _Job]) -> tuple[Path, subprocess.CompletedProces
 def test_children_that_train_record_their_own_captures(workers_job) -> None:  # type: ignore[no-untyped-def]
     d, r = workers_job
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "exit codes [0, 0, -9]" in r.stdout
+    assert "exit codes [0, 0, -9]" in r.stdout and "terminated -15" in r.stdout
     assert sorted(p.name for p in d.glob("w*.jsonl")) == [
         "w.jsonl",
         "w.proc0.jsonl",
         "w.proc1.jsonl",
         "w.proc2.jsonl",
+        "w.proc3.jsonl",
     ]
     # the parent's summary says where the work went, instead of "0 steps, peak 0 B" alone
     assert "each recorded its own capture" in r.stderr and "w.proc0.jsonl" in r.stderr
@@ -225,11 +283,16 @@ def test_children_that_train_record_their_own_captures(workers_job) -> None:  # 
 
 def test_a_child_killed_mid_run_is_named_and_the_others_are_complete(workers_job) -> None:  # type: ignore[no-untyped-def]
     d, _ = workers_job
-    caps = [read_capture(d / n) for n in ("w.jsonl", "w.proc0.jsonl", "w.proc1.jsonl", "w.proc2.jsonl")]
-    assert [c.finished for c in caps] == [True, True, True, False]
+    names = ("w.jsonl", "w.proc0.jsonl", "w.proc1.jsonl", "w.proc2.jsonl", "w.proc3.jsonl")
+    caps = [read_capture(d / n) for n in names]
+    assert [c.finished for c in caps] == [True, True, True, False, True]
+    # the child the program stopped with terminate() closed its capture first, then died of SIGTERM
+    end = caps[4].end
+    assert end is not None and (end.reason, end.exit_code) == ("signal", -15) and (end.steps or 0) >= 6
     merged = merge_captures(caps)
-    assert [r.label for r in merged.rows] == ["main", "proc 0", "proc 1", "proc 2"]
-    assert len(merged.stopped) == 1 and merged.stopped[0].startswith("proc 2 stopped early")
+    assert [r.label for r in merged.rows] == ["main", "proc 0", "proc 1", "proc 2", "proc 3"]
+    assert merged.stopped[0].startswith("proc 2 stopped early at step")
+    assert merged.stopped[1].startswith("proc 3 terminated by SIGTERM at step")
     text = _report(d, *(c.path for c in caps))
     assert "STOPPED: proc 2 stopped early" in text
 
@@ -330,3 +393,24 @@ def test_contexts_of_other_ranks_on_gpu_0_and_a_cache_skew_are_called_out(tmp_pa
     assert "rank 1 reserves 3.00 GiB more than it allocates" in text
     again = type(merged).from_dict(json.loads(json.dumps(merged.to_dict())))
     assert again == merged
+
+
+def test_ranks_all_terminated_by_a_signal_have_no_first_rank(tmp_path: Path) -> None:
+    """A job stopped from outside (SLURM's time limit: SIGTERM to every rank): no rank is named the cause."""
+    from torchmem.capture.file import CaptureWriter
+
+    for k in range(2):
+        w = CaptureWriter(
+            tmp_path / f"s{k}.jsonl",
+            device="cpu",
+            source="ledger",
+            rank={"rank": k, "world_size": 2, "local_rank": k, "launcher": "slurm", "host": "h", "job": "j"},
+        )
+        w.sample(step=3, allocated=1 << 20, reserved=None, peak_allocated=1 << 20, peak_reserved=None)
+        w.close(exit_code=-15, reason="signal", steps=3)
+    merged = merge_captures([read_capture(tmp_path / f"s{k}.jsonl") for k in range(2)])
+    assert merged.first_stopped is None
+    assert merged.stopped == (
+        "rank 0 terminated by SIGTERM at step 3",
+        "rank 1 terminated by SIGTERM at step 3",
+    )

@@ -12,7 +12,7 @@ from typing import Any
 
 from torchmem._format import fmt_bytes
 from torchmem.results.capture import Capture, final_leak, run_facts, stats_record
-from torchmem.results.ranks import FirstOOM, MergedReport, NcclEstimate, RankRow, RankState
+from torchmem.results.ranks import FirstOOM, MergedReport, NcclEstimate, RankRow, RankState, ended_text
 from torchmem.results.stats import MemoryStats
 
 # An imbalance worth saying: the largest figure this much above the median, and by at least this many bytes.
@@ -68,11 +68,10 @@ def _row(cap: Capture) -> RankRow:
     leak_text = (
         str(leak) if leak is not None else ("leak verdict: recorded, not readable" if cap.leaks else "")
     )
-    if not cap.finished:
+    if cap.end is None:
         ended = "stopped early (no end record)"
     else:
-        assert cap.end is not None
-        ended = cap.end.reason.replace("_", " ") + (f" ({cap.end.exit_code})" if cap.end.exit_code else "")
+        ended = ended_text(cap.end.reason, cap.end.exit_code)
     nccl = None
     if cap.ranks and cap.ranks[-1].nccl:
         try:
@@ -92,6 +91,7 @@ def _row(cap: Capture) -> RankRow:
         finished=cap.finished,
         ended=ended,
         exit_code=cap.end.exit_code if cap.end is not None else None,
+        stopped_at=_stopped_at(cap),
         steps=facts.steps,
         seconds=facts.seconds,
         peak_allocated=cap.peak_allocated,
@@ -185,20 +185,78 @@ def _context_bytes(cap: Capture, rows: list[RankRow], row: RankRow) -> int:
     return sum(p.used or 0 for p in st.other_processes if p.pid in pids)
 
 
-def _stopped(caps: Sequence[Capture], rows: list[RankRow], world: int | None) -> list[str]:
+def _stopped_at(cap: Capture) -> float | None:
+    """When the rank stopped (wall clock): its end reading (taken as the program ended), else the end
+    record, else (killed) its last record."""
+    if cap.started is None:
+        return None
+    end_reading = [r.t for r in cap.stats if r.when == "end"]
+    if end_reading:
+        return cap.started + end_reading[-1]
+    if cap.end is not None:
+        return cap.started + cap.end.t
+    return cap.started + (cap.duration or 0.0)
+
+
+def _abnormal(r: RankRow) -> bool:
+    return not r.finished or r.exit_code not in (0, None)
+
+
+def _by_signal(r: RankRow) -> bool:
+    return r.finished and r.ended.startswith("terminated by ")
+
+
+def _launched(cap: Capture) -> bool:
+    """A rank its launcher started (torchrun, SLURM, MPI): when one fails, the launcher stops the others.
+    Followed child processes are not: their program stops them, for its own reasons."""
+    return str((cap.rank or {}).get("launcher") or "") not in ("", "spawn")
+
+
+def _first_stopped(caps: Sequence[Capture], rows: list[RankRow]) -> RankRow | None:
+    """The rank that stopped first when other ranks of its launcher stopped after it: killed (no end
+    record) or failed, never one terminated by a signal (a launcher's SIGTERM to every rank has no cause
+    among them)."""
+    timed = [r for c, r in zip(caps, rows) if _launched(c) and _abnormal(r) and r.stopped_at is not None]
+    causes = sorted((r for r in timed if not _by_signal(r)), key=lambda r: r.stopped_at or 0.0)
+    if not causes:
+        return None
+    first = causes[0]
+    after = [r for r in timed if r is not first and (r.stopped_at or 0.0) >= (first.stopped_at or 0.0)]
+    return first if after else None
+
+
+def _gap(first: RankRow | None, r: RankRow) -> float | None:
+    """Seconds ``r`` stopped after ``first`` (``None``: it is the first, or not known to be after it)."""
+    if first is None or r is first or first.stopped_at is None or r.stopped_at is None:
+        return None
+    return r.stopped_at - first.stopped_at if r.stopped_at >= first.stopped_at else None
+
+
+def _stopped(
+    caps: Sequence[Capture], rows: list[RankRow], world: int | None, first: RankRow | None
+) -> list[str]:
     out: list[str] = []
     done = [r for r in rows if r.finished]
-    for cap, r in zip(caps, rows):
+    pairs = sorted(zip(caps, rows), key=lambda cr: cr[1] is not first)  # the first rank to stop goes first
+    for cap, r in pairs:
+        at = f" at step {r.steps}" if r.steps is not None else ""
+        after = ""
+        gap = _gap(first, r) if _abnormal(r) and _launched(cap) else None
+        if first is not None and gap is not None:
+            after = f", {gap:.1f} s after {first.label} {'stopped' if not first.finished else 'failed'}"
+        cause = ": the first rank to stop" if r is first else ""
         if not r.finished:
             last = max([s.t for s in cap.samples] + [s.t for s in cap.steps] + [0.0])
-            others = " (other ranks wrote their end record)" if done else ""
+            others = " (other ranks wrote their end record)" if done and not after and not cause else ""
             out.append(
-                f"{r.label} stopped early{others}: its capture has no end record (the process was killed, "
-                f"by a signal or by the launcher after another rank failed); last reading at {last:.2f} s, "
-                f"step {r.steps if r.steps is not None else 'n/a'}"
+                f"{r.label} stopped early{at} (killed: no end record, last reading at {last:.2f} s){others}"
+                f"{after}{cause}; SIGKILL, a crash or the kernel's OOM killer ends a process without one"
             )
+        elif _by_signal(r):
+            why = " (a launcher stops the other ranks when one fails)" if after else ""
+            out.append(f"{r.label} {r.ended}{at}{after}{why}")
         elif r.exit_code not in (0, None):
-            out.append(f"{r.label} failed: {r.ended}")
+            out.append(f"{r.label} failed: {r.ended}{at}{after}{cause}")
     if world:
         seen = {r.rank for r in rows if r.rank is not None}
         missing = [k for k in range(world) if k not in seen]
@@ -296,13 +354,15 @@ def merge_captures(caps: Sequence[Capture]) -> MergedReport:
     dup = {r.label for r in rows if sum(1 for x in rows if x.label == r.label) > 1}
     if dup:
         notes.append(f"several captures of {', '.join(sorted(dup))}: runs of different jobs mixed?")
+    first = _first_stopped(caps, rows)
     return MergedReport(
         rows=tuple(rows),
         world_size=world,
         imbalance=tuple(_imbalance(caps, rows)),
-        stopped=tuple(_stopped(caps, rows, world)),
+        stopped=tuple(_stopped(caps, rows, world, first)),
         first_oom=_first_oom(caps, rows),
         notes=tuple(notes),
+        first_stopped=first.label if first is not None else None,
     )
 
 

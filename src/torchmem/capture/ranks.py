@@ -338,6 +338,7 @@ class FollowedTarget:
             session = None
         if session is None:
             return self.target(*args, **kwargs)
+        guard = _finish_on_signal(session, self.index)
         code: int | None = 0
         reason, error = "exit", cast("BaseException | None", None)
         try:
@@ -352,10 +353,25 @@ class FollowedTarget:
             code, reason, error = 1, "exception", e
             raise
         finally:
-            try:
-                session.finish(code, reason, error)
-            except Exception as exc:
-                print(f"torchmem: child {self.index}'s capture could not be closed ({exc})", file=sys.stderr)
+            with guard.holding():  # a SIGTERM now (p.terminate()) waits for the capture to be closed
+                try:
+                    session.finish(code, reason, error)
+                except Exception as exc:
+                    print(
+                        f"torchmem: child {self.index}'s capture could not be closed ({exc})", file=sys.stderr
+                    )
+            guard.remove()
+
+
+def _finish_on_signal(session: Any, index: int) -> Any:
+    """A followed child stopped with SIGTERM (``p.terminate()``) or SIGHUP closes its capture (end record
+    "signal", exit code -N), then dies of the signal as it would have (:mod:`torchmem.capture.signals`)."""
+    from torchmem.capture.signals import SignalGuard
+
+    def on_signal(signum: int) -> None:
+        session.finish(-signum, "signal", None)
+
+    return SignalGuard(on_signal).install()
 
 
 _SKIP_TARGET_MODULES = (

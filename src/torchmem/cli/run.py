@@ -521,6 +521,10 @@ def _launch(args: argparse.Namespace, program_argv: list[str], name: str, err: T
     except Exception as exc:  # torchrun's ChildFailedError: the first failed rank's exit code
         failures = getattr(exc, "failures", None) or {}
         codes = [getattr(f, "exitcode", 1) for f in failures.values()]
+        try:  # the root cause (earliest), not the ranks torchrun stopped after it (-15: SIGTERM)
+            codes.insert(0, getattr(exc.get_first_failure()[1], "exitcode", 1))  # type: ignore[attr-defined]
+        except Exception:
+            pass
         code = next((c for c in codes if c), 1)
         if code < 0:  # killed by a signal
             code = 128 - code
@@ -624,21 +628,50 @@ def run_session(
             capture = another_name()  # another run took this name a moment ago
     outcome = Outcome(1, "exception", None)
     saved_main: list[Any] = []
+    guard = _finish_on_signal(session, capture, html, err, quiet, force)
     try:
         outcome = execute(program, err, saved_main)
     finally:
-        try:
-            result = session.finish(outcome.exit_code, outcome.reason, outcome.exc)
-        finally:
-            if saved_main and saved_main[0] is not None:
-                sys.modules["__main__"] = saved_main[0]  # the program's namespace goes only now
-            saved_main.clear()
-        outcome.exc = None
+        with guard.holding():  # a SIGTERM now waits for the capture to be complete, then ends the process
+            try:
+                result = session.finish(outcome.exit_code, outcome.reason, outcome.exc)
+            finally:
+                if saved_main and saved_main[0] is not None:
+                    sys.modules["__main__"] = saved_main[0]  # the program's namespace goes only now
+                saved_main.clear()
+            outcome.exc = None
+            if not quiet:
+                _summary(result, err)
+            if html is not None:
+                _write_html(capture, html, err, force)
+        guard.remove()
+    return outcome.exit_code, result
+
+
+def _finish_on_signal(
+    session: Any, capture: str, html: str | None, err: TextIO, quiet: bool, force: bool
+) -> Any:
+    """SIGTERM / SIGHUP (a launcher stopping this rank, a closed terminal), where the program leaves them at
+    their default: the capture is finished (end record "signal", exit code -N, the summary), then the process
+    dies of the signal as it would have without torchmem."""
+    from torchmem.capture.signals import SignalGuard
+
+    def on_signal(signum: int) -> None:
+        result = session.finish(-signum, "signal", None)
         if not quiet:
             _summary(result, err)
         if html is not None:
             _write_html(capture, html, err, force)
-    return outcome.exit_code, result
+
+    return SignalGuard(on_signal).install()
+
+
+def _ended(reason: str, exit_code: int | None) -> str:
+    if reason == "signal" and exit_code is not None and exit_code < 0:
+        from torchmem.capture.signals import signal_name
+
+        return signal_name(-exit_code)  # "ended by SIGTERM (exit code -15)"
+    return reason
 
 
 def _summary(result: Any, err: TextIO) -> None:
@@ -648,7 +681,7 @@ def _summary(result: Any, err: TextIO) -> None:
         f"torchmem: {result.steps} steps in {result.seconds:.1f} s, peak allocated "
         f"{fmt_bytes(result.peak_allocated)}"
         + (f", peak reserved {fmt_bytes(result.peak_reserved)}" if result.peak_reserved is not None else "")
-        + f"; ended by {result.reason}"
+        + f"; ended by {_ended(result.reason, result.exit_code)}"
         + (f" (exit code {result.exit_code})" if result.exit_code else "")
     ]
     leak = result.leak

@@ -518,8 +518,13 @@ def run_facts(cap: Capture) -> RunFacts:
     if cap.end is None:
         ended = "not finished: no end record (the run was killed, or is still running)"
     else:
+        from torchmem.results.ranks import ended_text
+
         code = "n/a" if cap.end.exit_code is None else str(cap.end.exit_code)
-        ended = f"{cap.end.reason.replace('_', ' ')} (exit code {code})"
+        how = cap.end.reason.replace("_", " ")
+        if cap.end.reason == "signal":
+            how = ended_text(cap.end.reason, cap.end.exit_code)  # "terminated by SIGTERM"
+        ended = f"{how} (exit code {code})"
     versions = ", ".join(f"{k} {h[k]}" for k in ("torchmem", "torch", "python") if h.get(k) is not None)
     return RunFacts(
         program=program,

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -209,7 +210,11 @@ class RankRow:
     device: str = ""
     finished: bool = True
     ended: str = ""
+    """How the run ended, in words (``"exit"``, ``"oom (1)"``, ``"terminated by SIGTERM"``)."""
     exit_code: int | None = None
+    stopped_at: float | None = None
+    """Wall-clock time (seconds since the epoch) the rank stopped: its end reading, else (killed) its last
+    record. ``None`` when the capture has no start time."""
     steps: int | None = None
     seconds: float | None = None
     peak_allocated: int | None = None
@@ -280,6 +285,9 @@ class MergedReport:
     """Ranks that stopped early or failed, and ranks of the world with no capture."""
     first_oom: FirstOOM | None = None
     notes: tuple[str, ...] = field(default=())
+    first_stopped: str | None = None
+    """The label of the rank that stopped first when others stopped after it (killed or failed): the cause
+    of a job the launcher ended; ``None`` when no rank stopped early or failed."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -303,6 +311,7 @@ class MergedReport:
                 states=tuple(from_mapping(RankState, s) for s in oom.get("states") or ()),
             ),
             notes=tuple(d.get("notes") or ()),
+            first_stopped=d.get("first_stopped"),
         )
 
     def row(self, label: str) -> RankRow | None:
@@ -310,6 +319,25 @@ class MergedReport:
 
     def __str__(self) -> str:
         return render_merged(self)
+
+
+def ended_text(reason: str, exit_code: int | None) -> str:
+    """How a run ended, from its end record: ``"terminated by SIGTERM"`` for a signal (exit code ``-N``),
+    else the reason with the exit code when it is not 0.
+
+    Example:
+        >>> ended_text("signal", -15)
+        'terminated by SIGTERM'
+        >>> ended_text("keyboard_interrupt", 130)
+        'keyboard interrupt (130)'
+    """
+    if reason == "signal" and exit_code is not None and exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = f"signal {-exit_code}"
+        return f"terminated by {name}"
+    return reason.replace("_", " ") + (f" ({exit_code})" if exit_code else "")
 
 
 def _s(v: float | None) -> str:
@@ -399,6 +427,7 @@ __all__ = [
     "RankRow",
     "RankState",
     "RankStats",
+    "ended_text",
     "estimate_nccl",
     "nccl_note",
     "render_merged",
