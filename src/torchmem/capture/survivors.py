@@ -71,6 +71,7 @@ _AFTER_STEPS = 3
 _COST_NOTE_RATIO = 2.0
 # The budget: extra seconds always allowed (a loop of a few ms per step is covered fully)...
 _FLOOR_S = 0.25
+_CHEAP_STEP_S = 0.02  # ... when a recorded step costs at most this much more than one without the ledger
 # ... and allowed for the first _MIN_STEPS recorded steps (2 recorded steps can show accumulation).
 _MIN_STEPS = 2
 _MIN_STEPS_S = 0.5
@@ -342,7 +343,10 @@ class LoopSurvivors:
         if n < _MIN_STEPS and own < _MIN_STEPS_S:
             return True  # two steps of this boundary kind are always recorded: they can show accumulation
         extra = own + self._spent_before  # beyond them, one budget for the run's recorders together
-        allowed = max(self.budget * (now - self._t_first + rec), _FLOOR_S)
+        # The floor is for loops of cheap recorded steps (a few ms each: covered fully); a step that the
+        # ledger makes 20 ms longer or more (thousands of ops on a GPU) gets the share of the run only.
+        floor = _FLOOR_S if per <= _CHEAP_STEP_S else 0.0
+        allowed = max(self.budget * (now - self._t_first + rec), floor)
         return extra + per <= allowed
 
     def _after_window(self) -> None:
