@@ -73,22 +73,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Job]]:
     ddp, oom, workers, killed = (tmp_path_factory.mktemp(n) for n in ("ddp", "oom", "workers", "killed"))
     started = {
         "ddp": _Job(
-            [
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node=2",
-                "-m",
-                "torchmem",
-                "run",
-                "--no-status",
-                "-q",
-                "-o",
-                "run.jsonl",
-                str(PROGRAMS / "ddp_job.py"),
-                str(ddp / "result"),
-            ],
-            ddp,
+            [*_TORCHRUN_2, "-q", "-o", "run.jsonl", str(PROGRAMS / "ddp_job.py"), str(ddp / "result")], ddp
         ),
         "oom": _Job(
             ["-m", "torchmem", "run", "--nproc", "2", "-o", "job.jsonl", str(PROGRAMS / "oom_job.py")], oom
@@ -96,26 +81,24 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Job]]:
         "workers": _Job(
             ["-m", "torchmem", "run", "--no-status", "-o", "w.jsonl", str(PROGRAMS / "workers.py")], workers
         ),
-        "killed": _Job(
-            [
-                "-m",
-                "torch.distributed.run",
-                "--standalone",
-                "--nproc_per_node=2",
-                "-m",
-                "torchmem",
-                "run",
-                "--no-status",
-                "-o",
-                "k.jsonl",
-                str(PROGRAMS / "killed_rank.py"),
-            ],
-            killed,
-        ),
+        "killed": _Job([*_TORCHRUN_2, "-o", "k.jsonl", str(PROGRAMS / "killed_rank.py")], killed),
     }
     yield started
     for job in started.values():
         job.result()  # none is left running (a fixture that failed before waiting for its job)
+
+
+# torchrun with two local ranks, each under `torchmem run` (options and the program follow)
+_TORCHRUN_2 = [
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc_per_node=2",
+    "-m",
+    "torchmem",
+    "run",
+    "--no-status",
+]
 
 
 def _report(cwd: Path, *captures: str) -> str:
