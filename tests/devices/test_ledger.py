@@ -777,3 +777,30 @@ def test_births_on_an_engine_thread_take_the_caller_site() -> None:
     sites = {s for s in after if s is not None}
     assert [(os.path.basename(s.filename), s.lineno) for s in sites] == [("test_ledger.py", line)]
     assert led._engine_caller is None
+
+
+def test_a_dtensor_is_counted_by_its_local_shard() -> None:
+    # A DTensor's own storage reports the unsharded size and holds nothing: FSDP2's optimizer state
+    # (zeros_like of sharded parameters) was counted world-size times too large.
+    dist = pytest.importorskip("torch.distributed")
+    fake_pg = pytest.importorskip("torch.testing._internal.distributed.fake_pg")
+    tensor_api = pytest.importorskip("torch.distributed.tensor")
+    mesh_api = pytest.importorskip("torch.distributed.device_mesh")
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group of the test run")
+    dist.init_process_group("fake", rank=0, world_size=4, store=fake_pg.FakeStore())
+    try:
+        mesh = mesh_api.init_device_mesh("cpu", (4,))
+        d = tensor_api.distribute_tensor(torch.randn(1024, 256), mesh, [tensor_api.Shard(0)])
+        local = d.to_local().untyped_storage().nbytes()
+        assert local * 4 == d.untyped_storage().nbytes() == 1024 * 256 * 4
+        led = ledger()
+        with led.enabled():
+            base = led.current("cpu")
+            z = torch.zeros_like(d)  # Adam's moments of a sharded parameter
+            w = z * 2
+            assert led.current("cpu") - base == 2 * local
+            del z, w
+            assert led.current("cpu") == base
+    finally:
+        dist.destroy_process_group()

@@ -259,14 +259,43 @@ def _is_input_storage(key: int, out: torch.Tensor, args: tuple[Any, ...], kwargs
 
 def _input_storage_keys(args: tuple[Any, ...], kwargs: Any) -> set[int]:
     """The storage keys of an op's input tensors (read after the op), for ops with many outputs
-    (``_foreach_*`` over a model's parameters): one pass instead of one per output."""
+    (``_foreach_*`` over a model's parameters): one pass instead of one per output. A tensor subclass that
+    wraps others (DTensor) gives its inner tensors' keys too."""
     keys = set()
     for a in _tensors_in(args, kwargs):
-        try:
-            keys.add(a.untyped_storage()._cdata)
-        except (RuntimeError, NotImplementedError, TypeError):
-            pass
+        for b in _with_inner(a):
+            try:
+                keys.add(b.untyped_storage()._cdata)
+            except (RuntimeError, NotImplementedError, TypeError):
+                pass
     return keys
+
+
+def _inner_tensors(t: torch.Tensor) -> list[torch.Tensor] | None:
+    """The tensors a wrapper subclass holds (DTensor: its local shard), ``None`` for any other tensor. A
+    wrapper's own storage holds no memory: it reports the full logical size (the unsharded size for a
+    DTensor), so the memory is its inner tensors'."""
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+        return None
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None:
+        return None
+    try:
+        names, _ = flatten()
+        inner = [getattr(t, n) for n in names]
+    except Exception:
+        return None
+    return [x for x in inner if isinstance(x, torch.Tensor)]
+
+
+def _with_inner(t: torch.Tensor) -> list[torch.Tensor]:
+    inner = _inner_tensors(t)
+    if inner is None:
+        return [t]
+    out = [t]
+    for x in inner:
+        out.extend(_with_inner(x))
+    return out
 
 
 class _OpFacts(NamedTuple):
@@ -554,6 +583,13 @@ class Ledger:
         """Account for one output tensor of an op (called under the lock). ``fresh``: an op whose output
         is a new allocation even when it is handed through as an input (``lift_fresh``). ``inputs``: the
         inputs' storage keys when the op has many outputs (see :func:`_input_storage_keys`)."""
+        if type(t) is not torch.Tensor:
+            inner = _inner_tensors(t)
+            if inner is not None:  # a wrapper subclass (DTensor): what it holds is its inner tensors
+                keys = inputs if inputs is not None else _input_storage_keys(args, kwargs)
+                for x in inner:
+                    self._record_output(fresh, args, kwargs, x, keys)
+                return
         try:
             s = t.untyped_storage()
         except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested and other storage-less
