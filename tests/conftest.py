@@ -33,3 +33,13 @@ def _no_leaked_tracking() -> Iterator[None]:
     yield
     assert not ledger().active, "this test left cpu_tracking on"
     assert torch._C._len_torch_dispatch_stack() == 0
+
+
+# Modules that import a large framework (Lightning, transformers) run last: once imported, a framework's
+# objects stay in the session and every garbage collection of every later test walks them (the holder
+# searches and the batch-size trials collect often); the modules import it in their first test.
+_LAST = ("integrations/test_lightning.py", "integrations/test_transformers.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.nodeid.split("::")[0].endswith(_LAST))  # a stable sort

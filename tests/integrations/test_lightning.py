@@ -6,36 +6,55 @@ from __future__ import annotations
 import csv
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
-L = pytest.importorskip("lightning")
-from lightning.pytorch.loggers import CSVLogger  # noqa: E402
+if TYPE_CHECKING:
+    from torchmem.integrations.lightning import TorchmemCallback
 
-from torchmem.integrations.lightning import TorchmemCallback  # noqa: E402
+# Lightning is imported when this module's first test runs, not when the suite is collected: it adds ~110k
+# objects to the session, which every garbage collection of every later test walks (the suite's holder
+# searches and trial clean-ups collect often). tests/conftest.py runs this module last.
+L: Any = None
+CSVLogger: Any = None
+Tiny: Any = None
 
 
-class Tiny(L.LightningModule):
-    def __init__(self, keep_val: bool) -> None:
-        super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
-        self.keep_val = keep_val
-        self.val_outputs: list[torch.Tensor] = []
+@pytest.fixture(scope="module", autouse=True)
+def _lightning() -> None:
+    global L, CSVLogger, Tiny, TorchmemCallback
+    L = pytest.importorskip("lightning")
+    from lightning.pytorch.loggers import CSVLogger
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
+    from torchmem.integrations.lightning import TorchmemCallback
 
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, _ = batch
-        out = self.net(x).repeat(1, 512)  # 1 MiB per batch (512 x 512 float32)
-        if self.keep_val:
-            self.val_outputs.append(out)  # VAL LEAK: never cleared
+    Tiny = _tiny_class()
 
-    def configure_optimizers(self) -> Any:
-        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+def _tiny_class() -> Any:
+    class Tiny(L.LightningModule):  # type: ignore[misc]
+        def __init__(self, keep_val: bool) -> None:
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+            self.keep_val = keep_val
+            self.val_outputs: list[torch.Tensor] = []
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def validation_step(self, batch: Any, batch_idx: int) -> None:
+            x, _ = batch
+            out = self.net(x).repeat(1, 512)  # 1 MiB per batch (512 x 512 float32)
+            if self.keep_val:
+                self.val_outputs.append(out)  # VAL LEAK: never cleared
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    return Tiny
 
 
 def _loader(n: int) -> torch.utils.data.DataLoader[Any]:

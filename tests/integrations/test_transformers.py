@@ -5,14 +5,27 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+if TYPE_CHECKING:
+    from torchmem.integrations.transformers import TorchmemTrainerCallback
 
-from torchmem.integrations.transformers import TorchmemTrainerCallback  # noqa: E402
+# transformers is imported when this module's first test runs, not when the suite is collected: its objects
+# would weigh on every garbage collection of every later test. tests/conftest.py runs this module last.
+transformers: Any = None
+Reporter: Any = None
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _transformers() -> None:
+    global transformers, Reporter, TorchmemTrainerCallback
+    transformers = pytest.importorskip("transformers")
+    from torchmem.integrations.transformers import TorchmemTrainerCallback
+
+    Reporter = _reporter_class()
 
 
 class TinyModel(torch.nn.Module):
@@ -43,14 +56,17 @@ class Data(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"x": self.x[i], "labels": self.y[i]}
 
 
-class Reporter(transformers.TrainerCallback):  # type: ignore[misc]
-    """What a reporting callback (TensorBoard, W&B) receives in each log."""
+def _reporter_class() -> Any:
+    class Reporter(transformers.TrainerCallback):  # type: ignore[misc]
+        """What a reporting callback (TensorBoard, W&B) receives in each log."""
 
-    def __init__(self) -> None:
-        self.logs: list[dict[str, Any]] = []
+        def __init__(self) -> None:
+            self.logs: list[dict[str, Any]] = []
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
-        self.logs.append(dict(logs or {}))
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            self.logs.append(dict(logs or {}))
+
+    return Reporter
 
 
 def _train(tmp_path: Path, keep: bool, cb: TorchmemTrainerCallback, reporter: Any = None) -> Any:

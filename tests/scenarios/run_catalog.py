@@ -221,8 +221,10 @@ def run_program(
     return Run(out.returncode, out.stdout, out.stderr, None if plain else capture, time.perf_counter() - t0)
 
 
-# A fork server: an interpreter that has imported torch and torchmem's CLI once (what ``python -m torchmem``
-# does before it runs the program) and forks a fresh child per run. The child redirects its stdin, stdout
+# A fork server: an interpreter that has imported torch and torchmem's CLI once, with the modules
+# ``torchmem run`` loads before the program starts (what ``python -m torchmem run`` does before it runs the
+# program; nothing the program itself imports, such as torch._dynamo, which decides the ledger's mode), and
+# forks a fresh child per run. The child redirects its stdin, stdout
 # and stderr, moves to the run's folder, sets ``sys.argv`` as ``python -m torchmem`` would and falls through
 # to the end of the script, where torchmem's console entry point runs; the interpreter then shuts down as
 # usual (atexit handlers, non-daemon threads, buffered output flushed), and its exit status is the run's.
@@ -230,7 +232,13 @@ def run_program(
 _FORK_SERVER = r"""
 import json, os, signal, sys, time
 import torch  # noqa: F401  (imported once: what every run starts with)
-import torchmem.cli
+from torchmem.cli import run as entry_point  # what python -m torchmem calls
+# The modules every run loads before the program starts (importing torchmem.cli.run rebinds the name
+# torchmem.cli.run to that module: the entry point is taken above).
+import torchmem.capture.session, torchmem.cli.run  # noqa: E401
+import torchmem.capture.boundaries, torchmem.capture.file, torchmem.capture.host  # noqa: E401
+import torchmem.capture.oom, torchmem.capture.ranks, torchmem.capture.survivors  # noqa: E401
+import torchmem.capture.snapshot, torchmem.capture.workers  # noqa: E401
 reply = os.fdopen(os.dup(1), "w")
 for line in sys.stdin:
     req = json.loads(line)
@@ -263,7 +271,7 @@ sys.stdin = open(0, closefd=False)
 os.chdir(req["cwd"])
 sys.path[0] = os.getcwd()  # as python -m sets it
 sys.argv = [os.path.join(os.path.dirname(torchmem.__file__), "__main__.py"), *req["args"]]
-torchmem.cli.run()
+entry_point()
 """
 
 
