@@ -37,8 +37,14 @@ def _no_leaked_tracking() -> Iterator[None]:
 
 # Modules that import a large framework (Lightning, transformers) run last: once imported, a framework's
 # objects stay in the session and every garbage collection of every later test walks them (the holder
-# searches and the batch-size trials collect often); the modules import it in their first test.
-_LAST = ("integrations/test_lightning.py", "integrations/test_transformers.py")
+# searches and the batch-size trials collect often); the modules import it in their first test (the
+# estimate tests build transformers models).
+_LAST = (
+    "capture/test_fake_estimate.py",
+    "cli/test_estimate_cli.py",
+    "integrations/test_lightning.py",
+    "integrations/test_transformers.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
