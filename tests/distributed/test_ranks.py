@@ -20,6 +20,8 @@ import pytest
 
 from torchmem.analysis.ranks import merge_captures
 from torchmem.capture.file import read_capture
+from torchmem.report.html import render_html
+from torchmem.results.capture import run_facts
 
 PROGRAMS = Path(__file__).parent / "programs"
 
@@ -219,6 +221,8 @@ def test_a_rank_killed_mid_run_the_other_s_capture_is_complete(killed_job) -> No
     assert rank0.end.steps == 8 and rank0.truncated is None
     assert any(s.when == "end" for s in rank0.stats) and rank0.leaks  # the end reading and a leak verdict
     assert "ended by SIGTERM (exit code -15)" in r.stderr  # rank 0's summary
+    assert "terminated by SIGTERM (exit code -15)" in run_facts(rank0).ended
+    assert "terminated by SIGTERM -15" in render_html(rank0)  # the page's badge
     # as without torchmem: no exception raised into the program (its finally does not run)
     assert "rank 0 evaluates" in r.stdout and "finally" not in r.stdout
 

@@ -50,7 +50,7 @@ def test_the_process_figures_are_scraped_and_agree_with_stats() -> None:
 
 def test_the_cli_serves_until_interrupted() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "torchmem", "stats", "--serve", "0", "--device", "cpu"],
+        [sys.executable, "-X", "faulthandler", "-m", "torchmem", "stats", "--serve", "0", "--device", "cpu"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -67,7 +67,13 @@ def test_the_cli_serves_until_interrupted() -> None:
         assert "torchmem_device_memory_total_bytes" in m
         assert "torchmem_host_rss_bytes" not in m  # the monitor's own process is not the job
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=20) == 0
+        try:
+            code = proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:  # say where it hangs: faulthandler dumps every thread on SIGABRT
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=20)
+            raise AssertionError(f"the monitor did not stop on SIGINT:\n{err}") from None
+        assert code == 0
     finally:
         if proc.poll() is None:
             proc.kill()

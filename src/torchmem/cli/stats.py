@@ -76,7 +76,12 @@ def _serve(devices: list[Any], args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        server.shutdown()
+        # Bounded: a scrape that never finishes must not keep Ctrl-C from ending the monitor.
+        import threading
+
+        stopper = threading.Thread(target=server.shutdown, name="torchmem-serve-stop", daemon=True)
+        stopper.start()
+        stopper.join(5.0)
         server.server_close()
     return 0
 

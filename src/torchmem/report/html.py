@@ -26,6 +26,7 @@ from torchmem.results.capture import (
     run_facts,
     step_time,
 )
+from torchmem.results.ranks import ended_text
 
 if TYPE_CHECKING:
     from torchmem.results.capture import Capture, Sample
@@ -512,7 +513,10 @@ def render_html(cap: Capture) -> str:
         badges.append('<span class="b-killed">not finished</span>')
     elif cap.end is not None and cap.end.reason != "oom":
         code = "" if cap.end.exit_code is None else f" {cap.end.exit_code}"
-        badges.append(f'<span class="b-info">{_e(cap.end.reason.replace("_", " ") + code)}</span>')
+        how = cap.end.reason.replace("_", " ")
+        if cap.end.reason == "signal":
+            how = ended_text(cap.end.reason, cap.end.exit_code)  # "terminated by SIGTERM"
+        badges.append(f'<span class="b-info">{_e(how + code)}</span>')
 
     warning = ""
     if cap.truncated:
