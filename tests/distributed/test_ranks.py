@@ -126,7 +126,7 @@ def test_each_rank_writes_its_own_capture_with_its_identity_in_the_header(ddp_jo
         assert (cap.rank["rank"], cap.rank["world_size"], cap.rank["local_rank"]) == (k, 2, k)
         assert cap.rank["launcher"] == "torchrun"
         assert cap.ranks and (cap.ranks[-1].rank, cap.ranks[-1].backend) == (k, "gloo")
-        assert cap.step_count == 24
+        assert cap.step_count == 96
     assert caps[0].rank["job"] == caps[1].rank["job"] != ""  # type: ignore[index]
 
 
