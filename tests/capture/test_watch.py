@@ -238,3 +238,22 @@ def test_culprits_are_readable_at_every_step_without_a_report() -> None:
         seen.append(len(w.culprits))
     assert seen[0] == 0 and seen[-1] >= 1
     assert w.culprits == w.report().culprits
+
+
+def test_a_relaxed_watcher_keeps_its_readings_to_a_quarter_percent_of_a_step() -> None:
+    # torchmem run's watcher (_relax_after) re-chooses its stride after its first readings to keep them under
+    # 0.25 % of a step, max_stride aside; watch() itself keeps max_stride=2 (a host figure: under 2 %).
+    strides = []
+    for relax in (64, None):
+        w = torchmem.watch(device="cpu", warn=False, source="heap")
+        w._relax_after = relax
+        with w:
+            a = torch.randn(32, 32)
+            for _ in range(200):  # a real loop runs the retuning path
+                a @ a
+                w.step()
+            w._readings = 1000
+            w._set_stride(1e-3, 50e-6)  # a 1 ms step, a 50 µs reading
+            strides.append(w._stride)
+            assert "a step takes 1000 µs and a reading 50.0 µs" in (w._stride_note or "")
+    assert strides == [20, 3]  # 50 / (0.25 % of 1000); the public one: 2 %, over max_stride=2

@@ -523,7 +523,7 @@ class Session:
             # The thread's CPU time, not the wall clock: time spent waiting for the GIL costs the program
             # nothing (it is the program running).
             t_s = time.thread_time()
-            t_w = t_s
+            t_w = 0.0  # of it, the DataLoader checks'
             try:
                 self._flush_steps()
                 if not self._pg_written:
@@ -543,11 +543,9 @@ class Session:
                 if self._boundaries is not None:
                     self._boundaries.check_imports()
                 if self._worker_checks is not None:
-                    t_w = time.thread_time()
+                    t0 = time.thread_time()
                     self._worker_checks.poll(now)
-                    t_w = time.thread_time() - t_w
-                else:
-                    t_w = 0.0
+                    t_w = time.thread_time() - t0
                 if self._oom_flag is not None and self._oom_flag.seen is None:
                     self._check_flag()
                 if self.status and now - last_status >= 0.25:
