@@ -48,6 +48,10 @@ def test_the_process_figures_are_scraped_and_agree_with_stats() -> None:
     del keep
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_the_cli_serves_until_interrupted() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-X", "faulthandler", "-m", "torchmem", "stats", "--serve", "0", "--device", "cpu"],
@@ -55,6 +59,9 @@ def test_the_cli_serves_until_interrupted() -> None:
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # Ctrl-C as from a terminal: an ignored SIGINT is inherited through exec, and once (CI, late in the
+        # suite) this test process had it ignored, so the monitor never saw the signal.
+        preexec_fn=_sigint_default,
     )
     try:
         assert proc.stdout is not None
@@ -72,7 +79,8 @@ def test_the_cli_serves_until_interrupted() -> None:
         except subprocess.TimeoutExpired:  # say where it hangs: faulthandler dumps every thread on SIGABRT
             proc.send_signal(signal.SIGABRT)
             _, err = proc.communicate(timeout=20)
-            raise AssertionError(f"the monitor did not stop on SIGINT:\n{err}") from None
+            here = signal.getsignal(signal.SIGINT)
+            raise AssertionError(f"the monitor did not stop on SIGINT (here: {here}):\n{err}") from None
         assert code == 0
     finally:
         if proc.poll() is None:
