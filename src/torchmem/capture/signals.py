@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from torchmem.results.ranks import signal_name
+
 DEFAULT_TIMEOUT = 10.0
 """Seconds the capture may take to finish once a signal came (torchrun waits 30 s before SIGKILL)."""
 
@@ -43,14 +45,6 @@ DEFAULT_TIMEOUT = 10.0
 def terminating_signals() -> tuple[int, ...]:
     """The signals a launcher or a terminal ends a process with, that exist here: SIGTERM, SIGHUP."""
     return tuple(int(getattr(signal, n)) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
-
-
-def signal_name(signum: int) -> str:
-    """``15`` -> ``"SIGTERM"`` (``"signal 99"`` for a number without a name)."""
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 def _die(signum: int) -> None:

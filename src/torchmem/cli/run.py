@@ -668,7 +668,7 @@ def _finish_on_signal(
 
 def _ended(reason: str, exit_code: int | None) -> str:
     if reason == "signal" and exit_code is not None and exit_code < 0:
-        from torchmem.capture.signals import signal_name
+        from torchmem.results.ranks import signal_name
 
         return signal_name(-exit_code)  # "ended by SIGTERM (exit code -15)"
     return reason

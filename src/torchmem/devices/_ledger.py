@@ -192,9 +192,6 @@ def _site_in(f: types.FrameType | None) -> Site | None:
 
 
 _LIBRARY = os.sep + "site-packages" + os.sep
-# An op with more outputs than this checks them against one set of its inputs' storages (a _foreach_ op over
-# N parameters would otherwise compare N outputs with N inputs each).
-_MANY_OUTPUTS = 4
 _LIBRARY_DEB = os.sep + "dist-packages" + os.sep
 
 
@@ -255,6 +252,11 @@ def _is_input_storage(key: int, out: torch.Tensor, args: tuple[Any, ...], kwargs
             if found is not None and found[0] == key:
                 return True
     return False
+
+
+# An op with more outputs than this checks them against one set of its inputs' storages (a _foreach_ op over
+# N parameters would otherwise compare N outputs with N inputs each).
+_MANY_OUTPUTS = 4
 
 
 def _input_storage_keys(args: tuple[Any, ...], kwargs: Any) -> set[int]:

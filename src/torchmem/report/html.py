@@ -26,7 +26,7 @@ from torchmem.results.capture import (
     run_facts,
     step_time,
 )
-from torchmem.results.ranks import ended_text
+from torchmem.results.ranks import end_words
 
 if TYPE_CHECKING:
     from torchmem.results.capture import Capture, Sample
@@ -513,10 +513,9 @@ def render_html(cap: Capture) -> str:
         badges.append('<span class="b-killed">not finished</span>')
     elif cap.end is not None and cap.end.reason != "oom":
         code = "" if cap.end.exit_code is None else f" {cap.end.exit_code}"
-        how = cap.end.reason.replace("_", " ")
-        if cap.end.reason == "signal":
-            how = ended_text(cap.end.reason, cap.end.exit_code)  # "terminated by SIGTERM"
-        badges.append(f'<span class="b-info">{_e(how + code)}</span>')
+        badges.append(
+            f'<span class="b-info">{_e(end_words(cap.end.reason, cap.end.exit_code) + code)}</span>'
+        )
 
     warning = ""
     if cap.truncated:

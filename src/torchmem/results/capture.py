@@ -518,13 +518,10 @@ def run_facts(cap: Capture) -> RunFacts:
     if cap.end is None:
         ended = "not finished: no end record (the run was killed, or is still running)"
     else:
-        from torchmem.results.ranks import ended_text
+        from torchmem.results.ranks import end_words
 
         code = "n/a" if cap.end.exit_code is None else str(cap.end.exit_code)
-        how = cap.end.reason.replace("_", " ")
-        if cap.end.reason == "signal":
-            how = ended_text(cap.end.reason, cap.end.exit_code)  # "terminated by SIGTERM"
-        ended = f"{how} (exit code {code})"
+        ended = f"{end_words(cap.end.reason, cap.end.exit_code)} (exit code {code})"
     versions = ", ".join(f"{k} {h[k]}" for k in ("torchmem", "torch", "python") if h.get(k) is not None)
     return RunFacts(
         program=program,

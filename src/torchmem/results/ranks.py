@@ -321,6 +321,22 @@ class MergedReport:
         return render_merged(self)
 
 
+def signal_name(signum: int) -> str:
+    """``15`` -> ``"SIGTERM"`` (``"signal 99"`` for a number without a name)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def end_words(reason: str, exit_code: int | None) -> str:
+    """An end record's reason in words: ``"terminated by SIGTERM"`` for a signal (exit code ``-N``), else the
+    reason with spaces (``"keyboard interrupt"``)."""
+    if reason == "signal" and exit_code is not None and exit_code < 0:
+        return f"terminated by {signal_name(-exit_code)}"
+    return reason.replace("_", " ")
+
+
 def ended_text(reason: str, exit_code: int | None) -> str:
     """How a run ended, from its end record: ``"terminated by SIGTERM"`` for a signal (exit code ``-N``),
     else the reason with the exit code when it is not 0.
@@ -331,13 +347,10 @@ def ended_text(reason: str, exit_code: int | None) -> str:
         >>> ended_text("keyboard_interrupt", 130)
         'keyboard interrupt (130)'
     """
+    words = end_words(reason, exit_code)
     if reason == "signal" and exit_code is not None and exit_code < 0:
-        try:
-            name = signal.Signals(-exit_code).name
-        except ValueError:
-            name = f"signal {-exit_code}"
-        return f"terminated by {name}"
-    return reason.replace("_", " ") + (f" ({exit_code})" if exit_code else "")
+        return words
+    return words + (f" ({exit_code})" if exit_code else "")
 
 
 def _s(v: float | None) -> str:
@@ -427,8 +440,10 @@ __all__ = [
     "RankRow",
     "RankState",
     "RankStats",
+    "end_words",
     "ended_text",
     "estimate_nccl",
     "nccl_note",
     "render_merged",
+    "signal_name",
 ]
