@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import torchmem
+from torchmem._format import fmt_bytes
 from torchmem.analysis.estimate import FitArgumentError
 
 # A target without workspace, context or fragmentation: the fake figures alone, as the CPU ledger sees them.
@@ -344,6 +345,9 @@ def test_fsdp_per_rank_estimate_against_two_gloo_ranks(
     assert est.parameters == pytest.approx(whole / 2, rel=0.01)
     assert est.optimizer_state == pytest.approx(whole, rel=0.01)  # Adam's two moments, the rank's shard
     assert est.strategy == "fsdp" and est.world_size == 2
+    # a full state dict: the whole model on every rank, or the largest parameter with cpu_offload
+    said = [n for n in est.notes if n.startswith("a full state dict")]
+    assert said and fmt_bytes(whole) in said[0] and fmt_bytes(2048 * 512 * 4) in said[0], est.notes
 
     four = _fsdp512(4)
     assert four.parameters == pytest.approx(whole / 4, rel=0.01)

@@ -125,6 +125,54 @@ def test_the_guard_s_paths_in_small_processes(tmp_path: Path) -> None:
     assert (r.returncode, r.stdout) == (0, f"child {-SIGTERM}\n"), r.stderr
 
 
+def test_a_main_thread_that_cannot_run_the_handler_is_finished_by_the_wakeup_helper(tmp_path: Path) -> None:
+    """A rank blocked in one C call (a collective its dead peer never joins) never runs a Python handler;
+    here the main thread blocks the signal and sleeps, which is the same for Python. The C-level handler
+    still writes the signal to the wake-up fd: the helper finishes the capture after the grace period and
+    the process dies of the signal, long before the sleep would end."""
+    r = _script(
+        """
+        import threading
+        g = SignalGuard(lambda s: print("finished on", threading.current_thread().name, flush=True)).install()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        t0 = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(20)
+        print("not reached", flush=True)
+        """,
+        tmp_path,
+    )
+    assert (r.returncode, r.stdout) == (-SIGTERM, "finished on torchmem-signal\n"), r.stderr
+    # the program's own wake-up fd (asyncio's signal handlers) stays the program's: no helper
+    r = _script(
+        """
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w)
+        g = SignalGuard(lambda s: None).install()
+        print(signal.set_wakeup_fd(-1) == w, g._wake is None, signal.SIGTERM in g.installed, flush=True)
+        """,
+        tmp_path,
+    )
+    assert (r.returncode, r.stdout) == (0, "True True True\n"), r.stderr
+    # a forked child gives the inherited wake-up fd up, and remove() gives it back in the parent
+    r = _script(
+        """
+        g = SignalGuard(lambda s: None).install()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if signal.set_wakeup_fd(-1) == -1 else 1)
+        _, status = os.waitpid(pid, 0)
+        mine = signal.set_wakeup_fd(-1)
+        signal.set_wakeup_fd(mine)
+        g.remove()
+        print(os.waitstatus_to_exitcode(status), mine != -1, signal.set_wakeup_fd(-1), flush=True)
+        """,
+        tmp_path,
+    )
+    assert (r.returncode, r.stdout) == (0, "0 True -1\n"), r.stderr
+
+
 def test_only_signals_at_their_default_are_taken_and_the_program_s_handler_stays() -> None:
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     calls: list[int] = []

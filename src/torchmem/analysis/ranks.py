@@ -78,6 +78,12 @@ def _row(cap: Capture) -> RankRow:
             nccl = NcclEstimate.from_dict(cap.ranks[-1].nccl)
         except Exception:
             nccl = None
+    measured = [
+        st2
+        for st2 in (rec.as_stats() for rec in reversed(cap.stats))
+        if st2 is not None and st2.nccl_method == "measured" and st2.nccl_buffers is not None
+    ]
+    nccl_now = max(measured, key=lambda x: x.nccl_communicators or 0) if measured else None
     pid = cap.header.get("pid")
     return RankRow(
         label=label,
@@ -102,6 +108,8 @@ def _row(cap: Capture) -> RankRow:
         leak_text=leak_text,
         timeline=_timeline(cap),
         nccl=nccl,
+        nccl_measured=None if nccl_now is None else nccl_now.nccl_buffers,
+        nccl_communicators=None if nccl_now is None else nccl_now.nccl_communicators,
     )
 
 
@@ -135,8 +143,10 @@ def _imbalance(caps: Sequence[Capture], rows: list[RankRow]) -> list[str]:
             out.append(
                 f"{r.device} ({r.label}'s) also holds CUDA contexts of {', '.join(r.context_of)}"
                 + (f" ({fmt_bytes(extra)})" if extra else "")
-                + ": those ranks touched this GPU (torch.load without map_location, or no "
-                "torch.cuda.set_device(local_rank) before the first CUDA call)"
+                + ": those ranks created a CUDA context on this GPU (a torch.load of a checkpoint saved "
+                "from this GPU without map_location, or a CUDA call before torch.cuda.set_device). Fix: "
+                'torch.load(path, map_location=f"cuda:{local_rank}") (or "cpu"), and '
+                "torch.cuda.set_device(local_rank) before the first CUDA call"
             )
     if len(live) >= 2:
         peaks = [r.peak_allocated or 0 for r in live]

@@ -42,6 +42,7 @@ def build_stats(
     private_pools: int | None = None,
     nccl_buffers: int | None = None,
     nccl_communicators: int | None = None,
+    nccl_method: str | None = None,
 ) -> MemoryStats:
     """Derive a :class:`MemoryStats` from raw readings.
 
@@ -136,6 +137,7 @@ def build_stats(
         private_pools=private_pools,
         nccl_buffers=nccl_buffers,
         nccl_communicators=nccl_communicators,
+        nccl_method=nccl_method if nccl_buffers is not None else None,
         limit=limit,
         notes=notes,
     )

@@ -412,6 +412,8 @@ class _Run:
     block_input: dict[str, int] = field(default_factory=dict)
     block_params: dict[str, int] = field(default_factory=dict)
     sharded: bool = False  # measured under FSDP2 on a fake process group: the figures are per rank
+    largest_parameter: int = 0  # the largest unsharded parameter, bytes (a full state dict gathers it)
+    full_parameters: int = 0  # every parameter unsharded, bytes
 
 
 def _blocks(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
@@ -1017,6 +1019,8 @@ def _run_plan_on(plan: _Plan, sizes: Sequence[int], mesh: Any) -> list[_Run]:
         stack.enter_context(torch.random.fork_rng(devices=[]))
         twin = _fake_twin(plan, dev, led)
         blocks = _blocks(twin)
+        sizes_now = [p.numel() * p.element_size() for p in twin.parameters()]
+        largest_parameter, full_parameters = max(sizes_now, default=0), sum(sizes_now)
         for name in _select(plan.checkpoint, twin, blocks) if plan.checkpoint else []:
             _checkpointed(twin.get_submodule(name))
         if mesh is not None:
@@ -1175,6 +1179,8 @@ def _run_plan_on(plan: _Plan, sizes: Sequence[int], mesh: Any) -> list[_Run]:
                         block_input=dict(saved.block_input),
                         block_params=block_params,
                         sharded=mesh is not None,
+                        largest_parameter=largest_parameter,
+                        full_parameters=full_parameters,
                     )
                 )
         finally:
@@ -1310,6 +1316,16 @@ def _estimate_of(
 
 def _device_peak(allocated: int, target: Target, nccl: int, fragmentation: float) -> int:
     return reserved_for(allocated, fragmentation) + target.overhead + nccl
+
+
+def _state_dict_note(full: int, largest: int) -> str:
+    """What a full state dict of an FSDP2 model adds: measured on 2 H100s (docs/benchmarks.md), +the whole
+    unsharded model on every rank on the GPU, +the largest parameter with ``cpu_offload=True``."""
+    return (
+        f"a full state dict (get_model_state_dict(full_state_dict=True)) adds {fmt_bytes(full)} on every "
+        f"rank (every parameter unsharded on the GPU); with cpu_offload=True {fmt_bytes(largest)} (one "
+        f"parameter at a time; rank 0 keeps {fmt_bytes(full)} in host memory)"
+    )
 
 
 def estimate_fake(
@@ -1472,6 +1488,8 @@ def estimate_fake(
         except Exception as exc:  # no fake process group here, or FSDP2 failed on this model
             reason = str(exc.__cause__ or exc) if isinstance(exc, FakeTensorError) else str(exc)
             notes.append(f"FSDP per rank by arithmetic on one unsharded run ({reason[:200]})")
+    if strategy == "fsdp" and world_size > 1 and runs[-1].full_parameters:
+        notes.append(_state_dict_note(runs[-1].full_parameters, runs[-1].largest_parameter))
     for err in sorted(_STAND_IN_ERRORS - errors_before)[:1]:
         notes.append(f"kept the CPU's kernel where the GPU's could not run on fake tensors ({err})")
     est, nccl = _estimate_of(per_rank, sh, training, name, tuple(notes))

@@ -18,6 +18,7 @@ its own capture (``<capture>.proc<k>.jsonl``) with its own session.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -243,6 +244,20 @@ class OOMFlag:
             pass
 
 
+def rank_device_index(info: RankInfo | None, device_count: int) -> int | None:
+    """The GPU a launched rank is meant to use when the program does not say: its local rank (modulo the
+    visible devices, so a launcher that gives each rank one visible GPU gets index 0). ``None`` outside a
+    launcher, for a followed child process, or with fewer than two visible GPUs.
+
+    Example:
+        >>> rank_device_index(RankInfo(rank=3, world_size=4, local_rank=1), 2)
+        1
+    """
+    if info is None or info.launcher == "spawn" or info.local_rank is None or device_count < 2:
+        return None
+    return info.local_rank % device_count
+
+
 # ---------------------------------------------------------------------------------------------------------
 # what torch.distributed says (read at the end of a run; never a collective)
 
@@ -264,6 +279,66 @@ def process_group_facts() -> dict[str, Any] | None:
         return None
     facts["nccl_communicators"] = nccl_communicators() if "nccl" in backend.lower() else 0
     return facts
+
+
+def watch_process_groups(before_destroy: Callable[[], Any] | None = None) -> Callable[[], None]:
+    """Wrap ``torch.distributed.init_process_group`` so that NCCL's baseline is noted just before the
+    program's first process group is created (:mod:`torchmem.devices._nccl`: what NCCL then allocates is
+    measured, not estimated), and ``destroy_process_group`` so that ``before_destroy`` runs while the
+    communicators still exist. Returns the undo; an error in a wrapper never reaches the program, and a
+    wrapper the program replaced in the meantime is left alone."""
+    from torchmem.devices import _nccl
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not getattr(dist, "is_available", lambda: False)():
+        return lambda: None
+    try:
+        from torch.distributed import distributed_c10d as c10d
+    except Exception:
+        return lambda: None
+    original = getattr(c10d, "init_process_group", None)
+    if original is None or getattr(original, "__torchmem_wrapped__", None) is not None:
+        return lambda: None
+    _nccl.reset()
+
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        try:
+            _nccl.take_baseline()
+        except Exception:
+            pass
+        return original(*args, **kwargs)
+
+    init_process_group.__torchmem_wrapped__ = original  # type: ignore[attr-defined]
+    wrappers: list[tuple[str, Any, Any]] = [("init_process_group", original, init_process_group)]
+    destroy = getattr(c10d, "destroy_process_group", None)
+    if before_destroy is not None and destroy is not None:
+
+        @functools.wraps(destroy)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            try:
+                before_destroy()
+            except Exception:
+                pass
+            return destroy(*args, **kwargs)
+
+        destroy_process_group.__torchmem_wrapped__ = destroy  # type: ignore[attr-defined]
+        wrappers.append(("destroy_process_group", destroy, destroy_process_group))
+    placed = [
+        (m, name, old, new)
+        for name, old, new in wrappers
+        for m in (dist, c10d)
+        if getattr(m, name, None) is old
+    ]
+    for m, name, _, new in placed:
+        setattr(m, name, new)
+
+    def undo() -> None:
+        for m, name, old, new in placed:
+            if getattr(m, name, None) is new:
+                setattr(m, name, old)
+
+    return undo
 
 
 def nccl_communicators() -> int:
@@ -416,8 +491,10 @@ __all__ = [
     "child_capture",
     "nccl_communicators",
     "process_group_facts",
+    "rank_device_index",
     "rank_info",
     "rank_path",
     "should_follow",
     "spawn_index",
+    "watch_process_groups",
 ]

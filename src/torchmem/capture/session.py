@@ -116,7 +116,7 @@ class Session:
         self.force = force
         self.protect = list(protect or ())
         self.memory_viz = memory_viz
-        self.device = resolve(device)
+        self.device = resolve(device if device is not None else _rank_device())
         self.interval = interval
         self._status_file = status_file if status_file is not None else sys.stderr
         self.status = (
@@ -195,6 +195,8 @@ class Session:
         self._child_lock = threading.Lock()
         self._job = ""
         self._pg_written = False
+        self._unwatch_groups: Any = None  # undoes the init_process_group wrapper (NCCL's baseline)
+        self._pg_end_read = False  # the reading before destroy_process_group was taken
 
     # -- start -----------------------------------------------------------------------------------
     def start(self) -> Session:
@@ -255,6 +257,12 @@ class Session:
 
         os.register_at_fork(after_in_child=in_child)
         self._watch_processes()
+        try:
+            from torchmem.capture.ranks import watch_process_groups
+
+            self._unwatch_groups = watch_process_groups(self._before_destroy)
+        except Exception as exc:
+            self._note(f"NCCL's memory will be estimated, not measured ({type(exc).__name__}: {exc})")
         if self.status:
             self._wrap_streams()
         try:
@@ -1017,6 +1025,9 @@ class Session:
         self._clear_status()
         self._unwrap_streams()
         self._restore_processes()
+        undo, self._unwatch_groups = self._unwatch_groups, None
+        if undo is not None:
+            undo()
         if self.step_marker:
             sys.setprofile(self._profile_prev)
         if self._boundaries is not None:
@@ -1231,6 +1242,18 @@ class Session:
         return text
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _before_destroy(self) -> None:
+        """The program destroys its process group: a reading while NCCL's communicators still exist (the
+        end reading comes after them; NCCL's measured figure is in this one)."""
+        if self._disabled or self._pg_end_read:
+            return
+        from torchmem.capture.ranks import process_group_facts
+
+        facts = process_group_facts()
+        if facts and facts.get("nccl_communicators"):
+            self._pg_end_read = True
+            self._record_stats("destroy_process_group")
+
     def _record_stats(self, when: str) -> None:
         try:
             from torchmem.capture.snapshot import read_stats
@@ -1366,6 +1389,22 @@ def _nbytes(storage: Any) -> int:
         return int(storage.nbytes())
     except Exception:
         return 0
+
+
+def _rank_device() -> torch.device | None:
+    """The GPU of a launched rank (torchrun, SLURM, MPI: its local rank's) when several are visible, else
+    ``None`` (the default device). Every rank watching cuda:0 would read the wrong GPU, and its first
+    reading there would create a CUDA context (~500 MiB) on GPU 0 in every rank. Never initialises CUDA."""
+    try:
+        from torchmem.capture.ranks import rank_device_index, rank_info
+        from torchmem.devices import cuda_available, cuda_count
+
+        if not cuda_available():
+            return None
+        index = rank_device_index(rank_info(), cuda_count())
+    except Exception:
+        return None
+    return None if index is None else torch.device("cuda", index)
 
 
 def _device_name(dev: torch.device) -> str | None:

@@ -19,9 +19,13 @@ the same exit status (``-15`` for SIGTERM), no Python exception raised into the 
 * A forked child that inherited the handler dies of the signal as with ``SIG_DFL``: it never finishes its
   parent's capture.
 
-A signal arrives in Python only between two bytecodes of the main thread: while the main thread is blocked
-inside a C call (a collective that never returns), the handler waits, and the launcher's SIGKILL ends the
-process without an end record.
+A signal reaches a Python handler only between two bytecodes of the main thread: while the main thread is
+blocked inside a C call (a rank waiting in a collective its failed peer never joins, a ``.item()`` behind
+it), the handler cannot run. The guard also sets Python's *wake-up fd* (``signal.set_wakeup_fd``: the C-level
+handler writes the signal's number there whatever the main thread does) and reads it on a helper thread:
+when the Python handler has not started within :data:`GRACE` seconds, the helper finishes the capture and
+ends the process by the signal itself. Where the program uses the wake-up fd (asyncio's signal handlers),
+the guard leaves it to the program. A forked child gives the inherited fd up at once.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from torchmem.results.ranks import signal_name
 
 DEFAULT_TIMEOUT = 10.0
 """Seconds the capture may take to finish once a signal came (torchrun waits 30 s before SIGKILL)."""
+GRACE = 1.0
+"""Seconds the main thread has to start the Python handler before the wake-up helper takes the signal."""
 
 
 def terminating_signals() -> tuple[int, ...]:
@@ -63,6 +69,35 @@ def _die(signum: int) -> None:
     except Exception:
         pass
     os._exit(128 + signum)  # blocked everywhere: the exit status a shell shows for it
+
+
+def _die_from_thread(signum: int) -> None:
+    """End the process by ``signum``'s default action from a thread that is not the main one (Python lets
+    only the main thread change a disposition: the C library's ``signal`` does it here)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(signum, None)  # SIG_DFL
+        os.kill(os.getpid(), signum)
+        time.sleep(1.0)
+    except Exception:
+        pass
+    os._exit(128 + signum)
+
+
+_fork_hook = {"registered": False}
+_active: list[SignalGuard] = []  # the guards whose wake-up fd is set (one at most)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child must not write its signals into its parent's wake-up pipe: the parent's helper would
+    take them for its own."""
+    for guard in list(_active):
+        guard._drop_wakeup(child=True)
+    _active.clear()
 
 
 class SignalGuard:
@@ -100,6 +135,8 @@ class SignalGuard:
         self._holding = False
         self._pending: int | None = None
         self._watchdog: threading.Timer | None = None
+        self._claim_lock = threading.Lock()
+        self._wake: tuple[int, int] | None = None  # (read, write) ends of the wake-up pipe
 
     @property
     def installed(self) -> tuple[int, ...]:
@@ -127,10 +164,108 @@ class SignalGuard:
                     self._installed.append(s)
             except (ValueError, OSError, TypeError):
                 continue
+        if self._installed:
+            self._set_wakeup()
         return self
+
+    # -- the wake-up fd: a main thread blocked in C -----------------------------------------------
+    def _set_wakeup(self) -> None:
+        if self._wake is not None or not hasattr(signal, "set_wakeup_fd"):
+            return
+        try:
+            r, w = os.pipe()
+        except OSError:
+            return
+        try:
+            os.set_blocking(w, False)
+            old = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            os.close(r)
+            os.close(w)
+            return
+        if old != -1:  # the program's (asyncio's): it stays the program's
+            try:
+                signal.set_wakeup_fd(old)
+            except (ValueError, OSError):
+                pass
+            os.close(r)
+            os.close(w)
+            return
+        self._wake = (r, w)
+        _active.append(self)
+        if not _fork_hook["registered"]:
+            os.register_at_fork(after_in_child=_after_fork_in_child)
+            _fork_hook["registered"] = True
+        threading.Thread(
+            target=self._wake_loop, args=(r,), name="torchmem-signal-wakeup", daemon=True
+        ).start()
+
+    def _drop_wakeup(self, child: bool = False) -> None:
+        wake, self._wake = self._wake, None
+        if wake is None:
+            return
+        if self in _active:
+            _active.remove(self)
+        r, w = wake
+        try:
+            if signal.set_wakeup_fd(-1) not in (w, -1):  # not ours any more: put it back
+                signal.set_wakeup_fd(w)  # pragma: no cover - the program replaced it
+        except (ValueError, OSError):
+            pass
+        try:
+            os.close(w)  # the helper reads the end of the pipe and stops (in a child: there is none)
+        except OSError:
+            pass
+        if child:
+            try:
+                os.close(r)
+            except OSError:
+                pass
+
+    def _wake_loop(self, r: int) -> None:
+        try:
+            while True:
+                data = os.read(r, 64)
+                if not data:
+                    return
+                for signum in data:
+                    if signum in self._installed:
+                        self._take_over(signum)
+        except OSError:
+            return
+        finally:
+            try:
+                os.close(r)
+            except OSError:
+                pass
+
+    def _take_over(self, signum: int) -> None:
+        """The signal came: give the main thread :data:`GRACE` seconds to run the handler, else finish the
+        capture here and end the process by the signal."""
+        deadline = time.monotonic() + GRACE
+        while time.monotonic() < deadline:
+            if self._busy or self._holding or os.getpid() != self._pid:
+                return
+            time.sleep(0.02)
+        if self._holding or os.getpid() != self._pid or not self._is_ours(signum) or not self._claim():
+            return
+        try:
+            self._finish(signum)
+        except BaseException:
+            pass
+        _die_from_thread(signum)
+
+    def _claim(self) -> bool:
+        """Whether this caller (the main thread's handler or the helper) handles the signal: one does."""
+        with self._claim_lock:
+            if self._busy:
+                return False
+            self._busy = True
+            return True
 
     def remove(self) -> None:
         """Give the signals back to ``SIG_DFL`` where our handler is still the one installed."""
+        self._drop_wakeup()
         for s in self._installed:
             if self._is_ours(s):
                 try:
@@ -162,9 +297,8 @@ class SignalGuard:
             _die(signum)
         if not self._is_ours(signum):  # the program's own handler calls the one it replaced: as SIG_DFL
             return
-        if self._busy:  # another signal while one is handled: the first one ends the process
+        if not self._claim():  # another signal while one is handled (or the helper took it): that one ends it
             return
-        self._busy = True
         if self._holding:
             self._pending = signum
             try:
@@ -214,4 +348,4 @@ def _say(text: str) -> None:
         pass
 
 
-__all__ = ["DEFAULT_TIMEOUT", "SignalGuard", "signal_name", "terminating_signals"]
+__all__ = ["DEFAULT_TIMEOUT", "GRACE", "SignalGuard", "signal_name", "terminating_signals"]

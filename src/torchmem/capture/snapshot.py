@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Mapping
 
 from torchmem.analysis.stats import MemoryStats, ProcessMemory, build_stats
 from torchmem.devices import Backend, CpuBackend, CudaBackend, DeviceLike, _context, _nvml, _ops, backend
@@ -111,7 +112,7 @@ def _read_cuda(be: CudaBackend, probe: bool = True) -> MemoryStats:
         elif _context.probe_enabled():
             notes.append("The CUDA context could not be measured (the probe process failed).")
 
-    nccl = _nccl() if probe else (None, None)
+    nccl = _nccl(index, process_used, allocator, context, sum(pools.values()))
     return build_stats(
         device=be.label,
         platform=be.platform,
@@ -134,24 +135,45 @@ def _read_cuda(be: CudaBackend, probe: bool = True) -> MemoryStats:
         notes=tuple(notes),
         nccl_buffers=nccl[0],
         nccl_communicators=nccl[1],
+        nccl_method=nccl[2],
     )
 
 
-def _nccl() -> tuple[int | None, int | None]:
-    """NCCL's buffers for the process group's communicators, estimated from the environment (no collective;
-    empty outside torch.distributed with NCCL)."""
+def _nccl(
+    index: int,
+    process_used: int | None,
+    allocator: Mapping[str, int] | None,
+    context: int | None,
+    pools: int,
+) -> tuple[int | None, int | None, str | None]:
+    """NCCL's device memory for the process group's communicators (no collective; nothing outside
+    torch.distributed with NCCL): ``(bytes, communicators, method)``.
+
+    ``"measured"``: this process's memory outside the caching allocator grew by ``bytes`` since just before
+    its first process group (the baseline ``torchmem run`` takes; with no context then, the baseline is the
+    CUDA context). Else ``"estimate"``: from the environment (``NCCL_BUFFSIZE`` and channels), a lower bound.
+    """
     try:
         from torchmem.capture.ranks import process_group_facts
+        from torchmem.devices import _nccl as nccl_state
         from torchmem.results.ranks import estimate_nccl
 
         facts = process_group_facts()
         n = int((facts or {}).get("nccl_communicators") or 0)
+        if n <= 0:
+            return None, None, None
+        taken, base = nccl_state.baseline(index)
+        reserved = None if allocator is None else allocator.get("reserved_bytes.all.current")
+        if taken and base is None:
+            base = context
+        if taken and base is not None and process_used is not None and reserved is not None:
+            return max(process_used - int(reserved) - pools - base, 0), n, "measured"
         est = estimate_nccl(os.environ, n)
     except Exception:
-        return None, None
+        return None, None, None
     if est is None:
-        return None, None
-    return est.bytes, est.communicators
+        return None, None, None
+    return est.bytes, est.communicators, "estimate"
 
 
 def _private_pools(index: int) -> int | None:

@@ -34,6 +34,21 @@ def cuda_ready() -> bool:
     return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
 
 
+def has_context(index: int) -> bool:
+    """Whether this process has a CUDA context on device ``index`` (never creates one). torch's private
+    ``_cuda_hasPrimaryContext`` where it exists; else only the current device counts as having one."""
+    probe = getattr(torch._C, "_cuda_hasPrimaryContext", None)
+    if probe is not None:
+        try:
+            return bool(probe(index))
+        except Exception:
+            pass
+    try:
+        return int(torch.cuda.current_device()) == index
+    except Exception:
+        return False
+
+
 def platform() -> str:
     return "rocm" if getattr(torch.version, "hip", None) else "cuda"
 
@@ -108,7 +123,7 @@ def brief_stats(index: int) -> dict[str, int] | None:
 
 
 def mem_info(index: int) -> tuple[int, int] | None:
-    if not cuda_ready():
+    if not cuda_ready() or not has_context(index):
         return None
     free, total = torch.cuda.mem_get_info(index)
     return int(free), int(total)

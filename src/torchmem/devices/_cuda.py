@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from torchmem.devices import _peaks
+from torchmem.devices._allocator import has_context
 from torchmem.devices._base import Backend, HotReading, flatten
 
 
@@ -71,8 +72,9 @@ class CudaBackend(Backend):
         return _peaks.user_view_flat(self._idx, flat) if _peaks._muxes else flat
 
     def mem_info(self) -> tuple[int, int] | None:
-        # cudaMemGetInfo needs a context; creating one would add ~500 MiB to what we measure.
-        if not torch.cuda.is_initialized():
+        # cudaMemGetInfo needs a context on the device; creating one would add ~500 MiB to what we measure
+        # (and, for a device the program never used, a context it never asked for: a rank reading GPU 0).
+        if not torch.cuda.is_initialized() or not has_context(self._idx):
             return None
         free, total = torch.cuda.mem_get_info(self._idx)
         return int(free), int(total)

@@ -11,9 +11,20 @@ from typing import Any
 
 import torch
 
+from torchmem.devices._allocator import has_context
+
+
+def _cuda_used(device: torch.device) -> bool:
+    """CUDA is initialised and this process has a context on ``device``: else there is nothing to
+    synchronise or flush there, and doing it would create a context (~500 MiB) on a GPU never used."""
+    if not torch.cuda.is_initialized():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return has_context(index)
+
 
 def synchronize(device: torch.device) -> None:
-    if device.type == "cuda" and torch.cuda.is_initialized():
+    if device.type == "cuda" and _cuda_used(device):
         torch.cuda.synchronize(device)
     elif device.type == "xpu":
         xpu: Any = getattr(torch, "xpu", None)
@@ -25,7 +36,7 @@ def synchronize(device: torch.device) -> None:
 
 def empty_cache(device: torch.device) -> bool:
     """Return cached free blocks of ``device`` to the driver. Returns whether there was a cache to empty."""
-    if device.type == "cuda" and torch.cuda.is_initialized():
+    if device.type == "cuda" and _cuda_used(device):
         with torch.cuda.device(device):
             torch.cuda.empty_cache()
         return True

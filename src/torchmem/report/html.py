@@ -229,7 +229,8 @@ def _reconciliation(cap: Capture) -> str:
     for rec in cap.stats:
         bd = rec.as_breakdown()
         st = rec.as_stats()
-        title = f"At the {_e(rec.when)} of the run ({rec.t:.2f} s)"
+        moment = f"the {rec.when} of the run" if rec.when in ("start", "end") else f"{rec.when}()"
+        title = f"At {_e(moment)} ({rec.t:.2f} s)"
         block = [f"<h3>{title}</h3>"]
         if bd is not None:
             rows = _breakdown_rows(bd.process)

@@ -230,6 +230,10 @@ class RankRow:
     """The rank's leak verdict, as its own report says it."""
     timeline: str = ""
     nccl: NcclEstimate | None = None
+    nccl_measured: int | None = None
+    """NCCL's device memory measured on this rank (growth outside the allocator since its first process
+    group, read while the communicators existed), ``None`` where only the estimate is known."""
+    nccl_communicators: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -417,7 +421,14 @@ def render_merged(rep: MergedReport) -> str:
         lines.append(f"{r.label} ({r.capture}):")
         if r.timeline:
             lines.append(f"  timeline  {r.timeline}")
-        if r.nccl is not None:
+        if r.nccl_measured is not None:
+            n = r.nccl_communicators or 0
+            lines.append(
+                f"  NCCL {fmt_bytes(r.nccl_measured)} outside the caching allocator ({n} communicator"
+                f"{'s' if n != 1 else ''}; measured: growth since the first process group, kernels loaded "
+                "since included)"
+            )
+        elif r.nccl is not None:
             lines.append(f"  {r.nccl}")
         lines += ["  " + x for x in (r.leak_text or "leak verdict: none recorded").splitlines()]
     if rep.notes:

@@ -162,10 +162,14 @@ class MemoryStats:
         private_pools: Of ``reserved``, the segments in private memory pools (CUDA graphs recorded by
             ``torch.cuda.graph`` or torch.compile's ``reduce-overhead`` mode); read by :func:`torchmem.stats`
             (one allocator snapshot), ``None`` where not read.
-        nccl_buffers: NCCL's device buffers estimated from its environment (``NCCL_BUFFSIZE``, channels) for
-            ``nccl_communicators`` communicators of an initialised process group (a lower bound, outside the
-            caching allocator; docs/distributed.md); ``None`` outside torch.distributed with NCCL.
+        nccl_buffers: NCCL's device memory (outside the caching allocator) for ``nccl_communicators``
+            communicators of an initialised process group; ``None`` outside torch.distributed with NCCL.
+            How it was found is ``nccl_method`` (docs/distributed.md).
         nccl_communicators: The NCCL communicators counted for ``nccl_buffers``.
+        nccl_method: ``"measured"``: this process's memory outside the allocator grew by ``nccl_buffers``
+            since just before its first process group (``torchmem run`` notes that moment; kernels first
+            loaded since count too: an upper bound). ``"estimate"``: from ``NCCL_BUFFSIZE`` and the channel
+            count, a lower bound.
         limit: The per-process cap in effect (:func:`torchmem.limit`, or a memory fraction set another way),
             in bytes; ``None`` when no cap is in effect.
         notes: Why some figures are ``n/a``, and what to do about it.
@@ -204,6 +208,7 @@ class MemoryStats:
     private_pools: int | None = None
     nccl_buffers: int | None = None
     nccl_communicators: int | None = None
+    nccl_method: str | None = None
 
     @property
     def other_processes_used(self) -> int | None:
@@ -309,10 +314,17 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
     rest_note = "library handles and lazily loaded kernels (cuBLAS, cuDNN), NCCL buffers, raw cudaMalloc"
     if s.nccl_buffers and rest is not None and rest > 0:
         share = min(s.nccl_buffers, rest)
-        rest_note = (
-            f"of which NCCL buffers ~{fmt_bytes(share)} ({s.nccl_communicators or '?'} communicator(s), "
-            "estimated from NCCL_BUFFSIZE and the channel count: a lower bound); " + rest_note
-        )
+        comms = f"{s.nccl_communicators or '?'} communicator(s)"
+        if s.nccl_method == "measured":
+            rest_note = (
+                f"of which NCCL ~{fmt_bytes(share)} ({comms}; measured: the growth outside the allocator "
+                "since the first process group, kernels loaded since included); " + rest_note
+            )
+        else:
+            rest_note = (
+                f"of which NCCL buffers ~{fmt_bytes(share)} ({comms}, estimated from NCCL_BUFFSIZE and the "
+                "channel count: a lower bound); " + rest_note
+            )
     if rest is not None and rest < 0:
         # No figure is ever negative: the rows above add up to more than this process's usage.
         rest_note = (

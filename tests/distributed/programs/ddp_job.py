@@ -28,7 +28,11 @@ for _ in range(96):  # ~36 MiB kept on rank 1: well above the C heap's own sprea
 everyone = gather_stats("cpu")
 mine = local_stats("cpu")
 
-net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+# A DDP model: the search runs each trial in no_sync() (rank 1 runs out of memory at sizes rank 0 still
+# runs: with DDP's all-reduce in the trial, rank 0 would wait in it for ever).
+net = torch.nn.parallel.DistributedDataParallel(
+    torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 256))
+)
 
 
 def step(bs: int) -> None:

@@ -83,7 +83,8 @@ def run_search(
     limited = False  # the search was cut short by max_trials
     stale_bytes = 0  # what the last out-of-memory call left behind (this rank), before a closing run
     while size is not None and (closing or len(trials) < max_trials):
-        out = meter.call(fn, size)
+        with group.local_trials():  # under DDP: no gradient all-reduce inside a trial (see ranks.py)
+            out = meter.call(fn, size)
         status = {"ok": 1, "oom": 0, "error": -1}[out.status]
         _, bud = budget_now()
         over = out.status == "ok" and enforce and bud is not None and out.peak is not None and out.peak > bud
