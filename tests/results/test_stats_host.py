@@ -54,3 +54,19 @@ def test_the_unexplained_row_names_nccls_estimated_buffers() -> None:
     assert "NCCL buffers ~32.00 MiB (2 communicator(s)" in row, text
     plain = str(cuda_stats(unexplained=300 * MiB).breakdown())
     assert "NCCL buffers ~" not in plain
+
+
+def test_the_unexplained_row_says_how_nccl_s_share_was_found() -> None:
+    """Measured around the calls that created the communicators, the growth since the first process group
+    (an upper bound), or the environment's estimate (a lower bound): each says which it is."""
+    for method, words in (
+        ("measured", "NCCL ~844.00 MiB (1 communicator(s); measured through NVML around the calls"),
+        ("growth", "NCCL at most ~844.00 MiB (1 communicator(s); the growth outside the allocator since"),
+        ("estimate", "NCCL buffers ~844.00 MiB (1 communicator(s), estimated from NCCL_BUFFSIZE"),
+    ):
+        s = cuda_stats(
+            nccl_buffers=844 * MiB, nccl_communicators=1, nccl_method=method, unexplained=900 * MiB
+        )
+        row = next(x for x in str(s.breakdown()).splitlines() if "unexplained" in x)
+        assert words in row, row
+        assert MemoryStats.from_dict(s.to_dict()).nccl_method == method

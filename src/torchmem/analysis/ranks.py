@@ -81,7 +81,7 @@ def _row(cap: Capture) -> RankRow:
     measured = [
         st2
         for st2 in (rec.as_stats() for rec in reversed(cap.stats))
-        if st2 is not None and st2.nccl_method == "measured" and st2.nccl_buffers is not None
+        if st2 is not None and st2.nccl_method in ("measured", "growth") and st2.nccl_buffers is not None
     ]
     nccl_now = max(measured, key=lambda x: x.nccl_communicators or 0) if measured else None
     pid = cap.header.get("pid")
@@ -109,6 +109,7 @@ def _row(cap: Capture) -> RankRow:
         timeline=_timeline(cap),
         nccl=nccl,
         nccl_measured=None if nccl_now is None else nccl_now.nccl_buffers,
+        nccl_method=None if nccl_now is None else nccl_now.nccl_method,
         nccl_communicators=None if nccl_now is None else nccl_now.nccl_communicators,
     )
 

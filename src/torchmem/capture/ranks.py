@@ -281,12 +281,36 @@ def process_group_facts() -> dict[str, Any] | None:
     return facts
 
 
+# the torch.distributed calls inside which an NCCL communicator can be created: its first collective on a
+# group (lazy creation), or init_process_group / new_group with a device bound (eager creation)
+_COLLECTIVES = (
+    "all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+    "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "reduce", "gather", "scatter",
+    "send", "recv", "isend", "irecv", "batch_isend_irecv", "all_gather_object", "broadcast_object_list",
+    "monitored_barrier",
+)  # fmt: skip
+
+
+def _uses_nccl(c10d: Any, group: Any = None) -> bool:
+    try:
+        backend = c10d.get_backend(group) if group is not None else c10d.get_backend()
+        return "nccl" in str(backend).lower()
+    except Exception:
+        return False
+
+
 def watch_process_groups(before_destroy: Callable[[], Any] | None = None) -> Callable[[], None]:
-    """Wrap ``torch.distributed.init_process_group`` so that NCCL's baseline is noted just before the
-    program's first process group is created (:mod:`torchmem.devices._nccl`: what NCCL then allocates is
-    measured, not estimated), and ``destroy_process_group`` so that ``before_destroy`` runs while the
-    communicators still exist. Returns the undo; an error in a wrapper never reaches the program, and a
-    wrapper the program replaced in the meantime is left alone."""
+    """Measure NCCL's device memory (:mod:`torchmem.devices._nccl`) by wrapping, in ``torch.distributed``:
+
+    * ``init_process_group``: the baseline just before the first group; each group created with NCCL
+      (here and in ``new_group``) has its communicator still to be seen;
+    * the calls inside which a communicator is created — the collectives, ``init_process_group`` and
+      ``new_group`` (eager, with a device bound), ``DistributedDataParallel``'s constructor (its first
+      broadcast) — as measured windows while a communicator is still to be seen;
+    * ``destroy_process_group``: ``before_destroy`` runs while the communicators still exist.
+
+    Returns the undo. An error in a wrapper never reaches the program; a function the program replaced in
+    the meantime is left alone."""
     from torchmem.devices import _nccl
 
     dist = sys.modules.get("torch.distributed")
@@ -296,21 +320,67 @@ def watch_process_groups(before_destroy: Callable[[], Any] | None = None) -> Cal
         from torch.distributed import distributed_c10d as c10d
     except Exception:
         return lambda: None
-    original = getattr(c10d, "init_process_group", None)
-    if original is None or getattr(original, "__torchmem_wrapped__", None) is not None:
+    init = getattr(c10d, "init_process_group", None)
+    if init is None or getattr(init, "__torchmem_wrapped__", None) is not None:
         return lambda: None
     _nccl.reset()
 
-    @functools.wraps(original)
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+    def quiet(call: Callable[..., Any], *args: Any) -> None:
         try:
-            _nccl.take_baseline()
+            call(*args)
         except Exception:
             pass
-        return original(*args, **kwargs)
 
-    init_process_group.__torchmem_wrapped__ = original  # type: ignore[attr-defined]
-    wrappers: list[tuple[str, Any, Any]] = [("init_process_group", original, init_process_group)]
+    def measured(
+        fn: Any, before: Callable[[], None] | None = None, after: Any = None, always: bool = False
+    ) -> Any:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if before is not None:
+                quiet(before)
+            if not _nccl.watching():  # every group showed its communicator: one test per call
+                result = fn(*args, **kwargs)
+                if after is not None:
+                    quiet(after, result)
+                return result
+            win = _nccl.window(always)
+            try:
+                win.__enter__()
+            except Exception:
+                return fn(*args, **kwargs)
+            done = False
+            try:
+                result = fn(*args, **kwargs)
+                done = True
+            finally:
+                if done and after is not None:
+                    quiet(after, result)
+                quiet(win.__exit__, None, None, None)
+            return result
+
+        wrapper.__torchmem_wrapped__ = fn  # type: ignore[attr-defined]
+        return wrapper
+
+    def inited(_result: Any) -> None:
+        if _uses_nccl(c10d):
+            _nccl.group_created()
+
+    def grouped(result: Any) -> None:
+        if result is not None and _uses_nccl(c10d, result):
+            _nccl.group_created()
+
+    wrappers: list[tuple[Any, str, Any, Any]] = []
+    for name in ("init_process_group", "new_group", *_COLLECTIVES):
+        fn = getattr(c10d, name, None)
+        if fn is None or not callable(fn):
+            continue
+        if name == "init_process_group":
+            new = measured(fn, before=_nccl.take_baseline, after=inited, always=True)
+        elif name == "new_group":
+            new = measured(fn, after=grouped, always=True)
+        else:
+            new = measured(fn)
+        wrappers += [(m, name, fn, new) for m in (dist, c10d) if getattr(m, name, None) is fn]
     destroy = getattr(c10d, "destroy_process_group", None)
     if before_destroy is not None and destroy is not None:
 
@@ -323,20 +393,25 @@ def watch_process_groups(before_destroy: Callable[[], Any] | None = None) -> Cal
             return destroy(*args, **kwargs)
 
         destroy_process_group.__torchmem_wrapped__ = destroy  # type: ignore[attr-defined]
-        wrappers.append(("destroy_process_group", destroy, destroy_process_group))
-    placed = [
-        (m, name, old, new)
-        for name, old, new in wrappers
-        for m in (dist, c10d)
-        if getattr(m, name, None) is old
-    ]
-    for m, name, _, new in placed:
-        setattr(m, name, new)
+        wrappers += [
+            (m, "destroy_process_group", destroy, destroy_process_group)
+            for m in (dist, c10d)
+            if getattr(m, "destroy_process_group", None) is destroy
+        ]
+    try:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ddp_init = DDP.__init__
+        wrappers.append((DDP, "__init__", ddp_init, measured(ddp_init)))
+    except Exception:
+        pass
+    for owner, name, _, new in wrappers:
+        setattr(owner, name, new)
 
     def undo() -> None:
-        for m, name, old, new in placed:
-            if getattr(m, name, None) is new:
-                setattr(m, name, old)
+        for owner, name, old, new in wrappers:
+            if owner.__dict__.get(name) is new:
+                setattr(owner, name, old)
 
     return undo
 

@@ -147,12 +147,8 @@ def _nccl(
     pools: int,
 ) -> tuple[int | None, int | None, str | None]:
     """NCCL's device memory for the process group's communicators (no collective; nothing outside
-    torch.distributed with NCCL): ``(bytes, communicators, method)``.
-
-    ``"measured"``: this process's memory outside the caching allocator grew by ``bytes`` since just before
-    its first process group (the baseline ``torchmem run`` takes; with no context then, the baseline is the
-    CUDA context). Else ``"estimate"``: from the environment (``NCCL_BUFFSIZE`` and channels), a lower bound.
-    """
+    torch.distributed with NCCL): ``(bytes, communicators, method)``, the method as
+    :attr:`MemoryStats.nccl_method` describes it (``"measured"``, ``"growth"``, ``"estimate"``)."""
     try:
         from torchmem.capture.ranks import process_group_facts
         from torchmem.devices import _nccl as nccl_state
@@ -162,12 +158,15 @@ def _nccl(
         n = int((facts or {}).get("nccl_communicators") or 0)
         if n <= 0:
             return None, None, None
+        seen = nccl_state.measured(index)
+        if seen is not None:
+            return seen[0], n, "measured"
         taken, base = nccl_state.baseline(index)
         reserved = None if allocator is None else allocator.get("reserved_bytes.all.current")
         if taken and base is None:
             base = context
         if taken and base is not None and process_used is not None and reserved is not None:
-            return max(process_used - int(reserved) - pools - base, 0), n, "measured"
+            return max(process_used - int(reserved) - pools - base, 0), n, "growth"
         est = estimate_nccl(os.environ, n)
     except Exception:
         return None, None, None

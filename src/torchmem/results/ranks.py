@@ -234,6 +234,8 @@ class RankRow:
     """NCCL's device memory measured on this rank (growth outside the allocator since its first process
     group, read while the communicators existed), ``None`` where only the estimate is known."""
     nccl_communicators: int | None = None
+    nccl_method: str | None = None
+    """How ``nccl_measured`` was found (``"measured"``, ``"growth"``: see ``MemoryStats.nccl_method``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -423,10 +425,14 @@ def render_merged(rep: MergedReport) -> str:
             lines.append(f"  timeline  {r.timeline}")
         if r.nccl_measured is not None:
             n = r.nccl_communicators or 0
+            said = (
+                "measured through NVML around the calls that created them"
+                if r.nccl_method == "measured"
+                else "at most: growth since the first process group, kernels loaded since included"
+            )
             lines.append(
                 f"  NCCL {fmt_bytes(r.nccl_measured)} outside the caching allocator ({n} communicator"
-                f"{'s' if n != 1 else ''}; measured: growth since the first process group, kernels loaded "
-                "since included)"
+                f"{'s' if n != 1 else ''}; {said})"
             )
         elif r.nccl is not None:
             lines.append(f"  {r.nccl}")

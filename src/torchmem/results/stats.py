@@ -166,10 +166,11 @@ class MemoryStats:
             communicators of an initialised process group; ``None`` outside torch.distributed with NCCL.
             How it was found is ``nccl_method`` (docs/distributed.md).
         nccl_communicators: The NCCL communicators counted for ``nccl_buffers``.
-        nccl_method: ``"measured"``: this process's memory outside the allocator grew by ``nccl_buffers``
-            since just before its first process group (``torchmem run`` notes that moment; kernels first
-            loaded since count too: an upper bound). ``"estimate"``: from ``NCCL_BUFFSIZE`` and the channel
-            count, a lower bound.
+        nccl_method: ``"measured"``: NVML's figure read around the calls that created the communicators
+            (the first collective on each group, DDP's constructor; ``torchmem run`` wraps them).
+            ``"growth"``: the growth outside the allocator since just before the first process group
+            (no creation was seen; kernels loaded since count too: an upper bound). ``"estimate"``: from
+            ``NCCL_BUFFSIZE`` and the channel count, a lower bound (outside ``torchmem run``).
         limit: The per-process cap in effect (:func:`torchmem.limit`, or a memory fraction set another way),
             in bytes; ``None`` when no cap is in effect.
         notes: Why some figures are ``n/a``, and what to do about it.
@@ -317,8 +318,13 @@ def build_breakdown(s: MemoryStats) -> Breakdown:
         comms = f"{s.nccl_communicators or '?'} communicator(s)"
         if s.nccl_method == "measured":
             rest_note = (
-                f"of which NCCL ~{fmt_bytes(share)} ({comms}; measured: the growth outside the allocator "
-                "since the first process group, kernels loaded since included); " + rest_note
+                f"of which NCCL ~{fmt_bytes(share)} ({comms}; measured through NVML around the calls that "
+                "created them); " + rest_note
+            )
+        elif s.nccl_method == "growth":
+            rest_note = (
+                f"of which NCCL at most ~{fmt_bytes(share)} ({comms}; the growth outside the allocator since "
+                "the first process group, kernels loaded since included); " + rest_note
             )
         else:
             rest_note = (
