@@ -9,6 +9,7 @@ import socket
 
 import torch
 import torch.distributed as dist
+import torch.nn.parallel.distributed as ddp_module
 from torch.distributed import distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -26,12 +27,12 @@ def _port() -> int:
 
 def test_the_wrappers_leave_the_program_s_calls_as_they_were_and_go_away() -> None:
     originals = {n: getattr(dist, n) for n in ("init_process_group", "all_reduce", "new_group", "barrier")}
-    ddp_init = DDP.__init__
+    check = ddp_module._verify_param_shape_across_processes
     seen: list[str] = []
     undo = watch_process_groups(lambda: seen.append("before destroy"))
     try:
         assert dist.all_reduce is not originals["all_reduce"] and c10d.all_reduce is dist.all_reduce
-        assert DDP.__init__ is not ddp_init
+        assert ddp_module._verify_param_shape_across_processes is not check  # DDP's first collective
         dist.init_process_group(
             "gloo", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1
         )  # through the wrapper: the baseline is taken (no CUDA here: nothing to note)
@@ -53,7 +54,7 @@ def test_the_wrappers_leave_the_program_s_calls_as_they_were_and_go_away() -> No
             dist.destroy_process_group()
     for name, fn in originals.items():
         assert getattr(dist, name) is fn and getattr(c10d, name) is fn
-    assert DDP.__init__ is ddp_init
+    assert ddp_module._verify_param_shape_across_processes is check
 
 
 def test_a_window_measures_nothing_without_a_gpu_and_counts_itself() -> None:

@@ -305,8 +305,8 @@ def watch_process_groups(before_destroy: Callable[[], Any] | None = None) -> Cal
     * ``init_process_group``: the baseline just before the first group; each group created with NCCL
       (here and in ``new_group``) has its communicator still to be seen;
     * the calls inside which a communicator is created — the collectives, ``init_process_group`` and
-      ``new_group`` (eager, with a device bound), ``DistributedDataParallel``'s constructor (its first
-      broadcast) — as measured windows while a communicator is still to be seen;
+      ``new_group`` (eager, with a device bound), the parameter-shape check of ``DistributedDataParallel``'s
+      constructor (its first collective) — as measured windows while a communicator is still to be seen;
     * ``destroy_process_group``: ``before_destroy`` runs while the communicators still exist.
 
     Returns the undo. An error in a wrapper never reaches the program; a function the program replaced in
@@ -398,11 +398,16 @@ def watch_process_groups(before_destroy: Callable[[], Any] | None = None) -> Cal
             for m in (dist, c10d)
             if getattr(m, "destroy_process_group", None) is destroy
         ]
-    try:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
-        ddp_init = DDP.__init__
-        wrappers.append((DDP, "__init__", ddp_init, measured(ddp_init)))
+    try:  # DDP's constructor: its first collective checks the parameters' shapes across the ranks
+        ddp_module: Any = sys.modules.get("torch.nn.parallel.distributed")
+        if ddp_module is None:
+            import torch.nn.parallel.distributed as ddp_module
+        check = getattr(ddp_module, "_verify_param_shape_across_processes", None)
+        if callable(check):  # the narrowest window: the shape check alone (torch >= 2.0)
+            wrappers.append((ddp_module, "_verify_param_shape_across_processes", check, measured(check)))
+        else:  # pragma: no cover - older torch: the whole constructor
+            ddp = ddp_module.DistributedDataParallel
+            wrappers.append((ddp, "__init__", ddp.__init__, measured(ddp.__init__)))
     except Exception:
         pass
     for owner, name, _, new in wrappers:
