@@ -72,3 +72,16 @@ def test_a_window_measures_nothing_without_a_gpu_and_counts_itself() -> None:
         assert not _nccl.watching()  # the calls stop costing after MAX_WINDOWS windows
     finally:
         _nccl.reset()
+
+
+def test_a_launched_rank_watches_its_local_rank_s_gpu() -> None:
+    """``torchmem run`` under torchrun/SLURM/MPI with several visible GPUs reads the local rank's GPU (all
+    ranks reading cuda:0 read the wrong GPU and put a context on GPU 0 in every rank: seen on 2 H100s)."""
+    from torchmem.capture.ranks import RankInfo, rank_device_index
+
+    assert rank_device_index(RankInfo(rank=3, world_size=4, local_rank=1, launcher="torchrun"), 2) == 1
+    assert rank_device_index(RankInfo(rank=3, world_size=4, local_rank=3, launcher="slurm"), 2) == 1
+    assert rank_device_index(RankInfo(rank=1, world_size=2, local_rank=1), 1) is None  # one GPU per rank
+    assert rank_device_index(RankInfo(rank=1, world_size=2, local_rank=None), 8) is None
+    assert rank_device_index(RankInfo(rank=2, world_size=0, local_rank=2, launcher="spawn"), 8) is None
+    assert rank_device_index(None, 8) is None

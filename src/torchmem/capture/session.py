@@ -1399,9 +1399,10 @@ def _rank_device() -> torch.device | None:
         from torchmem.capture.ranks import rank_device_index, rank_info
         from torchmem.devices import cuda_available, cuda_count
 
-        if not cuda_available():
+        info = rank_info()  # the environment only: no CUDA query outside a launcher
+        if info is None or info.local_rank is None or not cuda_available():
             return None
-        index = rank_device_index(rank_info(), cuda_count())
+        index = rank_device_index(info, cuda_count())
     except Exception:
         return None
     return None if index is None else torch.device("cuda", index)
