@@ -155,6 +155,19 @@ def test_a_main_thread_that_cannot_run_the_handler_is_finished_by_the_wakeup_hel
         tmp_path,
     )
     assert (r.returncode, r.stdout) == (0, "True True True\n"), r.stderr
+    # a wake-up fd the program sets after the guard (asyncio's add_signal_handler) is left to it by remove()
+    r = _script(
+        """
+        g = SignalGuard(lambda s: None).install()
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w)
+        g.remove()
+        print(signal.set_wakeup_fd(-1) == w, flush=True)
+        """,
+        tmp_path,
+    )
+    assert (r.returncode, r.stdout) == (0, "True\n"), r.stderr
     # a forked child gives the inherited wake-up fd up, and remove() gives it back in the parent
     r = _script(
         """

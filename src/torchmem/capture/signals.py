@@ -208,8 +208,9 @@ class SignalGuard:
             _active.remove(self)
         r, w = wake
         try:
-            if signal.set_wakeup_fd(-1) not in (w, -1):  # not ours any more: put it back
-                signal.set_wakeup_fd(w)  # pragma: no cover - the program replaced it
+            prev = signal.set_wakeup_fd(-1)
+            if prev not in (w, -1):  # the program set its own since (asyncio's signal handlers): it stays
+                signal.set_wakeup_fd(prev)
         except (ValueError, OSError):
             pass
         try:
