@@ -195,7 +195,7 @@ class Session:
         self._child_lock = threading.Lock()
         self._job = ""
         self._pg_written = False
-        self._unwatch_groups: Any = None  # undoes the init_process_group wrapper (NCCL's baseline)
+        self._unwatch_groups: Any = None  # undoes the torch.distributed wrappers (NCCL measured in windows)
         self._pg_end_read = False  # the reading before destroy_process_group was taken
 
     # -- start -----------------------------------------------------------------------------------
