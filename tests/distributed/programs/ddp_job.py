@@ -35,15 +35,28 @@ net = torch.nn.parallel.DistributedDataParallel(
 )
 
 
+adam = torch.optim.Adam(net.parameters(), lr=0.01)
+torch.manual_seed(rank)  # each rank's batches differ: in no_sync() each replica steps with its own gradients
+net(torch.randn(8, 256)).sum().backward()  # Adam's state exists before the search (outside the caps)
+adam.step()
+adam.zero_grad(set_to_none=True)
+
+
 def step(bs: int) -> None:
     net(torch.randn(bs, 256)).sum().backward()
-    net.zero_grad(set_to_none=True)
+    adam.step()
+    adam.zero_grad(set_to_none=True)
 
 
 with torchmem.limit((8 << 20) if rank == 0 else (4 << 20), "cpu"):
     found = torchmem.find_batch_size(step, device="cpu", margin=0.0)
+# after the search every rank holds rank 0's replica: parameters and Adam's state, to the bit
+replica = [p.detach().clone() for p in net.parameters()]
+replica += [v.clone() for st in adam.state.values() for v in st.values() if torch.is_tensor(v)]
 result = {
     "rank": rank,
+    "replica": [t.double().sum().item() for t in replica] + [float(len(replica))],
+    "note": found.note,
     "local": mine.to_dict(),
     "batch": found.batch_size,
     "gathered": everyone.to_dict() if everyone is not None else None,

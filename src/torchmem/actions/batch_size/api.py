@@ -138,7 +138,9 @@ def find_batch_size(
     **torch.distributed** (``distributed=None``: whenever a process group is initialised): every trial's
     outcome and every next size are agreed with ``all_reduce(MIN)``, so all ranks run the same sizes and
     return the same answer — the largest that fits on every rank. A non-OOM error on one rank makes the
-    others raise :class:`DistributedTrialError` instead of waiting.
+    others raise :class:`DistributedTrialError` instead of waiting. Under DDP each trial runs in
+    ``no_sync()`` of every ``DistributedDataParallel`` module: an OOM on one rank mid-step cannot leave the
+    others waiting in DDP's gradient all-reduce.
 
     Args:
         fn: The step: ``fn(batch_size)``. Function form only; the decorator form wraps it.

@@ -169,6 +169,7 @@ def run_search(
         )
     chosen = max(search.good)
     chosen = group.min(chosen)[0]
+    synced = group.resync()  # under DDP: rank 0's replica on every rank again (trials ran in no_sync)
     note = search.note
     if limited:
         note = f"stopped after max_trials={max_trials}"
@@ -182,6 +183,8 @@ def run_search(
             note += f" (it ran out of memory: {chosen} is the largest size that fit before it)"
     if search.oom_min is None and not note.startswith("ran within"):
         note = (note + "; " if note else "") + "no trial ran out of memory"
+    if synced:
+        note = (note + "; " if note else "") + synced
     line = search.line
     _, bud = budget_now()
     return BatchSizeResult(
