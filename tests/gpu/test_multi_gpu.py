@@ -268,3 +268,5 @@ def test_find_batch_size_under_ddp_both_ranks_agree(jobs: dict[str, _Job]) -> No
     _figures("batch_size", {"ranks": res, "seconds": job.seconds})
     assert res[0]["batch"] == res[1]["batch"] > 8
     assert all(x["ok"] for x in res)
+    assert res[0]["replica"] == res[1]["replica"] and len(res[0]["replica"]) > 6  # rank 0's, on both ranks
+    assert "every rank took rank 0's parameters and buffers and optimizer state" in res[0]["text"]
