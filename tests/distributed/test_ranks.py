@@ -405,3 +405,33 @@ def test_ranks_all_terminated_by_a_signal_have_no_first_rank(tmp_path: Path) -> 
         "rank 0 terminated by SIGTERM at step 3",
         "rank 1 terminated by SIGTERM at step 3",
     )
+
+
+def test_growth_below_the_leak_threshold_on_one_rank_is_named_as_the_imbalance_s_cause(
+    tmp_path: Path,
+) -> None:
+    """A newcomer's eval loop keeping its losses on rank 1 only (203 KiB/step, under the 256 KiB/step
+    threshold): the merged report said "no cause torchmem can see" for rank 1's higher peak."""
+    from torchmem.capture.file import CaptureWriter
+    from torchmem.results.leaks import LeakReport
+
+    mib = 1 << 20
+    for rank, (peak, trend) in enumerate(((119 * mib, 16.0), (184 * mib, 208_000.0))):
+        w = CaptureWriter(
+            tmp_path / f"r{rank}.jsonl",
+            device="cpu",
+            source="heap",
+            rank={"rank": rank, "world_size": 2, "local_rank": rank, "launcher": "torchrun", "job": "j"},
+        )
+        for step in (1, 399):
+            w.sample(step=step, allocated=peak, reserved=None, peak_allocated=peak, peak_reserved=None)
+        report = LeakReport(
+            "cpu", "heap", "light", 399, 3, False, 0.0, 0.0, None, None, "growth below the threshold", (),
+            ((1, 0), (399, int(trend * 398))), verdict="below_threshold", trend_per_step=trend,
+        )  # fmt: skip
+        w.leak(report.to_dict())
+        w.close(steps=399)
+    merged = merge_captures([read_capture(tmp_path / f"r{k}.jsonl") for k in (0, 1)])
+    said = [s for s in merged.imbalance if s.startswith("rank 1 peaked")]
+    assert said and "rank 1's memory grows by 203.12 KiB/step, below its leak threshold" in said[0], said
+    assert "min_bytes_per_step" in said[0] and "no cause torchmem can see" not in said[0]

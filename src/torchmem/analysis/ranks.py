@@ -105,6 +105,11 @@ def _row(cap: Capture) -> RankRow:
         process_used=st.process_used if st is not None else None,
         leaking=bool(leak is not None and leak.leaking),
         leak_per_step=float(leak.bytes_per_step) if leak is not None and leak.leaking else 0.0,
+        slow_growth=(
+            float(leak.trend_per_step)
+            if leak is not None and not leak.leaking and leak.verdict == "below_threshold"
+            else 0.0
+        ),
         leak_text=leak_text,
         timeline=_timeline(cap),
         nccl=nccl,
@@ -164,6 +169,13 @@ def _imbalance(caps: Sequence[Capture], rows: list[RankRow]) -> list[str]:
                 )
             elif top.context_of:
                 cause = f"other ranks' contexts on {top.device}"
+            elif top.slow_growth > 0 and top.slow_growth * (top.steps or 0) >= 0.5 * gap:
+                grown = fmt_bytes(int(top.slow_growth * (top.steps or 0)))
+                cause = (
+                    f"{top.label}'s memory grows by {fmt_bytes(int(top.slow_growth))}/step, below its leak "
+                    f"threshold ({grown} over {top.steps} steps): its report below says how to have it "
+                    "named (min_bytes_per_step)"
+                )
             else:
                 cause = (
                     "no cause torchmem can see: uneven data (sequence lengths, batch split) or rank-0 work"

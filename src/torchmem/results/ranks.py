@@ -228,6 +228,8 @@ class RankRow:
     leak_per_step: float = 0.0
     leak_text: str = ""
     """The rank's leak verdict, as its own report says it."""
+    slow_growth: float = 0.0
+    """Bytes per step the rank's memory grew by below its leak threshold (verdict ``below_threshold``)."""
     timeline: str = ""
     nccl: NcclEstimate | None = None
     nccl_measured: int | None = None
