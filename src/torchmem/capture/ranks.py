@@ -18,6 +18,7 @@ its own capture (``<capture>.proc<k>.jsonl``) with its own session.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -338,24 +339,11 @@ def watch_process_groups(before_destroy: Callable[[], Any] | None = None) -> Cal
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if before is not None:
                 quiet(before)
-            if not _nccl.watching():  # every group showed its communicator: one test per call
+            # once every group showed its communicator, a call costs this one test
+            with _nccl.window(always) if _nccl.watching() else contextlib.nullcontext():
                 result = fn(*args, **kwargs)
-                if after is not None:
+                if after is not None:  # inside the window: a group created here waits for its communicator
                     quiet(after, result)
-                return result
-            win = _nccl.window(always)
-            try:
-                win.__enter__()
-            except Exception:
-                return fn(*args, **kwargs)
-            done = False
-            try:
-                result = fn(*args, **kwargs)
-                done = True
-            finally:
-                if done and after is not None:
-                    quiet(after, result)
-                quiet(win.__exit__, None, None, None)
             return result
 
         wrapper.__torchmem_wrapped__ = fn  # type: ignore[attr-defined]
@@ -386,10 +374,7 @@ def watch_process_groups(before_destroy: Callable[[], Any] | None = None) -> Cal
 
         @functools.wraps(destroy)
         def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
-            try:
-                before_destroy()
-            except Exception:
-                pass
+            quiet(before_destroy)
             return destroy(*args, **kwargs)
 
         destroy_process_group.__torchmem_wrapped__ = destroy  # type: ignore[attr-defined]

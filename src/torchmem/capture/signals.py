@@ -57,8 +57,8 @@ def _die(signum: int) -> None:
     """End the process by ``signum``'s default action, as if no handler had ever been installed."""
     try:
         signal.signal(signum, signal.SIG_DFL)
-    except (ValueError, OSError):  # not the main thread: the callers here always are
-        pass
+    except (ValueError, OSError):  # not the main thread: the wake-up helper
+        _default_in_c(signum)
     try:
         signal.raise_signal(signum)  # this thread: the default action ends the process now
     except Exception:
@@ -71,9 +71,9 @@ def _die(signum: int) -> None:
     os._exit(128 + signum)  # blocked everywhere: the exit status a shell shows for it
 
 
-def _die_from_thread(signum: int) -> None:
-    """End the process by ``signum``'s default action from a thread that is not the main one (Python lets
-    only the main thread change a disposition: the C library's ``signal`` does it here)."""
+def _default_in_c(signum: int) -> None:
+    """Give ``signum`` its default action from any thread (Python lets only the main thread change a
+    disposition: the C library's ``signal`` does it for the wake-up helper)."""
     try:
         import ctypes
 
@@ -81,11 +81,8 @@ def _die_from_thread(signum: int) -> None:
         libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
         libc.signal.restype = ctypes.c_void_p
         libc.signal(signum, None)  # SIG_DFL
-        os.kill(os.getpid(), signum)
-        time.sleep(1.0)
     except Exception:
         pass
-    os._exit(128 + signum)
 
 
 _fork_hook = {"registered": False}
@@ -254,7 +251,7 @@ class SignalGuard:
             self._finish(signum)
         except BaseException:
             pass
-        _die_from_thread(signum)
+        _die(signum)
 
     def _claim(self) -> bool:
         """Whether this caller (the main thread's handler or the helper) handles the signal: one does."""

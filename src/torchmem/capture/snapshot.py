@@ -160,7 +160,7 @@ def _nccl(
             return None, None, None
         seen = nccl_state.measured(index)
         if seen is not None:
-            return seen[0], n, "measured"
+            return seen, n, "measured"
         taken, base = nccl_state.baseline(index)
         reserved = None if allocator is None else allocator.get("reserved_bytes.all.current")
         if taken and base is None:

@@ -15,8 +15,7 @@ from typing import Any
 
 import torch
 
-from torchmem.devices import _peaks
-from torchmem.devices._allocator import has_context
+from torchmem.devices import _allocator, _peaks
 from torchmem.devices._base import Backend, HotReading, flatten
 
 
@@ -74,10 +73,7 @@ class CudaBackend(Backend):
     def mem_info(self) -> tuple[int, int] | None:
         # cudaMemGetInfo needs a context on the device; creating one would add ~500 MiB to what we measure
         # (and, for a device the program never used, a context it never asked for: a rank reading GPU 0).
-        if not torch.cuda.is_initialized() or not has_context(self._idx):
-            return None
-        free, total = torch.cuda.mem_get_info(self._idx)
-        return int(free), int(total)
+        return _allocator.mem_info(self._idx)
 
     def pinned_host(self) -> int | None:
         return self.pinned_host_figures()[0]

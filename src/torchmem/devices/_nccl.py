@@ -36,7 +36,7 @@ _GROWTH = 1 << 20  # a window that grew less than this created no communicator
 
 _lock = threading.Lock()
 _local = threading.local()
-_state: dict[str, int] = {"taken": 0, "pending": 0, "windows": 0, "seen": 0}
+_state: dict[str, int] = {"taken": 0, "pending": 0, "windows": 0}
 _baselines: dict[int, int] = {}  # CUDA index -> bytes outside the allocator at the baseline
 _measured: dict[int, int] = {}  # CUDA index -> bytes the windows saw NCCL take there
 
@@ -119,16 +119,12 @@ def window(always: bool = False) -> Iterator[None]:
             if growth:
                 for i, g in growth.items():
                     _measured[i] = _measured.get(i, 0) + g
-                _state["seen"] += 1
                 _state["pending"] = max(_state["pending"] - 1, 0)
 
 
-def measured(index: int) -> tuple[int, int] | None:
-    """``(bytes, communicators)``: what the windows saw NCCL's communicators take on device ``index``, and
-    how many windows saw one; ``None`` when none was seen there."""
-    if index not in _measured:
-        return None
-    return _measured[index], _state["seen"]
+def measured(index: int) -> int | None:
+    """What the windows saw NCCL's communicators take on device ``index`` (``None``: none seen there)."""
+    return _measured.get(index)
 
 
 def baseline(index: int) -> tuple[bool, int | None]:
