@@ -25,6 +25,9 @@ from torchmem.devices import ledger
 
 HERE = Path(__file__).resolve()
 SOURCE = HERE.read_text().splitlines()
+# torchmem's own files are those under the package's folder, wherever the checkout is: a clone in a folder
+# named "torchmem" (what `git clone .../torchmem` makes) holds this test file too, and it is the user's.
+PACKAGE = Path(torchmem.__file__).resolve().parent
 
 
 def _line(name: str) -> int:
@@ -45,7 +48,12 @@ def _assert_points_here(w: warnings.WarningMessage, name: str) -> None:
     assert w.lineno == _line(name), (w.lineno, _line(name))
     printed = warnings.formatwarning(w.message, w.category, w.filename, w.lineno)
     assert f"# <- HERE:{name}" in printed  # the printed warning quotes the user's source line
-    assert "torchmem" not in Path(w.filename).parts  # never torchmem's own file
+    _assert_not_torchmems(w)
+
+
+def _assert_not_torchmems(w: warnings.WarningMessage) -> None:
+    """The warning's file is not one of torchmem's own (under the package's folder)."""
+    assert PACKAGE not in Path(w.filename).resolve().parents, w.filename
 
 
 def _leaky_batches(n: int) -> Iterator[torch.Tensor]:
@@ -285,3 +293,47 @@ def test_warnings_as_errors_are_returned_never_raised() -> None:
         warnings.simplefilter("error")
         err = emit_warning("torchmem: as an error", log_level=logging.DEBUG)
     assert isinstance(err, RuntimeWarning) and "as an error" in str(err)
+
+
+# -- the user's files are the user's wherever they are: also in a folder named "torchmem" -------------------
+
+_USER_SCRIPT = """
+import torch
+import torchmem
+
+kept = []
+for batch in torchmem.watch((torch.randn(64, 64) for _ in range(12)), device="cpu"):  # <- the loop
+    kept.append(torch.ones(256 * 1024) + batch.sum())
+"""
+
+
+def test_a_script_in_a_folder_named_torchmem_is_the_users(tmp_path: Path) -> None:
+    """``/home/u/torchmem/train.py`` (a clone of torchmem, or a project of that name) is user code: frames are
+    torchmem's by the package's own folder, never by a path component's name."""
+    import runpy
+
+    script = tmp_path / "torchmem" / "train.py"
+    script.parent.mkdir()
+    script.write_text(_USER_SCRIPT)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        runpy.run_path(str(script), run_name="__main__")
+    (w,) = [w for w in seen if issubclass(w.category, torchmem.LeakWarning)]
+    assert Path(w.filename).resolve() == script.resolve()
+    line = [i for i, t in enumerate(_USER_SCRIPT.splitlines(), 1) if t.endswith("# <- the loop")]
+    assert [w.lineno] == line
+    _assert_not_torchmems(w)  # checked by the package's folder: a path component named torchmem is fine
+
+
+def test_frames_are_classified_by_the_package_folder_not_by_a_folder_name(tmp_path: Path) -> None:
+    from torchmem import _warn
+
+    home = tmp_path / "torchmem"  # a checkout named torchmem, with its own virtual environment
+    assert _warn._origin(str(home / "train.py"), "__main__") == _warn._USER
+    assert _warn._origin(str(home / "tests" / "test_x.py"), "test_x") == _warn._USER
+    assert _warn._origin(str(home / "src" / "torchmem_tools" / "a.py"), "torchmem_tools.a") == _warn._USER
+    lib = home / ".venv" / "lib" / "python3.11" / "site-packages" / "tinyfw" / "loop.py"
+    assert _warn._origin(str(lib), "tinyfw.loop") == _warn._LIBRARY
+    own = PACKAGE / "capture" / "watch.py"
+    assert _warn._origin(str(own), "torchmem.capture.watch") == _warn._INTERNAL
+    assert _warn._origin(str(PACKAGE / "_demo" / "train.py"), "__main__") == _warn._USER  # the bundled demo
