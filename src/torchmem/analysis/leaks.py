@@ -477,6 +477,241 @@ class GrowthStream:
 
 
 # --------------------------------------------------------------------------------------------------
+# Growth that is large over the run, and growth on a timeline without steps
+# --------------------------------------------------------------------------------------------------
+LARGE_TOTAL = 256 << 20
+"""Growth over a run reported as a leak whatever its rate per step: 256 MiB."""
+LARGE_DOUBLED_MIN = 32 << 20
+"""Growth that more than doubled the figure is large from this much on (32 MiB)."""
+
+
+def large_total(first: float, last: float) -> bool:
+    """Whether growth from ``first`` to ``last`` bytes is large over a run: :data:`LARGE_TOTAL` or more, or
+    a figure that more than doubled, by :data:`LARGE_DOUBLED_MIN` or more. A per-step threshold never hides
+    such growth (:func:`detect_run_growth`).
+
+    Example:
+        >>> MiB = 1 << 20
+        >>> large_total(114 * MiB, 804 * MiB), large_total(300 * MiB, 500 * MiB), large_total(MiB, 9 * MiB)
+        (True, False, False)
+    """
+    total = last - first
+    return total >= LARGE_TOTAL or (total >= LARGE_DOUBLED_MIN and last > 2 * first)
+
+
+def total_words(first: tuple[float, int], last: tuple[float, int], unit: str = "step") -> str:
+    """The growth from ``first`` to ``last`` (``(step, bytes)``; ``(seconds, bytes)`` with ``unit="s"``).
+
+    Example:
+        >>> MiB = 1 << 20
+        >>> total_words((4, 114 * MiB), (22035, 804 * MiB))
+        '+690.00 MiB in all from step 4 to step 22035 (114.00 MiB -> 804.00 MiB, 7.1x)'
+    """
+
+    def at(x: float) -> str:
+        return f"step {x:.0f}" if unit == "step" else f"{x:.0f} s"
+
+    (x0, y0), (x1, y1) = first, last
+    ratio = f", {y1 / y0:.1f}x" if y0 > 0 else ""
+    return (
+        f"{fmt_bytes(y1 - y0, signed=True)} in all from {at(x0)} to {at(x1)} "
+        f"({fmt_bytes(y0)} -> {fmt_bytes(y1)}{ratio})"
+    )
+
+
+def large_growth(
+    found: Growth, first: tuple[float, int], last: tuple[float, int], threshold: float, unit: str = "step"
+) -> Growth:
+    """The leak verdict for growth below ``threshold`` that is large over the run: ``found`` (the growth
+    test's leak with a threshold lowered to the run's own rate) with its total and why it is reported."""
+    return Growth(
+        True,
+        found.bytes_per_step,
+        found.confidence,
+        found.method,
+        found.samples,
+        f"{found.reason}; {total_words(first, last, unit)}: below the leak threshold of "
+        f"{fmt_bytes(threshold)}/{unit}, reported for its total",
+        "leak",
+        found.bytes_per_step,
+        found.min_bytes_per_step,
+    )
+
+
+def run_threshold(first: tuple[float, int], last: tuple[float, int]) -> float | None:
+    """The threshold that tests growth found large over a run (:func:`large_total`): half the run's mean
+    rate, so that the growth going on now accounts for the total; ``None`` when the growth is not large."""
+    (x0, y0), (x1, y1) = first, last
+    if x1 <= x0 or not large_total(y0, y1):
+        return None
+    return max((y1 - y0) / (x1 - x0) / 2, _SMALL)
+
+
+def with_total(g: Growth, first: tuple[float, int], last: tuple[float, int], unit: str = "step") -> Growth:
+    """``g`` with the run's total in its reason where the verdict is growth below the threshold and the
+    total is large (:func:`large_total`); else ``g``."""
+    if g.verdict != "below_threshold" or not large_total(first[1], last[1]):
+        return g
+    return Growth(
+        g.leaking,
+        g.bytes_per_step,
+        g.confidence,
+        g.method,
+        g.samples,
+        f"{g.reason}; {total_words(first, last, unit)}",
+        g.verdict,
+        g.trend_per_step,
+        g.min_bytes_per_step,
+    )
+
+
+def detect_run_growth(
+    steps: Sequence[int],
+    values: Sequence[int],
+    *,
+    first: tuple[int, int] | None = None,
+    min_bytes_per_step: float = 256 * 1024,
+    window: int = 32,
+) -> Growth:
+    """:func:`detect_growth` on the last ``window`` readings, where the threshold never hides growth that is
+    large over the whole run.
+
+    ``first`` is the run's first reading (``(step, bytes)``, default the first of ``steps``/``values``).
+    When the figure grew from it by :data:`LARGE_TOTAL` or more, or more than doubled by
+    :data:`LARGE_DOUBLED_MIN` or more (:func:`large_total`), growth still going on at half the run's mean rate
+    or more is a leak whatever ``min_bytes_per_step`` says; its reason gives the total and the rate. A
+    one-time rise that the steady readings since do not explain is not one.
+
+    Example:
+        >>> MiB = 1 << 20
+        >>> xs = range(0, 11000, 500)  # 64 KiB/step, read every 500 steps: below the 256 KiB/step threshold
+        >>> g = detect_run_growth(xs, [114 * MiB + 65536 * x for x in xs])
+        >>> g.leaking, g.bytes_per_step
+        (True, 65536.0)
+        >>> print(g.reason.split("; ")[1])  # doctest: +NORMALIZE_WHITESPACE
+        +656.25 MiB in all from step 0 to step 10500 (114.00 MiB -> 770.25 MiB, 6.8x): below the leak
+        threshold of 256.00 KiB/step, reported for its total
+    """
+    xs, ys = list(steps), list(values)
+    g = detect_growth(xs, ys, min_bytes_per_step=min_bytes_per_step, window=window)
+    if g.leaking or not ys:
+        return g
+    start = first if first is not None else (xs[0], ys[0])
+    last = (xs[-1], ys[-1])
+    lowered = run_threshold(start, last)
+    if lowered is not None and lowered < min_bytes_per_step:
+        found = detect_growth(xs, ys, min_bytes_per_step=lowered, window=window, explain=False)
+        if found.leaking:
+            return large_growth(found, start, last, min_bytes_per_step)
+    return with_total(g, start, last)
+
+
+TIMELINE_MIN_BYTES_PER_SECOND = 1 << 20
+"""The timeline verdict's leak threshold: 1 MiB/s (a process that keeps what it allocates at that pace)."""
+TIMELINE_WINDOW = 64
+"""Readings of the timeline the verdict judges."""
+
+
+def timeline_growth(
+    points: Sequence[tuple[float, int]], *, min_bytes_per_second: float = TIMELINE_MIN_BYTES_PER_SECOND
+) -> Growth | None:
+    """Growth on a sampled ``(seconds, bytes)`` timeline (a run with no repeating step), per second.
+
+    The figures of the :class:`Growth` are per second (``bytes_per_step`` is bytes per second), its reason
+    speaks of seconds; growth below ``min_bytes_per_second`` that is large over the timeline is a leak with
+    its total (:func:`detect_run_growth`). ``None`` for fewer than 8 readings.
+
+    Example:
+        >>> MiB = 1 << 20
+        >>> g = timeline_growth([(0.05 * i, 90 * MiB + i * 2 * MiB) for i in range(60)])  # 40 MiB/s
+        >>> g.leaking, round(g.bytes_per_step / MiB), g.reason
+        (True, 40, 'the figure grew by 40.00 MiB/s over the sampled timeline (steady test)')
+    """
+    if len(points) < 8:
+        return None
+    t0 = points[0][0]
+    dt = max((points[-1][0] - t0) / (len(points) - 1), 1e-3)
+    xs = [round((t - t0) / dt) for t, _ in points]
+    ys = [v for _, v in points]
+    g = detect_run_growth(xs, ys, min_bytes_per_step=min_bytes_per_second * dt, window=TIMELINE_WINDOW)
+    rate, trend = g.bytes_per_step / dt, g.trend_per_step / dt
+    first, last = (points[0][0], ys[0]), (points[-1][0], ys[-1])
+    recent = ys[-TIMELINE_WINDOW:]
+    span = (points[-1][0] - points[-len(recent)][0]) if len(recent) > 1 else 0.0
+    over = f"over the last {span:.0f} s of the sampled timeline"
+    if g.leaking:
+        reason = f"the figure grew by {fmt_bytes(rate)}/s over the sampled timeline ({g.method} test)"
+        if g.min_bytes_per_step < min_bytes_per_second * dt:
+            reason += (
+                f"; {total_words(first, last, 's')}: below the leak threshold of "
+                f"{fmt_bytes(min_bytes_per_second)}/s, reported for its total"
+            )
+    elif g.verdict == "below_threshold":
+        reason = (
+            f"the figure grows by {fmt_bytes(trend)}/s {over}, below the timeline's leak threshold of "
+            f"{fmt_bytes(min_bytes_per_second)}/s"
+        )
+        if large_total(ys[0], ys[-1]):
+            reason += f"; {total_words(first, last, 's')}"
+    elif g.verdict == "shrinking":
+        reason = f"shrinking: the figure falls by {fmt_bytes(-trend)}/s {over}: memory is freed, not kept"
+    elif g.verdict == "flat":
+        reason = f"flat: no steady growth {over} ({fmt_bytes(recent[0])} -> {fmt_bytes(recent[-1])})"
+    else:
+        reason = (
+            f"no sustained growth: the figure moves within {fmt_bytes(min(recent))}.."
+            f"{fmt_bytes(max(recent))} {over} (trend {fmt_bytes(trend, signed=True)}/s)"
+        )
+    return Growth(
+        g.leaking,
+        rate,
+        g.confidence,
+        g.method,
+        g.samples,
+        reason,
+        g.verdict,
+        trend,
+        g.min_bytes_per_step / dt if g.leaking else min_bytes_per_second,
+    )
+
+
+def timeline_report(
+    points: Sequence[tuple[float, int]],
+    growth: Growth,
+    *,
+    device: str,
+    source: str,
+    culprits: Sequence[Culprit] = (),
+    notes: Sequence[str] = (),
+) -> LeakReport:
+    """The :class:`LeakReport` of a run with no repeating step, from its sampled ``(seconds, bytes)``
+    timeline and :func:`timeline_growth`'s verdict: figures per second (``unit="s"``), ``steps`` the seconds
+    the timeline covers, ``series`` ``(seconds, bytes)`` (about 256 readings)."""
+    pts = list(points)
+    return LeakReport(
+        device=device,
+        source=source,
+        mode="light",
+        steps=round(pts[-1][0] - pts[0][0]) if pts else 0,
+        warmup=0,
+        leaking=growth.leaking,
+        bytes_per_step=growth.bytes_per_step,
+        confidence=growth.confidence,
+        detected_at=None,
+        stopped_at=None,
+        reason=growth.reason,
+        culprits=tuple(culprits),
+        series=tuple((round(t), v) for t, v in pts[:: max(1, len(pts) // 256)]),
+        notes=tuple(notes),
+        verdict="leak" if growth.leaking else growth.verdict,
+        trend_per_step=growth.trend_per_step,
+        min_bytes_per_step=int(TIMELINE_MIN_BYTES_PER_SECOND),
+        boundary="second",
+        unit="s",
+    )
+
+
+# --------------------------------------------------------------------------------------------------
 # Attribution
 # --------------------------------------------------------------------------------------------------
 def site_growth(series: Sequence[Mapping[Any, tuple[int, int]]]) -> dict[Any, tuple[float, float]]:
@@ -678,7 +913,7 @@ def _grad_graph(path: HolderPath) -> bool:
     )
 
 
-def _grad_graph_fix(path: HolderPath, per_step: float) -> str:
+def _grad_graph_fix(path: HolderPath, per_step: float, unit: str = "step") -> str:
     steps = path.typed_steps
     i = next(
         i
@@ -695,61 +930,90 @@ def _grad_graph_fix(path: HolderPath, per_step: float) -> str:
         owner = holder_name(HolderPath.of(path.root, head, path.depth))
     return (
         f"`{owner}` holds a gradient made with create_graph=True, with the graph of every earlier step "
-        f"(+{_mib(per_step)}/step): set `.grad = None` each step (`optimizer.zero_grad(set_to_none=True)`), "
-        "or take second-order gradients with `torch.autograd.grad(..., create_graph=True)` instead of "
+        f"(+{_mib(per_step)}/{unit}): set `.grad = None` each step "
+        "(`optimizer.zero_grad(set_to_none=True)`), or take second-order gradients with "
+        "`torch.autograd.grad(..., create_graph=True)` instead of "
         "storing them in `.grad`"
     )
 
 
-def fix_for(kind: str, name: str, per_step: float, cycle_types: Sequence[str] = ()) -> str:
-    """The one-line fix for a culprit kind, naming the holder."""
+def _on_cpu(device: str | None) -> bool:
+    return bool(device) and str(device).split(":")[0] == "cpu"
+
+
+def fix_for(
+    kind: str,
+    name: str,
+    per_step: float,
+    cycle_types: Sequence[str] = (),
+    *,
+    unit: str = "step",
+    device: str | None = None,
+) -> str:
+    """The one-line fix for a culprit kind, naming the holder.
+
+    ``unit`` is ``"step"``, or ``"s"`` for a rate per second of a timeline (no repeating step): the rate is
+    written with it and no fix speaks of steps then. ``device`` is the watched device: on the CPU the fix
+    speaks of CPU tensors and memory, and never suggests ``.cpu()`` copies (they would be the same tensors).
+
+    Example:
+        >>> fix_for("device_accumulation", "keep", 2**20, unit="s", device="cpu")
+        '`keep` accumulates CPU tensors (+1.0 MiB/s): keep numbers (`.item()`) or a running sum instead'
+    """
     size = _mib(per_step)
+    rate = f"+{size}/{unit}"
+    per_step_unit = unit == "step"
+    cpu = _on_cpu(device)
+    tensors = "CPU tensors" if cpu else "device tensors"
     if kind == RETAINED_GRAPH:
-        return (
-            f"`{name}` keeps one autograd graph per step ({size} each): store `loss.item()` for logging, "
-            "or `.detach()` (`.cpu()`) what you keep"
+        kept = f"one autograd graph per step ({size} each)" if per_step_unit else f"autograd graphs ({rate})"
+        return f"`{name}` keeps {kept}: store `loss.item()` for logging, " + (
+            "or `.detach()` what you keep" if cpu else "or `.detach()` (`.cpu()`) what you keep"
         )
     if kind == GRAPH_CHAIN:
+        carries = "from step to step" if per_step_unit else "from one iteration to the next"
         return (
-            f"`{name}` carries its autograd graph from step to step (+{size}/step): accumulate a number "
+            f"`{name}` carries its autograd graph {carries} ({rate}): accumulate a number "
             f"(`{name} += loss.item()`) or detach the state you carry over (`{name} = {name}.detach()`)"
         )
     if kind == EXCEPTION:
         return (
-            f"`{name}` keeps exceptions whose tracebacks hold the frames' tensors (+{size}/step): store "
+            f"`{name}` keeps exceptions whose tracebacks hold the frames' tensors ({rate}): store "
             "`repr(e)` / `traceback.format_exc()`, or call `traceback.clear_frames(e.__traceback__)`"
         )
     if kind == CYCLE:
         kinds = ", ".join(cycle_types[:3]) or "objects"
         return (
-            f"a reference cycle ({kinds}) keeps device tensors until the garbage collector runs "
-            f"(+{size}/step): break it (a `weakref`, or drop the back-reference when done)"
+            f"a reference cycle ({kinds}) keeps {tensors} until the garbage collector runs "
+            f"({rate}): break it (a `weakref`, or drop the back-reference when done)"
         )
     if kind == HOOK:
+        copies = "`.detach()` copies" if cpu else "`.detach().cpu()` copies"
         return (
-            f"a hook's closure `{name}` keeps tensors (+{size}/step): keep `.detach().cpu()` copies or a "
+            f"a hook's closure `{name}` keeps tensors ({rate}): keep {copies} or a "
             "bounded number, and call `handle.remove()` when done"
         )
     if kind == GROWING_TENSOR:
+        larger = "re-allocated larger every step" if per_step_unit else "re-allocated larger again and again"
         return (
-            f"`{name}` is re-allocated larger every step (+{size}/step, e.g. `torch.cat` onto it): bound it "
+            f"`{name}` is {larger} ({rate}, e.g. `torch.cat` onto it): bound it "
             "(a sliding window, a preallocated buffer) or reset it per sequence"
         )
     if kind == GLOBAL:
-        return (
-            f"the module-level `{name}` collects device tensors (+{size}/step): evict entries, store "
-            "`.cpu()` copies, or hold them through `weakref`"
-        )
+        keep = "evict entries, or hold them" if cpu else "evict entries, store `.cpu()` copies, or hold them"
+        return f"the module-level `{name}` collects {tensors} ({rate}): {keep} through `weakref`"
     if kind == CACHE:
-        return (
-            f"the cache `{name}` never evicts (+{size}/step): bound it (LRU with a maximum size) or clear it"
-        )
+        return f"the cache `{name}` never evicts ({rate}): bound it (LRU with a maximum size) or clear it"
     if kind == ACCUMULATION:
-        return (
-            f"`{name}` accumulates device tensors every step (+{size}/step): keep numbers (`.item()`), "
-            "`.cpu()` copies, or a running sum instead"
+        every = " every step" if per_step_unit else ""
+        instead = (
+            "keep numbers (`.item()`) or a running sum"
+            if cpu
+            else ("keep numbers (`.item()`), `.cpu()` copies, or a running sum")
         )
-    return f"device memory born here is never freed (+{size}/step): find who keeps it with torchmem.holders()"
+        return f"`{name}` accumulates {tensors}{every} ({rate}): {instead} instead"
+    memory = "memory" if cpu else "device memory"
+    return f"{memory} born here is never freed ({rate}): find who keeps it with torchmem.holders()"
 
 
 def _main_pattern(paths: Sequence[HolderPath]) -> str:
@@ -762,13 +1026,19 @@ def _main_pattern(paths: Sequence[HolderPath]) -> str:
 
 
 def attribute(
-    growth: Sequence[SiteGrowth], *, min_bytes_per_step: float = 0.0, total_per_step: float | None = None
+    growth: Sequence[SiteGrowth],
+    *,
+    min_bytes_per_step: float = 0.0,
+    total_per_step: float | None = None,
+    unit: str = "step",
+    device: str | None = None,
 ) -> tuple[Culprit, ...]:
     """Group growing sites by the holder that keeps their memory, classify each group, and give its fix.
 
     Sites kept by the same holder (``losses[*]`` keeps both the loss and the activations its graph saved)
     become one culprit, largest first. The kind comes from the step kinds of the typed holder paths; the
-    culprit carries the readable path of its holder.
+    culprit carries the readable path of its holder. ``unit`` (``"step"``, or ``"s"`` when the rates are per
+    second of a timeline) and ``device`` (the watched device) word the fix (:func:`fix_for`).
     """
     groups: dict[str, list[SiteGrowth]] = {}
     for g in growth:
@@ -808,9 +1078,9 @@ def attribute(
                 bytes=merged.live_bytes,
                 bytes_per_step=per_step,
                 graph_bytes=graph,
-                fix=_grad_graph_fix(holder, per_step)
+                fix=_grad_graph_fix(holder, per_step, unit)
                 if kind in (GRAPH_CHAIN, RETAINED_GRAPH) and holder is not None and _grad_graph(holder)
-                else fix_for(kind, name, per_step, merged.cycle_types),
+                else fix_for(kind, name, per_step, merged.cycle_types, unit=unit, device=device),
             )
         )
     culprits.sort(key=lambda c: -c.bytes_per_step)
@@ -826,9 +1096,14 @@ __all__ = [
     "SiteGrowth",
     "attribute",
     "detect_growth",
+    "detect_run_growth",
     "fix_for",
     "holder_name",
     "holder_pattern",
+    "large_total",
     "site_growth",
     "suggested_threshold",
+    "timeline_growth",
+    "timeline_report",
+    "total_words",
 ]

@@ -671,7 +671,9 @@ class Watcher(Generic[T]):
             )
         # A leak's culprits are a fair share of it; deep mode lists every site that keeps growing.
         floor = self.min_bytes_per_step / 4 if self._growth.leaking else 4096
-        return attribute(facts, min_bytes_per_step=min(floor, self.min_bytes_per_step / 4))
+        return attribute(
+            facts, min_bytes_per_step=min(floor, self.min_bytes_per_step / 4), device=str(self.device)
+        )
 
     # -- reporting -------------------------------------------------------------------------------
     def _announce(self) -> None:

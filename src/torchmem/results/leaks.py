@@ -24,9 +24,19 @@ from torchmem.results._dicts import ResultFormatError, from_mapping
 from torchmem.results.holders import HolderPath
 
 
-def _rate(b: float, unit: str = "step") -> str:
+def fmt_rate(b: float, unit: str = "step") -> str:
+    """A growth rate with its sign and unit: ``"step"``, or ``"s"`` (a :class:`LeakReport` with ``unit="s"``,
+    decided per second of a timeline).
+
+    Example:
+        >>> fmt_rate(2**20), fmt_rate(-1536, "s")
+        ('+1.00 MiB/step', '-1.50 KiB/s')
+    """
     sign = "+" if b >= 0 else "-"
     return f"{sign}{fmt_bytes(int(abs(b)))}/{unit}"
+
+
+_rate = fmt_rate
 
 
 @dataclass(frozen=True)
@@ -278,14 +288,16 @@ class LeakReport:
 
     def __str__(self) -> str:
         """The terminal text: verdict, figures, then each culprit with site, holder and fix."""
-        if self.leaking and self.unit == "s":
+        timeline = self.unit == "s"
+        over = f"{self.steps} s of the timeline" if timeline else f"{self.steps} steps"
+        if self.leaking and timeline:
             head = (
-                f"LEAK on {self.device}: {_rate(self.bytes_per_step, 's')} over {self.steps} s of the "
-                f"timeline (no repeating step was found; confidence {self.confidence:.2f})"
+                f"LEAK on {self.device}: {_rate(self.bytes_per_step, 's')} over {over} "
+                f"(no repeating step was found; confidence {self.confidence:.2f})"
             )
         elif self.leaking:
             head = (
-                f"LEAK on {self.device}: {_rate(self.bytes_per_step)} over {self.steps} steps "
+                f"LEAK on {self.device}: {_rate(self.bytes_per_step)} over {over} "
                 f"(confidence {self.confidence:.2f}, detected at step {self.detected_at})"
             )
         elif self.stopped_at is not None:
@@ -294,22 +306,28 @@ class LeakReport:
                 f"{self.stopped_at} ({self.steps} steps)"
             )
         elif self.verdict == "below_threshold":
-            head = f"growth below the leak threshold on {self.device} over {self.steps} steps: {self.reason}"
+            head = f"growth below the leak threshold on {self.device} over {over}: {self.reason}"
         elif self.verdict in ("no_steps", "too_few"):
             head = f"not enough steps to judge on {self.device}: {self.reason}"
         elif self.verdict == "noisy":
-            head = f"no steady growth on {self.device} over {self.steps} steps: {self.reason}"
+            head = f"no steady growth on {self.device} over {over}: {self.reason}"
         else:
-            head = f"no leak on {self.device} over {self.steps} steps: {self.reason}"
+            head = f"no leak on {self.device} over {over}: {self.reason}"
         lines = [head]
-        if self.boundary and self.unit != "s":
+        if self.boundary and not timeline:
             lines.append(f"  one step = one {self.boundary}")
         if self.series:
             (first_step, first), (last_step, last) = self.series[0], self.series[-1]
-            lines.append(
-                f"  {self.source} figure: {fmt_bytes(first)} at step {first_step} -> {fmt_bytes(last)} at "
-                f"step {last_step} (warm-up {self.warmup} steps, {self.mode} mode)"
-            )
+            if timeline:
+                lines.append(
+                    f"  {self.source} figure: {fmt_bytes(first)} at {first_step} s -> {fmt_bytes(last)} at "
+                    f"{last_step} s of the sampled timeline"
+                )
+            else:
+                lines.append(
+                    f"  {self.source} figure: {fmt_bytes(first)} at step {first_step} -> {fmt_bytes(last)} "
+                    f"at step {last_step} (warm-up {self.warmup} steps, {self.mode} mode)"
+                )
         if self.leaking:
             lines.append(f"  {self.reason}")
         elif self.stopped_at is not None and self.reason:
@@ -326,4 +344,23 @@ class LeakReport:
         return "\n".join(lines)
 
 
-__all__ = ["Culprit", "Growth", "LeakReport", "SiteGrowth"]
+def no_steps_text(leak: LeakReport | None, why: str) -> str:
+    """The end-of-run line for a run that counted 0 steps, in agreement with its leak verdict.
+
+    ``why`` says why no step was counted. Where the verdict was made per second of the sampled timeline
+    (``leak.unit == "s"``) the run *has* a verdict: the line says 0 steps without denying it, after the
+    timeline's verdict when that is not a leak (a leak is printed in full before it, with what holds it);
+    otherwise no verdict could be made.
+
+    Example:
+        >>> no_steps_text(None, "no repeating step was found")
+        'no leak verdict: 0 steps: no repeating step was found'
+    """
+    if leak is None or leak.unit != "s":
+        return f"no leak verdict: 0 steps: {why}"
+    if leak.leaking or leak.detected_at is not None:
+        return f"0 steps: {why}"
+    return f"{str(leak).splitlines()[0]}\n0 steps: {why}"
+
+
+__all__ = ["Culprit", "Growth", "LeakReport", "SiteGrowth", "fmt_rate", "no_steps_text"]
