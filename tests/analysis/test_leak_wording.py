@@ -4,6 +4,7 @@ never denies the verdict printed above it."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import torchmem
@@ -140,3 +141,69 @@ def test_the_zero_steps_line_never_denies_the_verdict_above_it() -> None:
         "cpu", "heap", "light", 0, 3, False, 0.0, 0.0, None, None, "none", (), (), verdict="no_steps"
     )
     assert no_steps_text(steps, why) == f"no leak verdict: 0 steps: {why}"
+
+
+def test_each_site_line_shows_its_own_share_and_the_total_is_labelled() -> None:
+    kept = []
+    w = torchmem.watch(range(14), device="cpu", warn=False, min_bytes_per_step=64 * 1024)
+    for _ in w:
+        a = torch.ones(256, 256)  # 256 KiB per step
+        b = torch.ones(128, 256)  # 128 KiB per step
+        kept.append((a, b))
+    r = w.report()
+    (c,) = r.culprits
+    assert [(s.rsplit(":", 1)[0].endswith("test_leak_wording.py"), per) for s, per in c.sites] == [
+        (True, 256.0 * 1024),
+        (True, 128.0 * 1024),
+    ]
+    text = str(r)
+    (first,) = [line for line in text.splitlines() if line.startswith("  [1] ")]
+    assert (
+        first
+        == f"  [1] device_accumulation: +384.00 KiB/step in all; +256.00 KiB/step born at {c.sites[0][0]}"
+    )
+    assert f"      also born at {c.sites[1][0]}: +128.00 KiB/step" in text.splitlines()
+    assert f"+384.00 KiB/step born at {c.sites[0][0]}" not in text  # the total is never a site's share
+    d = c.to_dict()
+    assert [s["bytes_per_step"] for s in d["sites"]] == [256.0 * 1024, 128.0 * 1024]
+
+
+def test_a_single_site_line_is_the_culprits_own_rate() -> None:
+    from torchmem.results.leaks import Culprit
+
+    one = Culprit(
+        "cache", "t.py:12", (("t.py:12", float(MiB)),), "__main__.cache['k3']", MiB, float(MiB), 0.0, "f"
+    )
+    assert one.lines()[0] == "cache: +1.00 MiB/step born at t.py:12"
+    none = Culprit("cache", None, (), None, MiB, float(MiB), 0.0, "f")  # stored before sites were recorded
+    assert none.lines()[0] == "cache: +1.00 MiB/step born at an unknown site"
+    many = Culprit(
+        "cache",
+        "a.py:1",
+        tuple((f"a.py:{i}", float(MiB)) for i in range(1, 7)),
+        None,
+        MiB,
+        6.0 * MiB,
+        0.0,
+        "f",
+    )
+    lines = many.lines("s")
+    assert lines[0] == "cache: +6.00 MiB/s in all; +1.00 MiB/s born at a.py:1"
+    assert lines[1:5] == [
+        "  also born at a.py:2: +1.00 MiB/s",
+        "  also born at a.py:3: +1.00 MiB/s",
+        "  also born at a.py:4: +1.00 MiB/s",
+        "  also born at 2 more sites: +2.00 MiB/s",
+    ]
+
+
+def test_the_leak_warning_on_the_cpu_speaks_of_memory_not_device_memory() -> None:
+    from torchmem.capture.watch import LeakWarning
+
+    kept = []
+    with pytest.warns(LeakWarning) as caught:
+        for _ in torchmem.watch(range(12), device="cpu", min_bytes_per_step=64 * 1024):
+            kept.append(torch.ones(256, 256))
+    (msg,) = [str(w.message) for w in caught if issubclass(w.category, LeakWarning)]
+    assert msg.startswith("torchmem: memory grows by 256.00 KiB/step on cpu"), msg
+    assert "device memory" not in msg

@@ -680,7 +680,8 @@ class Watcher(Generic[T]):
         self._warned = True
         rep = self.report()
         top = rep.culprits[0] if rep.culprits else None
-        msg = f"torchmem: device memory grows by {fmt_bytes(rep.bytes_per_step)}/step on {rep.device}"
+        what = "memory" if rep.device.split(":")[0] == "cpu" else "device memory"
+        msg = f"torchmem: {what} grows by {fmt_bytes(rep.bytes_per_step)}/step on {rep.device}"
         if top is not None:
             msg += f"; {top.site or '?'} held by {top.holder or '?'}: {top.fix}"
         exc = emit_warning(msg, LeakWarning, log_level=logging.INFO, warn=self._warn)

@@ -130,14 +130,30 @@ class Culprit:
 
     def lines(self, unit: str = "step") -> list[str]:
         """Its lines: what and where, then (indented by two) holder, graph bytes, other sites and fix
-        (``unit``: ``"step"``, or ``"s"`` for a per-second timeline verdict)."""
-        out = [f"{self.kind}: {_rate(self.bytes_per_step, unit)} born at {self.site or 'an unknown site'}"]
+        (``unit``: ``"step"``, or ``"s"`` for a per-second timeline verdict).
+
+        With several sites, each one's rate is its own share: the first line gives the culprit's total
+        (``in all``) and the first site's share, each other site its own.
+        """
+        where = self.site or "an unknown site"
+        total = _rate(self.bytes_per_step, unit)
+        if len(self.sites) > 1:
+            first_site, first_share = self.sites[0]
+            out = [f"{self.kind}: {total} in all; {_rate(first_share, unit)} born at {first_site}"]
+        else:
+            out = [f"{self.kind}: {total} born at {where}"]
         if self.holder:
             out.append(f"  held by {self.holder}")
         if self.graph_bytes:
             out.append(f"  of which autograd-saved tensors: {_rate(self.graph_bytes, unit)}")
         for site, per in self.sites[1:4]:
             out.append(f"  also born at {site}: {_rate(per, unit)}")
+        if len(self.sites) > 4:
+            rest = self.sites[4:]
+            out.append(
+                f"  also born at {len(rest)} more site{'s' if len(rest) > 1 else ''}: "
+                f"{_rate(sum(per for _, per in rest), unit)}"
+            )
         out.append(f"  fix: {self.fix}")
         return out
 
