@@ -10,6 +10,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from torchmem._errors import TorchmemError
 from torchmem._format import fmt_bytes
 from torchmem.results.capture import Capture, final_leak, run_facts, stats_record
 from torchmem.results.ranks import FirstOOM, MergedReport, NcclEstimate, RankRow, RankState, ended_text
@@ -123,14 +124,20 @@ def _contexts(caps: Sequence[Capture], rows: list[RankRow]) -> list[RankRow]:
     """Per rank's device: which other ranks of the job hold a context there (NVML's process list)."""
     import dataclasses
 
-    by_pid = {(r.host, r.pid): r.label for r in rows if r.pid is not None}
+    by_pid = {(r.host, r.pid): r for r in rows if r.pid is not None}
     out = []
     for cap, row in zip(caps, rows):
         st = _end_stats(cap)
         if st is None or st.platform == "cpu" or st.other_processes is None:
             out.append(row)
             continue
-        others = tuple(by_pid[(row.host, p.pid)] for p in st.other_processes if (row.host, p.pid) in by_pid)
+        # A rank that works on this same GPU is not a stray context here (ranks sharing a GPU are said
+        # apart): only ranks whose own GPU is another one count.
+        others = tuple(
+            by_pid[(row.host, p.pid)].label
+            for p in st.other_processes
+            if (row.host, p.pid) in by_pid and by_pid[(row.host, p.pid)].device != row.device
+        )
         out.append(dataclasses.replace(row, contexts=1 + len(others), context_of=others))
     return out
 
@@ -142,6 +149,17 @@ def _median(vals: list[int]) -> float:
 def _imbalance(caps: Sequence[Capture], rows: list[RankRow]) -> list[str]:
     out: list[str] = []
     live = [r for r in rows if r.peak_allocated is not None]
+    sharing: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        if r.device and r.device.startswith("cuda"):
+            sharing.setdefault((r.host or "", r.device), []).append(r.label)
+    for (host, device), labels in sharing.items():
+        if len(labels) > 1:
+            who = f"{', '.join(labels[:-1])} and {labels[-1]} {'both' if len(labels) == 2 else 'all'}"
+            out.append(
+                f"{who} work on {device}{f' of {host}' if host else ''}: they share one GPU's memory (one "
+                "process per GPU: torch.cuda.set_device(local_rank) in each)"
+            )
     # contexts of other ranks on one GPU: the usual cause of "GPU 0 uses more than the others"
     for r in rows:
         if r.context_of:
@@ -349,13 +367,101 @@ def _same_oom(trigger: Mapping[str, Any], rank: int | None, pid: int | None, wal
     return trigger.get("rank") == rank or rank is None
 
 
+class MergeError(TorchmemError):
+    """The captures given to :func:`merge_captures` are not of one job (exit code 2 on the command line)."""
+
+    exit_code = 2
+
+
+# A followed child starts while its parent runs: its start within the parent's run, give or take this much.
+_CHILD_SLACK_S = 5.0
+
+
+def _job_of(cap: Capture) -> str:
+    """Which job a capture is of, as its header says: a launched rank's job key (else its launcher and world
+    size), ``"children"`` for a followed child process without a job key, or the run itself (``run:path``)
+    for a single process."""
+    head = cap.rank or {}
+    launcher, job = str(head.get("launcher") or ""), str(head.get("job") or "")
+    if not launcher:
+        return f"run:{cap.path}"
+    if job:
+        return f"job:{job}"
+    return "children" if launcher == "spawn" else f"{launcher}:{head.get('world_size')}"
+
+
+def _started_during(child: Capture, parent: Capture) -> bool:
+    if child.started is None or parent.started is None:
+        return True  # nothing says otherwise
+    end = None if not parent.finished or parent.duration is None else parent.started + parent.duration
+    after = child.started >= parent.started - _CHILD_SLACK_S
+    return after and (end is None or child.started <= end + _CHILD_SLACK_S)
+
+
+def _what(caps: Sequence[Capture]) -> str:
+    """The captures of one job, in words: "a.jsonl (a single-process run of train.py)"."""
+    paths = ", ".join(c.path for c in caps)
+    head = caps[0].rank or {}
+    launcher = str(head.get("launcher") or "")
+    if not launcher:
+        argv = caps[0].header.get("argv")
+        prog = f" of {argv[0]}" if isinstance(argv, list) and argv and isinstance(argv[0], str) else ""
+        return f"{paths} (a single-process run{prog})"
+    if launcher == "spawn":
+        return f"{paths} (child process{'es' if len(caps) > 1 else ''} a program started)"
+    ranks = sorted({r for c in caps if isinstance(r := (c.rank or {}).get("rank"), int)})
+    world = head.get("world_size")
+    job = str(head.get("job") or "")
+    return (
+        f"{paths} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        + (f" of a job of {world}" if isinstance(world, int) else "")
+        + f", {launcher}"
+        + (f" job {job}" if job else "")
+        + ")"
+    )
+
+
+def check_one_job(caps: Sequence[Capture]) -> None:
+    """Raise :class:`MergeError` unless ``caps`` are the captures of one job: the ranks of one launch (one
+    job key), or one run and the child processes it started (each started while the run ran).
+
+    A single-process run merged with a job's ranks, two runs, or ranks of two launches would be reported as
+    one job ("3 captures merged of a world of 2"): they are refused, with the commands that report each.
+    """
+    import shlex
+
+    groups: dict[str, list[Capture]] = {}
+    for c in caps:
+        groups.setdefault(_job_of(c), []).append(c)
+    runs = [k for k in groups if k.startswith("run:")]
+    if "children" in groups and len(runs) == 1:  # a run and the children it started
+        parent = groups[runs[0]][0]
+        if all(_started_during(c, parent) for c in groups["children"]):
+            groups[runs[0]] += groups.pop("children")
+    if len(groups) <= 1:
+        return
+    parts = list(groups.values())
+    raise MergeError(
+        "these captures are not of one job: "
+        + "; ".join(_what(g) for g in parts)
+        + ". torchmem report merges one job's captures: its ranks, or a run and the child processes it "
+        "started.",
+        "report them apart: "
+        + "; ".join(shlex.join(["torchmem", "report", *(c.path for c in g)]) for g in parts),
+    )
+
+
 def merge_captures(caps: Sequence[Capture]) -> MergedReport:
     """One report from a job's captures (one per rank or followed child process), in rank order.
+
+    Raises:
+        MergeError: the captures are not of one job (see :func:`check_one_job`).
 
     Example:
         >>> from torchmem.capture.file import read_capture  # doctest: +SKIP
         >>> print(merge_captures([read_capture(p) for p in paths]))  # doctest: +SKIP
     """
+    check_one_job(caps)
     rows = [_row(c) for c in caps]
     order = sorted(
         range(len(rows)),
@@ -371,9 +477,6 @@ def merge_captures(caps: Sequence[Capture]) -> MergedReport:
     worlds = [r.world_size for r in rows if r.world_size]
     world = max(worlds) if worlds else None
     notes: list[str] = []
-    jobs = {str((c.rank or {}).get("job") or "") for c in caps} - {""}
-    if len(jobs) > 1:
-        notes.append(f"these captures come from {len(jobs)} different jobs (their headers' job keys differ)")
     dup = {r.label for r in rows if sum(1 for x in rows if x.label == r.label) > 1}
     if dup:
         notes.append(f"several captures of {', '.join(sorted(dup))}: runs of different jobs mixed?")
@@ -389,4 +492,4 @@ def merge_captures(caps: Sequence[Capture]) -> MergedReport:
     )
 
 
-__all__ = ["merge_captures"]
+__all__ = ["MergeError", "check_one_job", "merge_captures"]

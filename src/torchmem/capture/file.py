@@ -35,7 +35,9 @@ from torchmem.results.capture import (
     VERSION,
     BoundaryRecord,
     Capture,
+    DeviceRecord,
     End,
+    GpusRecord,
     HostLeakRecord,
     LeakRecord,
     ModulesRecord,
@@ -564,6 +566,8 @@ def read_capture(path: str | os.PathLike[str]) -> Capture:
         overheads=tuple(groups["overhead"]),
         ranks=tuple(groups["rank"]),
         rank_states=tuple(groups["rank_state"]),
+        devices=tuple(groups["device"]),
+        gpus=tuple(groups["gpus"]),
         end=end,
         truncated=truncated,
         unknown=tuple(unknown),
@@ -585,6 +589,8 @@ _KIND: dict[type, str] = {
     OverheadRecord: "overhead",
     RankRecord: "rank",
     RankStateRecord: "rank_state",
+    DeviceRecord: "device",
+    GpusRecord: "gpus",
 }
 
 
@@ -677,6 +683,17 @@ def _parse_record(raw: bytes) -> Any:
                 _int(obj.get("peak_reserved")),
                 None if stats is None else _mapping(stats),
             )
+        if kind == "device":
+            name, previous = obj.get("name"), obj.get("previous")
+            return DeviceRecord(
+                t,
+                str(obj.get("device", "")),
+                name if isinstance(name, str) else None,
+                previous if isinstance(previous, str) else None,
+                str(obj.get("reason", "")),
+            )
+        if kind == "gpus":
+            return GpusRecord(t, _mapping(obj.get("report")))
         if kind == "modules":
             rows = obj.get("rows")
             if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):

@@ -69,6 +69,9 @@ class SessionResult:
     """The captures the followed child processes (``mp.spawn``, ``mp.Process`` workers) write."""
     rank: Any = None
     """This process's place in a distributed job (a ``capture.ranks.RankInfo``), else ``None``."""
+    gpus: Any = None
+    """Every GPU the process had a context on and what their figures show (a
+    :class:`~torchmem.results.gpus.GpusReport`), ``None`` when it used no GPU."""
 
 
 class _StatusAwareStream:
@@ -116,7 +119,14 @@ class Session:
         self.force = force
         self.protect = list(protect or ())
         self.memory_viz = memory_viz
-        self.device = resolve(device if device is not None else _rank_device())
+        rank_device = _rank_device() if device is None else None
+        # No device given and not a launched rank: the GPU the program really works on is discovered as it
+        # runs (set_device, tensors on cuda:1, mp.spawn children), never assumed to be cuda:0.
+        self._auto_device = device is None and rank_device is None
+        self.device = resolve(device if device is not None else rank_device)
+        self._gpus: Any = None  # capture/gpus.GpuWatch: every GPU the process touches, and how
+        self._device_settled = not self._auto_device
+        self._switch_lock = threading.Lock()
         self.interval = interval
         self._status_file = status_file if status_file is not None else sys.stderr
         self.status = (
@@ -272,6 +282,12 @@ class Session:
             self._worker_checks.install()
         except Exception as exc:
             self._note(f"the DataLoader checks could not be set up ({type(exc).__name__}: {exc})")
+        try:
+            from torchmem.capture.gpus import GpuWatch
+
+            self._gpus = GpuWatch(self.device, self._auto_device, self._note).install()
+        except Exception as exc:
+            self._note(f"the GPUs besides {self.device} are not watched ({type(exc).__name__}: {exc})")
         self._thread = threading.Thread(target=self._sample_loop, name="torchmem-sampler", daemon=True)
         self._thread.start()
         global _current
@@ -449,8 +465,60 @@ class Session:
             except Exception:
                 self._instrumented = False
 
+    def _settle_device(self) -> None:
+        """While the first steps run (or, without steps, while nothing was judged): watch the GPU the program
+        really works on — the one with a context that holds the most — and switch to it once."""
+        g = self._gpus
+        if g is None or self._device_settled:
+            return
+        if self._steps > self.warmup or not self._switch_lock.acquire(blocking=False):
+            self._device_settled = self._steps > self.warmup
+            return
+        try:
+            dev = g.choose()
+            if dev is not None and dev != self.device:
+                self._switch_device(dev)
+        except Exception as exc:
+            self._device_settled = True
+            self._note(f"the GPU the program works on could not be followed ({type(exc).__name__}: {exc})")
+        finally:
+            self._switch_lock.release()
+
+    def _switch_device(self, dev: torch.device) -> None:
+        """Watch ``dev`` from now on: the watcher and the loop's survivors restart on it (this happens only
+        within the first steps, before any verdict)."""
+        old, self.device = self.device, dev
+        if self._gpus is not None:
+            self._gpus.watched = dev
+        if self._worker_checks is not None:
+            self._worker_checks.device = dev
+        w = self._watcher
+        if w is not None:
+            w.stop()
+        self._watcher = self._new_watcher()
+        if self._survivors is not None:
+            self._survivors.stop()
+            self._survivors = self._new_survivors()
+        self._steps = 0
+        self._leak_written = False
+        self._timeline.clear()
+        why = ""
+        if self._gpus is not None:
+            sets = [s for s in self._gpus.evidence.get("set_device", ()) if s.get("index") == dev.index]
+            if sets:
+                why = f" (torch.cuda.set_device({dev.index}) at {sets[-1].get('site') or '?'})"
+        self._write(
+            "device",
+            device=str(dev),
+            name=_device_name(dev),
+            previous=str(old),
+            reason=f"the program works on {dev}{why}: it holds its memory there",
+        )
+
     def _step_work(self) -> None:
         try:
+            if not self._device_settled:
+                self._settle_device()
             w = self._watcher
             if w is None:
                 return
@@ -536,6 +604,10 @@ class Session:
                 self._flush_steps()
                 if not self._pg_written:
                     self._write_group_facts()
+                if self._gpus is not None:
+                    self._gpus.poll()
+                    if not self._device_settled and self._boundary_kind is None and self._steps == 0:
+                        self._settle_device()  # no step yet: the timeline follows the program's GPU
                 r = self._reading()
                 self._write(
                     "sample",
@@ -701,6 +773,8 @@ class Session:
         text += f" | peak {fmt_bytes(peak)}"
         if w is not None and w.leaking:
             text += f" | LEAK +{fmt_bytes(int(w.report().bytes_per_step))}/step"
+        if self._gpus is not None:
+            text += self._gpus.status()  # the other GPUs this process uses
         return text
 
     def _worker_warning(self, code: str, text: str) -> None:
@@ -799,6 +873,8 @@ class Session:
         target = getattr(proc, "_target", None)
         if getattr(target, "__module__", "") == "torch.utils.data._utils.worker":
             self._workers += 1
+            if self._gpus is not None and proc.pid:
+                self._gpus.skip([int(proc.pid)])  # the DataLoader checks describe workers
             return
         followed = getattr(proc, "_tm_capture", None)
         from torchmem.capture.ranks import FollowedTarget
@@ -808,6 +884,10 @@ class Session:
         what = getattr(target, "__qualname__", None) or type(proc).__name__
         desc = f"{proc.name} (pid {proc.pid}, {what})"
         self._children.append(desc)
+        if self._gpus is not None and proc.pid:
+            from torchmem.capture.gpus import _site
+
+            self._gpus.child_started(int(proc.pid), f"{what} (multiprocessing)", _site(), bool(followed))
         if followed:
             self._note(f"the program started process {desc}; it records its own capture {followed}")
         else:
@@ -839,7 +919,8 @@ class Session:
 
                 self._oom_flag = OOMFlag(os.path.dirname(os.path.abspath(self.capture)), self._job)
         options = {
-            "device": str(self.device),
+            # the child follows the GPU it uses (set_device(rank)), unless the run was given one
+            "device": None if self._auto_device else str(self.device),
             "interval": self.interval,
             "warmup": self.warmup,
             "step_marker": self.step_marker,
@@ -1025,6 +1106,8 @@ class Session:
         self._clear_status()
         self._unwrap_streams()
         self._restore_processes()
+        if self._gpus is not None:
+            self._gpus.remove()
         undo, self._unwatch_groups = self._unwatch_groups, None
         if undo is not None:
             undo()
@@ -1041,6 +1124,16 @@ class Session:
         w = self._watcher
         r = self._reading()
         self._record_stats("end")
+        gpus = None
+        if self._gpus is not None:
+            try:
+                gpus = self._gpus.report()
+                if gpus.rows or gpus.children:
+                    self._write("gpus", report=gpus.to_dict())
+                else:
+                    gpus = None
+            except Exception as e:
+                self._note(f"the GPUs' figures could not be written ({type(e).__name__}: {e})")
         if self.memory_viz is not None:
             from torchmem.devices import _ops
 
@@ -1166,6 +1259,7 @@ class Session:
             host_leak=host,
             caught_ooms=tuple(self._caught_ooms),
             overhead=overhead,
+            gpus=gpus,
         )
 
     # -- what torchmem cost --------------------------------------------------------------------

@@ -5,7 +5,7 @@ Each check warns once, with the fix:
 - ``dataset-cuda``: a DataLoader with workers is iterated over a Dataset that holds CUDA tensors. With the
   'fork' start method after CUDA was initialised, indexing it in a worker fails ("Cannot re-initialize CUDA in
   forked subprocess"); with 'spawn'/'forkserver' every worker creates its own CUDA context to read them.
-- ``worker-context``: a child process of this one (a DataLoader worker, any worker) created a CUDA context on
+- ``worker-context``: a worker of a DataLoader this process iterates created a CUDA context on
   the watched GPU (NVML's process list): something in the Dataset, ``collate_fn`` or ``worker_init_fn`` uses
   CUDA, and each worker pays a context (~0.5 GiB).
 - ``outlived``: DataLoader workers still alive 10 s after their iterator was shut down or collected.
@@ -275,21 +275,21 @@ class WorkerChecks:
 
     def _check_contexts(self) -> None:
         from torchmem.devices import _nvml
-        from torchmem.devices._host import relation_to
 
+        workers = self._worker_pids()
+        if not workers:
+            return
         nv = _nvml.device(self.device.index or 0)
         if nv is None or not nv.processes:
             return
-        workers = self._worker_pids()
         for p in nv.processes:
             if p.pid == self._me:
                 continue
             role = workers.get(p.pid)
             if role is None:
-                rel, _ = relation_to(p.pid, self._me)
-                if rel not in ("child", "descendant"):
-                    continue
-                role = f"a child process ({p.name or '?'})"
+                # Not a worker of a DataLoader this process iterates: another child process is described by
+                # its command line and the line that started it (capture/gpus.py), never as a worker.
+                continue
             self._say(
                 "worker-context",
                 f"worker pid {p.pid} ({role}) created a CUDA context on {self.device} "

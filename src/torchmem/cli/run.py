@@ -22,6 +22,7 @@ from typing import Any, NoReturn, TextIO
 
 from torchmem._errors import TorchmemError
 from torchmem._warn import TORCHMEM_DIR, module_dir
+from torchmem.cli import int_at_least, positive_number
 
 
 class RunError(TorchmemError):
@@ -74,7 +75,9 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="replace output files torchmem wrote before (never any other file)",
     )
-    p.add_argument("--interval", type=float, default=0.05, help="timeline sampling period in seconds")
+    p.add_argument(
+        "--interval", type=positive_number, default=0.05, help="timeline sampling period in seconds"
+    )
     p.add_argument("--step-marker", metavar="FUNCTION", help="count a step at each return of this function")
     p.add_argument("--modules", action="store_true", help="per-module profile of the second step")
     p.add_argument(
@@ -82,10 +85,12 @@ def add_parser(sub: Any) -> None:
         metavar="PATH",
         help="CUDA: record allocator history, write the snapshot pickle pytorch.org/memory_viz opens",
     )
-    p.add_argument("--warmup", type=int, default=3, help="steps the leak detector ignores at the start")
+    p.add_argument(
+        "--warmup", type=int_at_least(0), default=3, help="steps the leak detector ignores at the start"
+    )
     p.add_argument(
         "--nproc",
-        type=int,
+        type=int_at_least(1),
         metavar="N",
         help="launch N ranks on this machine with torchrun (torch.distributed.run --standalone), each "
         "under torchmem with its own capture (...rank<k>.jsonl), then print the merged report",
@@ -419,6 +424,8 @@ def _print_exception(e: BaseException, program: Program, err: TextIO) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise RunError("--interval must be positive.", "For example --interval 0.05.")
+    if args.memory_viz is not None:
+        _memory_viz_note(sys.stderr)
     program_argv = list(args.argv)  # ["-m", MODULE, ...] for a module (cli.main splits the command line)
     if args.module:  # `-m` given to argparse itself: a Namespace built without cli.main's split
         program_argv = ["-m", args.module, *program_argv]
@@ -469,6 +476,20 @@ def run(args: argparse.Namespace) -> int:
         force=args.force,
         another_name=another_name,
     )[0]
+
+
+def _memory_viz_note(err: TextIO) -> None:
+    """--memory-viz records the CUDA allocator's history: without CUDA, say now that nothing will be written
+    (once: a rank of ``--nproc`` leaves it to its launcher)."""
+    from torchmem.capture.ranks import STAMP_ENV
+    from torchmem.devices import cuda_available
+
+    if not cuda_available() and not os.environ.get(STAMP_ENV):
+        print(
+            "torchmem: note: --memory-viz records the CUDA allocator's history (memory history needs CUDA); "
+            "no CUDA device is visible here, so no snapshot will be written.",
+            file=err,
+        )
 
 
 def _launch(args: argparse.Namespace, program_argv: list[str], name: str, err: TextIO) -> int:
@@ -727,6 +748,9 @@ def _summary(result: Any, err: TextIO) -> None:
             lines.append(f"  every one is in the capture: torchmem report {result.capture}")
     if result.oom is not None:
         lines.append(str(result.oom))
+    gpus = getattr(result, "gpus", None)
+    if gpus is not None and (gpus.several or gpus.findings or gpus.children):
+        lines.extend(gpus.lines())
     overhead = getattr(result, "overhead", None)
     if overhead:
         lines.append(f"note: {overhead}")

@@ -49,6 +49,79 @@ def has_context(index: int) -> bool:
         return False
 
 
+def contexts() -> list[int]:
+    """The CUDA devices on which this process has a context, in index order; ``[]`` before the program
+    initialises CUDA. Never creates a context (see :func:`has_context`)."""
+    if not cuda_ready():
+        return []
+    return [i for i in range(device_count()) if has_context(i)]
+
+
+def device_figures(index: int) -> dict[str, int] | None:
+    """The allocator's current and peak allocated and reserved bytes of device ``index`` (``allocated``,
+    ``reserved``, ``peak_allocated``, ``peak_reserved``), read without flattening every counter; ``None``
+    if CUDA is not in use. The peaks are the allocator's own (no reading between two samples is missed)."""
+    if not cuda_ready():
+        return None
+    raw = getattr(torch._C, "_cuda_memoryStats", None)
+    if raw is not None:
+        try:
+            n = raw(index)
+            a, r = n["allocated_bytes"]["all"], n["reserved_bytes"]["all"]
+            return {
+                "allocated": int(a["current"]),
+                "reserved": int(r["current"]),
+                "peak_allocated": int(a["peak"]),
+                "peak_reserved": int(r["peak"]),
+            }
+        except (KeyError, TypeError, RuntimeError):
+            pass
+    flat = flat_stats(index) or {}
+    try:
+        return {
+            "allocated": flat["allocated_bytes.all.current"],
+            "reserved": flat["reserved_bytes.all.current"],
+            "peak_allocated": flat["allocated_bytes.all.peak"],
+            "peak_reserved": flat["reserved_bytes.all.peak"],
+        }
+    except KeyError:
+        return None
+
+
+def current_index() -> int | None:
+    """The current CUDA device once CUDA is initialised (never initialises it)."""
+    if not cuda_ready():
+        return None
+    try:
+        return int(torch.cuda.current_device())
+    except Exception:
+        return None
+
+
+def device_now() -> int | None:
+    """The current CUDA device as the driver keeps it, also from inside torch's lazy-init queue (where
+    ``torch.cuda.is_initialized()`` is still false); ``None`` where it cannot be read."""
+    try:
+        return int(torch._C._cuda_getDevice())
+    except Exception:
+        return None
+
+
+def wrap_cuda_function(name: str, make: Callable[[Any], Any]) -> Callable[[], None]:
+    """Replace ``torch.cuda.<name>`` by ``make(original)``; returns the undo, which puts the original back
+    only where the program did not replace it meanwhile."""
+    original = getattr(torch.cuda, name)
+    wrapper = make(original)
+    wrapper.__wrapped__ = original
+    setattr(torch.cuda, name, wrapper)
+
+    def undo() -> None:
+        if getattr(torch.cuda, name, None) is wrapper:
+            setattr(torch.cuda, name, original)
+
+    return undo
+
+
 def platform() -> str:
     return "rocm" if getattr(torch.version, "hip", None) else "cuda"
 

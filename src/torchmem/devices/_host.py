@@ -324,3 +324,14 @@ def process_uss(pid: int, proc: str = "/proc") -> int | None:
         return kib * 1024
     except (OSError, ValueError, IndexError):
         return None
+
+
+def process_cmdline(pid: int, proc: str = "/proc") -> list[str] | None:
+    """The process's command line (``/proc/<pid>/cmdline``), ``None`` where it cannot be read."""
+    try:
+        with open(f"{proc}/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    parts = [p.decode("utf-8", "replace") for p in raw.split(b"\0") if p]
+    return parts or None

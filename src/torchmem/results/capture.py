@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from torchmem._format import fmt_bytes, text_table
 from torchmem.results._dicts import ResultFormatError, from_mapping
+from torchmem.results.gpus import GpusReport
 from torchmem.results.stats import Breakdown, MemoryStats
 
 if TYPE_CHECKING:
@@ -46,11 +47,14 @@ RECORD_TYPES = (
     "overhead",
     "rank",
     "rank_state",
+    "device",
+    "gpus",
     "end",
 )
 """Record types of version 1. A reader skips types it does not know (later minor additions: ``boundary``,
 ``host_leak``, ``survivors`` and ``overhead`` came with torchmem 0.1's zero-config runs; older readers keep
-them as unknown; ``rank`` and ``rank_state`` came with distributed runs)."""
+them as unknown; ``rank`` and ``rank_state`` came with distributed runs; ``device`` (the run began watching
+the GPU the program works on) and ``gpus`` (every GPU the process used) with multi-GPU runs)."""
 
 END_REASONS = ("exit", "exception", "keyboard_interrupt", "oom", "signal")
 
@@ -263,6 +267,29 @@ class RankStateRecord:
 
 
 @dataclass(frozen=True)
+class DeviceRecord:
+    """From here on the run watches ``device`` (the GPU the program works on, found as it ran): the
+    timeline's samples after ``t`` are of it; ``previous`` is what was watched before."""
+
+    t: float
+    device: str
+    name: str | None = None
+    previous: str | None = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class GpusRecord:
+    """Every GPU the process had a context on, and what their figures show (a ``GpusReport.to_dict()``)."""
+
+    t: float
+    report: Mapping[str, Any]
+
+    def as_report(self) -> GpusReport | None:
+        return _read(GpusReport, self.report)
+
+
+@dataclass(frozen=True)
 class ModulesRecord:
     """The per-module profile: one row per module, byte columns named in :data:`MODULE_COLUMNS`."""
 
@@ -311,6 +338,8 @@ class Capture:
         overheads: What torchmem's own work added to the run (one, at the end).
         ranks: The process group as this rank saw it (distributed runs).
         rank_states: This process's state when a rank of its job ran out of memory.
+        devices: When the run began watching the GPU the program works on (at most one, in its first steps).
+        gpus: Every GPU the process used, and what their figures show (one, at the end).
         end: How the run ended; ``None`` when the file has no end record (the run was killed).
         truncated: ``None``, or where the readable part stops and why.
         unknown: Records of types this torchmem does not know (kept as written, otherwise ignored).
@@ -333,6 +362,8 @@ class Capture:
     end: End | None = None
     ranks: tuple[RankRecord, ...] = ()
     rank_states: tuple[RankStateRecord, ...] = ()
+    devices: tuple[DeviceRecord, ...] = ()
+    gpus: tuple[GpusRecord, ...] = ()
     truncated: str | None = None
     unknown: tuple[Mapping[str, Any], ...] = field(default=())
     lines: int = 0
@@ -343,8 +374,24 @@ class Capture:
 
     @property
     def device(self) -> str | None:
+        """The device the timeline and verdicts are of: the last ``device`` record's (the GPU the program
+        was found working on), else the header's."""
+        if self.devices:
+            return self.devices[-1].device
         d = self.header.get("device")
         return None if d is None else str(d)
+
+    @property
+    def device_name(self) -> str | None:
+        if self.devices and self.devices[-1].name:
+            return self.devices[-1].name
+        n = self.header.get("device_name")
+        return None if n is None else str(n)
+
+    @property
+    def gpus_report(self) -> GpusReport | None:
+        """The last ``gpus`` record's report, ``None`` when there is none or it cannot be read."""
+        return self.gpus[-1].as_report() if self.gpus else None
 
     @property
     def source(self) -> str | None:
@@ -441,6 +488,8 @@ class Capture:
             "notes": [rec(s) for s in self.notes],
             **({"ranks": [rec(s) for s in self.ranks]} if self.ranks else {}),
             **({"rank_states": [rec(s) for s in self.rank_states]} if self.rank_states else {}),
+            **({"devices": [rec(s) for s in self.devices]} if self.devices else {}),
+            **({"gpus": [rec(s) for s in self.gpus]} if self.gpus else {}),
             "end": None if self.end is None else rec(self.end),
             "truncated": self.truncated,
             "unknown": [dict(u) for u in self.unknown],
@@ -470,6 +519,8 @@ class Capture:
             notes=many(Note, "notes"),
             ranks=many(RankRecord, "ranks"),
             rank_states=many(RankStateRecord, "rank_states"),
+            devices=many(DeviceRecord, "devices"),
+            gpus=many(GpusRecord, "gpus"),
             end=None if end is None else from_mapping(End, end),
             truncated=d.get("truncated"),
             unknown=tuple(dict(u) for u in d.get("unknown") or ()),
@@ -509,9 +560,11 @@ def run_facts(cap: Capture) -> RunFacts:
     h = cap.header
     argv = h.get("argv") or []
     program = " ".join(str(a) for a in argv) if isinstance(argv, list) and argv else "(unknown)"
-    device = str(h.get("device") or "?")
-    if h.get("device_name"):
-        device += f" ({h['device_name']})"
+    device = str(cap.device or "?")
+    if cap.device_name:
+        device += f" ({cap.device_name})"
+    if cap.devices and cap.devices[-1].previous and cap.devices[-1].previous != cap.device:
+        device += f" (followed from {cap.devices[-1].previous}: {cap.devices[-1].reason})"
     started = "n/a"
     if isinstance(h.get("started"), (int, float)):
         started = _dt.datetime.fromtimestamp(float(h["started"])).strftime("%Y-%m-%d %H:%M:%S")
@@ -654,6 +707,11 @@ def render_summary(cap: Capture, *, max_modules: int = 10) -> str:
         else:
             lines.append("  diagnosis recorded, but not in a form this torchmem reads (see --json).")
 
+    gpus = cap.gpus_report
+    if gpus is not None and (gpus.several or gpus.findings or gpus.children):
+        lines.append("")
+        lines += gpus.lines()
+
     rows, notes = module_rows(cap)
     if rows:
         lines.append("")
@@ -695,7 +753,9 @@ __all__ = [
     "VERSION",
     "BoundaryRecord",
     "Capture",
+    "DeviceRecord",
     "End",
+    "GpusRecord",
     "HostLeakRecord",
     "LeakRecord",
     "ModulesRecord",
