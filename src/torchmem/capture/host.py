@@ -58,7 +58,7 @@ from torchmem.analysis.host import (
     object_culprits,
     type_growth,
 )
-from torchmem.analysis.leaks import detect_growth
+from torchmem.analysis.leaks import detect_growth, detect_run_growth
 from torchmem.devices._host import heap_in_use, process_rss
 from torchmem.devices._ledger import Site, _internal_dirs, birth_site
 from torchmem.results.holders import HolderPath
@@ -336,6 +336,7 @@ class HostWatcher:
         self._series = _Series()
         self._rss_series = _Series()
         self._ps: collections.deque[int] = collections.deque(maxlen=_WINDOW)
+        self._run_first: tuple[int, int] | None = None  # the first reading after the warm-up (step, bytes)
         self._pv: collections.deque[int] = collections.deque(maxlen=_WINDOW)
         self._rs: collections.deque[int] = collections.deque(maxlen=_WINDOW)
         self._rv: collections.deque[int] = collections.deque(maxlen=_WINDOW)
@@ -499,6 +500,8 @@ class HostWatcher:
                 ps, pv = self._ps, self._pv
                 ps.append(n)
                 pv.append(v)
+                if self._run_first is None:
+                    self._run_first = (n, v)
                 rising = rising or (
                     len(pv) > 2
                     and v > pv[-2] > pv[-3]
@@ -1047,7 +1050,13 @@ class HostWatcher:
         trend, confidence = 0.0, 0.0
         verdict, reason = self._early_verdict()
         if not verdict:
-            g = detect_growth(list(self._ps), list(self._pv), min_bytes_per_step=self.min_bytes_per_step)
+            # The threshold never hides growth that is large over the run: reported with its total.
+            g = detect_run_growth(
+                list(self._ps),
+                list(self._pv),
+                first=self._run_first,
+                min_bytes_per_step=self.min_bytes_per_step,
+            )
             verdict, reason, trend, confidence = g.verdict, g.reason, g.trend_per_step, g.confidence
             if g.leaking:
                 leaking, per_step = True, g.bytes_per_step

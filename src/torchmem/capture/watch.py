@@ -32,7 +32,15 @@ from torchmem._errors import TorchmemError
 from torchmem._format import fmt_bytes
 from torchmem._warn import emit_warning
 from torchmem.analysis.holders.survivors import holder_paths_of_storages
-from torchmem.analysis.leaks import GrowthStream, attribute, detect_growth, site_growth
+from torchmem.analysis.leaks import (
+    GrowthStream,
+    attribute,
+    detect_growth,
+    large_growth,
+    run_threshold,
+    site_growth,
+    with_total,
+)
 from torchmem.devices import Backend, DeviceLike, backend, ledger, resolve
 from torchmem.devices._host import heap_in_use, process_rss
 from torchmem.devices._ledger import Cohort, Site
@@ -172,6 +180,10 @@ class Watcher(Generic[T]):
         self._keep_every = 1
         # The detector, over the last WINDOW_READINGS readings after the warm-up.
         self._stream = GrowthStream(self.min_bytes_per_step, STEADY_READINGS, WINDOW_READINGS)
+        # A threshold never hides growth that is large over the run: the first reading after the warm-up,
+        # and the same test at the run's own rate once the growth since it is large (see _over_the_run).
+        self._run_first: tuple[int, int] | None = None
+        self._run_stream: GrowthStream | None = None
         self._post_steps = self._stream.steps
         self._post_values = self._stream.values
         self._reader: Callable[[], int] = _no_reading
@@ -428,6 +440,9 @@ class Watcher(Generic[T]):
             self._record(n, value)
         stream = self._stream
         growth = stream.add(n, value)
+        if self._run_first is None:
+            self._run_first = (n, value)
+        growth = self._over_the_run(n, value, growth)
         if len(stream.values) < 2:
             return
         self._growth = growth
@@ -472,6 +487,31 @@ class Watcher(Generic[T]):
                     self._open_window(n)
         if leaking and self._attempted and not self._warned:
             self._announce()
+
+    def _over_the_run(self, n: int, value: int, growth: Growth) -> Growth:
+        """``growth``, or a leak where growth below ``min_bytes_per_step`` is large over the run.
+
+        Once the figure grew since the first reading after the warm-up by 256 MiB or more, or more than
+        doubled by 32 MiB or more (:func:`~torchmem.analysis.leaks.large_total`), the growth test also runs
+        at half the run's mean rate (a second :class:`GrowthStream`, O(1) per reading like the first): growth
+        still going on at that pace is a leak whatever the threshold, reported with its total. A one-time
+        rise is not: the readings since do not rise at that pace.
+        """
+        first = self._run_first
+        rs = self._run_stream
+        if rs is None:
+            if first is None:
+                return growth
+            thr = run_threshold(first, (n, value))
+            if thr is None or thr >= self.min_bytes_per_step:
+                return growth
+            rs = self._run_stream = GrowthStream(thr, STEADY_READINGS, WINDOW_READINGS)
+            for x, y in list(zip(self._post_steps, self._post_values))[:-1]:
+                rs.add(x, y)
+        found = rs.add(n, value)
+        if growth.leaking or not found.leaking or first is None:
+            return growth
+        return large_growth(found, first, (n, value), self.min_bytes_per_step)
 
     def _choose_stride(self) -> None:
         """Read every step, or every k-th step when a reading would cost more than 0.5 % of a step."""
@@ -669,11 +709,11 @@ class Watcher(Generic[T]):
                     saved_bytes=int(live_site * saved / sampled) if sampled else 0,
                 )
             )
-        # A leak's culprits are a fair share of it; deep mode lists every site that keeps growing.
-        floor = self.min_bytes_per_step / 4 if self._growth.leaking else 4096
-        return attribute(
-            facts, min_bytes_per_step=min(floor, self.min_bytes_per_step / 4), device=str(self.device)
-        )
+        # A leak's culprits are a fair share of it (of the rate it was found at: below min_bytes_per_step for
+        # growth reported for its total); deep mode lists every site that keeps growing.
+        limit = min(self.min_bytes_per_step, self._growth.min_bytes_per_step or self.min_bytes_per_step) / 4
+        floor = limit if self._growth.leaking else 4096
+        return attribute(facts, min_bytes_per_step=min(floor, limit), device=str(self.device))
 
     # -- reporting -------------------------------------------------------------------------------
     def _announce(self) -> None:
@@ -752,6 +792,8 @@ class Watcher(Generic[T]):
             g = detect_growth(
                 list(self._post_steps), list(self._post_values), min_bytes_per_step=self.min_bytes_per_step
             )
+            if self._run_first is not None:
+                g = with_total(g, self._run_first, (self._post_steps[-1], self._post_values[-1]))
             self._explained = (key, g)
         g = self._explained[1]
         verdict = "stopped" if self._stopped_at is not None else g.verdict

@@ -312,9 +312,10 @@ class LeakReport:
                 f"(no repeating step was found; confidence {self.confidence:.2f})"
             )
         elif self.leaking:
+            detected = f", detected at step {self.detected_at}" if self.detected_at is not None else ""
             head = (
                 f"LEAK on {self.device}: {_rate(self.bytes_per_step)} over {over} "
-                f"(confidence {self.confidence:.2f}, detected at step {self.detected_at})"
+                f"(confidence {self.confidence:.2f}{detected})"
             )
         elif self.stopped_at is not None:
             head = (
