@@ -539,3 +539,165 @@ def test_fsdp_never_touches_a_process_group_the_user_has(monkeypatch: pytest.Mon
         assert any("arithmetic" in n and "already initialised" in n for n in est.notes)
     finally:
         dist.destroy_process_group()
+
+
+# -- issue 25: estimate never crashes (checkpointing with dropout, T5, LSTM/GRU, suggestions in isolation) --
+class _DropBlock(torch.nn.Module):
+    """A block whose last saved tensor is its dropout's mask (GPT-2's blocks end so)."""
+
+    def __init__(self, d: int = 64) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(d, 4 * d)
+        self.down = torch.nn.Linear(4 * d, d)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.drop(self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+def _drop_net() -> torch.nn.Module:
+    return torch.nn.Sequential(*(_DropBlock() for _ in range(3)))
+
+
+def test_checkpointing_blocks_that_end_in_dropout_on_a_gpu() -> None:
+    # Checkpoint's recompute stops once every saved tensor is back, by raising from its saved-tensor hook
+    # inside the GPU dropout stand-in's native_dropout; the stand-in took that for "cannot run here" and
+    # ran torch's dropout after it, which saved one tensor more: AssertionError "early_stop is set".
+    from torchmem.capture import fake
+
+    before = set(fake._STAND_IN_ERRORS)
+    x = torch.randn(8, 128, 64)
+    plain = estimate_fake(_drop_net, x, optimizer="adamw", target=GPU)
+    ckpt = estimate_fake(_drop_net, x, optimizer="adamw", target=GPU, checkpoint=True)
+    assert ckpt.rows[0].activations < plain.rows[0].activations / 2
+    assert before == fake._STAND_IN_ERRORS  # the GPU's dropout ran in forward and in the recompute
+    assert not any("could not" in n or "CPU's kernel" in n for n in ckpt.notes)
+
+
+def _tiny_gpt2() -> Any:
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=512, n_positions=64)
+    assert cfg.resid_pdrop > 0 and cfg.attn_pdrop > 0  # dropout on, as GPT-2's config has it
+    return lambda: transformers.GPT2LMHeadModel(cfg)
+
+
+def _tokens(seq: int, labels: bool = True) -> Any:
+    def batch(bs: int) -> dict[str, torch.Tensor]:
+        ids = torch.zeros(bs, seq, dtype=torch.long)
+        return {"input_ids": ids, "labels": ids} if labels else {"input_ids": ids}
+
+    return batch
+
+
+def test_gpt2_with_dropout_checkpointed_and_when_it_does_not_fit() -> None:
+    gpt2 = _tiny_gpt2()
+    plain = estimate_fake(gpt2, _tokens(64), optimizer="adamw", batch_sizes=[16], target=GPU)
+    ckpt = estimate_fake(gpt2, _tokens(64), optimizer="adamw", batch_sizes=[16], target=GPU, checkpoint=True)
+    assert ckpt.fits and ckpt.checkpointed == ("blocks",)
+    assert ckpt.rows[0].activations < plain.rows[0].activations
+    # does not fit: the checkpointing suggestion is evaluated (it crashed here), nothing said as failed
+    small = Target("small", int(plain.device_peak * 0.9), 0, 0, 0, sm=(9, 0))
+    est = estimate_fake(gpt2, _tokens(64), optimizer="adamw", batch_sizes=[16], target=small)
+    assert not est.fits
+    assert not any(n.startswith("could not evaluate") for n in est.notes), est.notes
+
+
+def _t5() -> Any:
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    cfg = transformers.T5Config(
+        d_model=64, d_ff=128, d_kv=16, num_layers=2, num_heads=4, vocab_size=512, decoder_start_token_id=0
+    )
+    return lambda: transformers.T5ForConditionalGeneration(cfg)
+
+
+def _seq2seq(bs: int) -> dict[str, torch.Tensor]:
+    return {
+        "input_ids": torch.zeros(bs, 32, dtype=torch.long),
+        "labels": torch.zeros(bs, 16, dtype=torch.long),
+    }
+
+
+def test_t5_trains_checkpointed_and_infers() -> None:
+    # T5's decoder grows a KV cache in forward (use_cache defaults to True): checkpointing it made the
+    # recompute run other ops (CheckpointError). Checkpointed steps run with use_cache=False, as Hugging
+    # Face's gradient checkpointing does.
+    t5 = _t5()
+    plain = estimate_fake(t5, _seq2seq, optimizer="adamw", batch_sizes=[4], target="H100")
+    ckpt = estimate_fake(t5, _seq2seq, optimizer="adamw", batch_sizes=[4], target="H100", checkpoint=True)
+    assert ckpt.rows[0].activations < plain.rows[0].activations
+    inf = estimate_fake(t5, _seq2seq, batch_sizes=[4], target="T4", training=False)
+    assert inf.fits and inf.mode == "inference"
+
+
+class _RNNLM(torch.nn.Module):
+    def __init__(self, cell: str = "LSTM", vocab: int = 512, d: int = 64) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.rnn = getattr(torch.nn, cell)(d, d, num_layers=2, batch_first=True, dropout=0.1)
+        self.head = torch.nn.Linear(d, vocab)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None) -> Any:
+        logits = self.head(self.rnn(self.emb(input_ids))[0])
+        if labels is None:
+            return logits
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU"])
+def test_recurrent_language_models(cell: str) -> None:
+    train = estimate_fake(
+        lambda: _RNNLM(cell), _tokens(32), optimizer="adamw", batch_sizes=[4], target="A100-40GB"
+    )
+    assert train.fits and (train.peak(4) or 0) > train.parameters * 4
+    inf = estimate_fake(
+        lambda: _RNNLM(cell), _tokens(32, False), batch_sizes=[4], training=False, target="L4"
+    )
+    assert inf.fits
+    small = estimate_fake(
+        lambda: _RNNLM(cell), _tokens(32), optimizer="adamw", batch_sizes=[4], target="0.5GiB"
+    )
+    assert not small.fits and not any(n.startswith("could not evaluate") for n in small.notes)
+
+
+class _NoAutocast(torch.nn.Module):
+    """Raises under autocast, and at batch sizes above 16: suggestions and sizes that cannot be evaluated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(256, 256) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled(x.device.type):
+            raise RuntimeError("this model refuses autocast")
+        if x.shape[0] > 16:
+            raise ValueError("at most 16 samples")
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_change_that_cannot_be_evaluated_is_a_note_not_a_crash() -> None:
+    est = estimate_fake(
+        _NoAutocast,
+        lambda bs: torch.randn(bs, 64, 256),
+        optimizer="adamw",
+        batch_sizes=[16],
+        target=Target("small", 4 << 20, 0, 0, 0),
+    )
+    assert not est.fits
+    failed = [n for n in est.notes if n.startswith("could not evaluate")]
+    assert any("bf16 autocast" in n and "this model refuses autocast" in n for n in failed), est.notes
+    # the largest size that fits was found below 16, where the model runs
+    assert est.largest_batch_exact
+
+
+def test_a_largest_batch_search_that_stops_is_a_lower_bound() -> None:
+    est = estimate_fake(
+        _NoAutocast, lambda bs: torch.randn(bs, 8, 256), optimizer="adamw", batch_sizes=[16], target="H100"
+    )
+    assert est.fits and est.largest_batch_size == 16 and not est.largest_batch_exact
+    assert "largest batch size at least 16" in est.verdict
+    assert any("could not evaluate batch size" in n and "at most 16 samples" in n for n in est.notes)
+    assert TargetEstimate.from_dict(est.to_dict()) == est

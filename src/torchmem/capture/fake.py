@@ -455,11 +455,13 @@ def _select(names: Sequence[str], model: torch.nn.Module, blocks: dict[str, torc
                 n for n, m in mods.items() if n and (fnmatch.fnmatchcase(n, spec) or type(m).__name__ == spec)
             ]
             if not hit:
-                raise FitArgumentError(
+                err = FitArgumentError(
                     f"checkpoint={spec!r} names no module of {type(model).__name__}.",
                     "Use qualified names (model.named_modules()), a pattern such as 'layers.*', a class "
                     "name, or 'blocks'.",
                 )
+                err.param = "checkpoint"  # type: ignore[attr-defined]  # the CLI names its option
+                raise err
             out.extend(hit)
     return list(dict.fromkeys(n for n in out if not any(n.startswith(o + ".") for o in out if o != n)))
 
@@ -808,6 +810,29 @@ def _module(name: str) -> Any:
     return torch.nn.functional if name == "torch.nn.functional" else torch
 
 
+_CANNOT_RUN = (AttributeError, TypeError, NotImplementedError, RuntimeError)
+
+
+def _cannot_run(exc: BaseException) -> bool:
+    """Whether ``exc`` says the GPU's kernel cannot run here (an op, a signature or a fake kernel this torch
+    lacks), so that torch's own may run instead.
+
+    Not what code the stand-in calls back raises through it: autograd's saved-tensor hooks run inside
+    its ops, and activation checkpointing's recompute raises from them on purpose (a plain ``Exception``,
+    ``_StopRecomputationError``, once every tensor the forward saved is recomputed; a ``CheckpointError``
+    on a mismatch). Running torch's own kernel after that saves its tensors a second time: checkpoint's
+    ``AssertionError: Unexpected state: target_frame.early_stop is set`` (GPT-2, whose blocks end in a
+    dropout, with ``checkpoint=``)."""
+    if not isinstance(exc, _CANNOT_RUN) or type(exc).__module__.startswith("torch.utils.checkpoint"):
+        return False
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__") == "torch.utils.checkpoint":
+            return False
+        tb = tb.tb_next
+    return True
+
+
 def _stand_in(where: tuple[str, str]) -> Callable[..., Any]:
     gpu = _GPU_FUNCTIONS[where]
     needs_sm = gpu is _gpu_sdpa
@@ -820,7 +845,10 @@ def _stand_in(where: tuple[str, str]) -> Callable[..., Any]:
         if sm is not None:
             try:
                 out = gpu(sm, *args, **kwargs) if needs_sm else gpu(*args, **kwargs)
-            except Exception as exc:  # an op or a signature this torch lacks: the CPU's choice, said once
+            except Exception as exc:
+                if not _cannot_run(exc):  # raised through the stand-in (a saved-tensor hook): not ours
+                    raise
+                # an op or a signature this torch lacks: the CPU's choice, said once
                 _STAND_IN_ERRORS.add(f"{where[1]}: {type(exc).__name__}: {str(exc)[:200]}")
                 out = NotImplemented
             if out is not NotImplemented:
@@ -1082,6 +1110,7 @@ def _run_plan_on(plan: _Plan, sizes: Sequence[int], mesh: Any) -> list[_Run]:
         opt = _make_optimizer(
             plan.optimizer, plan.model if isinstance(plan.model, torch.nn.Module) else None, twin
         )
+        no_cache = bool(plan.checkpoint) and _accepts(twin.forward, "use_cache")
         if plan.sm is not None:
             _foreach_like_cuda(opt)
         ws = plan.workspace_training
@@ -1106,7 +1135,7 @@ def _run_plan_on(plan: _Plan, sizes: Sequence[int], mesh: Any) -> list[_Run]:
                             torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack),
                             _autocast(plan.amp, dev),
                         ):
-                            out = _call(twin, batch)
+                            out = _call(twin, batch, **_no_cache(batch) if no_cache else {})
                             loss = plan.loss_fn(out)
                         f["forward_peak"], f["forward_grads"] = led.peak, led.grads_at_peak
                         f["after_forward"] = led.current
@@ -1190,6 +1219,13 @@ def _run_plan_on(plan: _Plan, sizes: Sequence[int], mesh: Any) -> list[_Run]:
     return runs
 
 
+def _no_cache(batch: Any) -> dict[str, Any]:
+    """``{"use_cache": False}`` for a checkpointed training step of a model whose forward takes
+    ``use_cache`` (unless the batch sets it), as Hugging Face's gradient checkpointing does: a KV cache that
+    grows in forward makes the recompute run other ops, and checkpoint raises (T5's decoder)."""
+    return {} if isinstance(batch, Mapping) and "use_cache" in batch else {"use_cache": False}
+
+
 def _seq_len(batch: Any) -> int | None:
     for t in _tensors(batch):
         if t.dim() >= 2 and not t.is_floating_point():
@@ -1206,6 +1242,13 @@ def _run_guarded(plan: _Plan, sizes: Sequence[int]) -> list[_Run]:
         err = _translate(exc)
         if err is not None:
             raise err from exc
+        if plan.checkpoint and type(exc).__module__ == "torch.utils.checkpoint":
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise FitArgumentError(
+                f"Activation checkpointing of {', '.join(plan.checkpoint)} cannot run on this model: {first}",
+                "The checkpointed modules run other ops when recomputed (a cache, a Python-side state): "
+                "checkpoint other modules, or none.",
+            ) from exc
         raise
 
 
@@ -1512,11 +1555,18 @@ def estimate_fake(
             a = max(a, r[-1].generate_peak)
         return _device_peak(a, tgt, n, frag_f)
 
-    largest = _largest_batch(per_rank, sh, training, name, tgt, nccl, frag_f, device_peak_at, mode)
+    failed: list[str] = []
+    largest, exact = _largest_batch(
+        per_rank, sh, training, name, tgt, nccl, frag_f, device_peak_at, mode, failed
+    )
     changes: tuple[Change, ...] = ()
     if suggest and not fits:
         # the sharding change is arithmetic on the unsharded run; the others are fake runs of ``plan``
-        changes = _changes(plan, sh, runs, bs, dpeak, tgt, training, name, frag_f, largest, device_peak_at)
+        changes = _changes(
+            plan, sh, runs, bs, dpeak, tgt, training, name, frag_f, largest, device_peak_at, failed
+        )
+    if failed:
+        est = replace(est, notes=(*est.notes, *failed))
     return TargetEstimate(
         **{f: getattr(est, f) for f in MemoryEstimate.__dataclass_fields__},
         target=tgt.name,
@@ -1531,6 +1581,7 @@ def estimate_fake(
         device_peak=dpeak,
         fits=fits,
         largest_batch_size=largest,
+        largest_batch_exact=exact,
         strategy=strategy,
         world_size=int(world_size),
         grad_accum=grad_accum,
@@ -1552,11 +1603,22 @@ def _largest_batch(
     frag: float,
     device_peak_at: Callable[[int], int],
     mode: str,
+    failed: list[str],
     max_runs: int = 4,
-) -> int | None:
-    """The largest per-rank batch size whose device peak is within the target: a line through two fake
-    runs, then a few fake runs to check it (``None`` if even 1 does not fit)."""
+) -> tuple[int | None, bool]:
+    """The largest per-rank batch size whose device peak is within the target, and whether it is exact: a
+    line through two fake runs, then a few fake runs to check it (``None`` if even 1 does not fit). A fake
+    run that fails stops the search (said in ``failed``): the answer is then the largest size known to fit,
+    a lower bound (``False``)."""
     known: dict[int, int] = {}
+
+    def peak_at(b: int) -> int | None:
+        try:
+            return device_peak_at(b)
+        except Exception as exc:  # the search stops; what is known stands
+            failed.append(_could_not(f"batch size {b} (searching the largest that fits)", exc))
+            return None
+
     for r in runs:
         e, n = _estimate_of([r], sh, training, name, ())
         a = e.peak(r.batch_size, mode) or 0
@@ -1569,7 +1631,7 @@ def _largest_batch(
         lo = max(ok, default=0)
         hi = min((b for b in bad if b > lo), default=None)
         if hi is not None and hi - lo <= max(1, lo // 50):
-            return lo or None
+            return lo or None, True
         pts = sorted(known.items())
         if len(pts) < 2:
             b1 = pts[0][0]
@@ -1577,8 +1639,11 @@ def _largest_batch(
             if hi is not None and hi <= b2:
                 b2 = max(1, (lo + hi) // 2) if lo else max(1, hi // 2)
             if b2 in known:
-                return lo or None
-            known[b2] = device_peak_at(b2)
+                return lo or None, True
+            v = peak_at(b2)
+            if v is None:
+                return lo or None, False
+            known[b2] = v
             continue
         (x1, y1), (x2, y2) = pts[-2], pts[-1]
         if lo and hi is not None:
@@ -1592,12 +1657,22 @@ def _largest_batch(
             guess = min(guess, hi - 1)
         guess = max(guess, 1, lo + 1 if lo else 1)
         if guess > 1 << 22:
-            return guess
+            return guess, True
         if guess in known:
-            return lo or None
-        known[guess] = device_peak_at(guess)
+            return lo or None, True
+        v = peak_at(guess)
+        if v is None:
+            return lo or None, False
+        known[guess] = v
     ok = [b for b, v in known.items() if v <= tgt.total]
-    return max(ok) if ok else None
+    return (max(ok) if ok else None), True
+
+
+def _could_not(what: str, exc: BaseException) -> str:
+    """The note for a change (or a size) that could not be evaluated: what, and the error's first line."""
+    text = str(getattr(exc, "message", "") or exc).strip()
+    first = text.splitlines()[0][:200] if text else ""
+    return f"could not evaluate {what}: {type(exc).__name__}" + (f": {first}" if first else "")
 
 
 def _changes(
@@ -1612,16 +1687,17 @@ def _changes(
     frag: float,
     largest: int | None,
     device_peak_at: Callable[..., int],
+    failed: list[str],
 ) -> tuple[Change, ...]:
     """The changes that lower the device peak at ``bs``, each estimated (fake runs or sharding
-    arithmetic), ranked by the bytes they save."""
+    arithmetic) on its own, ranked by the bytes they save. One that cannot be evaluated is said in
+    ``failed`` (a note), never raised."""
     out: list[Change] = []
 
     def add(kind: str, what: str, new: int) -> None:
         if new < dpeak:
             out.append(Change(kind, what, dpeak - new, new, new <= tgt.total))
 
-    with_errors = (FakeTensorError, FitArgumentError, RuntimeError, TypeError, ValueError)
     floating = plan.dtype in (None, torch.float32)
     if floating and plan.amp is None:
         for text, changed in (
@@ -1633,8 +1709,8 @@ def _changes(
         ):
             try:
                 add("dtype", text, device_peak_at(bs, changed))
-            except with_errors:
-                pass
+            except Exception as exc:
+                failed.append(_could_not(text, exc))
     last = runs[-1]
     if training and last.block_saved and not plan.checkpoint:
         per = sorted(
@@ -1646,12 +1722,12 @@ def _changes(
             top = ", ".join(f"{n} {fmt_bytes(v)}" for n, v in per[:3])
             more = f" (+{len(per) - 3} more)" if len(per) > 3 else ""
             add("checkpoint", f"activation checkpointing of {len(per)} blocks: {top}{more}", new)
-        except with_errors:
-            pass
+        except Exception as exc:
+            failed.append(_could_not("activation checkpointing of every block", exc))
     if training:
-        for strategy in ("fsdp",):
+        try:
             for n in (2, 4, 8, 16, 32, 64):
-                alt = _Sharding(strategy, n * max(sh.world_size, 1)) if sh.strategy == "none" else None
+                alt = _Sharding("fsdp", n * max(sh.world_size, 1)) if sh.strategy == "none" else None
                 if alt is None:
                     if sh.strategy in ("fsdp", "zero3"):
                         alt = _Sharding(sh.strategy, sh.world_size * n)
@@ -1662,11 +1738,13 @@ def _changes(
                 if new <= tgt.total or n == 64:
                     add("sharding", f"FSDP over {alt.world_size} GPUs (fully_shard each block)", new)
                     break
+        except Exception as exc:
+            failed.append(_could_not("FSDP over more GPUs", exc))
     if largest is not None and largest < bs:
         try:
             add("batch_size", f"batch size {largest} (the largest that fits)", device_peak_at(largest))
-        except with_errors:
-            pass
+        except Exception as exc:
+            failed.append(_could_not(f"batch size {largest}", exc))
     out.sort(key=lambda c: -c.saves)
     return tuple(out)
 

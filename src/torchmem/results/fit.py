@@ -372,6 +372,9 @@ class TargetEstimate(MemoryEstimate):
             ``target_total``.
         fits: ``device_peak <= target_total``.
         largest_batch_size: The largest per-rank batch size that fits (``None``: not even 1).
+        largest_batch_exact: ``False`` when the search for it stopped on a fake run that failed (the notes
+            say which): ``largest_batch_size`` is then the largest size known to fit, a lower bound
+            (``None``: unknown).
         strategy / world_size: The sharding (``"none"``, ``"ddp"``, ``"fsdp"``, ``"zero1"``-``"zero3"``).
         grad_accum / checkpointed: Gradient accumulation steps; the modules checkpointed.
         kv_cache / generate_tokens: The KV cache of a generate call of that many new tokens (inference).
@@ -391,6 +394,7 @@ class TargetEstimate(MemoryEstimate):
     device_peak: int = 0
     fits: bool = False
     largest_batch_size: int | None = None
+    largest_batch_exact: bool = True
     strategy: str = "none"
     world_size: int = 1
     grad_accum: int = 1
@@ -406,11 +410,16 @@ class TargetEstimate(MemoryEstimate):
         gib = 1 << 30
         head = "fits" if self.fits else "does not fit"
         rank = f" per rank ({self.strategy} x{self.world_size})" if self.strategy != "none" else ""
-        largest = (
-            f"largest batch size {self.largest_batch_size}"
-            if self.largest_batch_size is not None
-            else "not even batch size 1 fits"
-        )
+        if not self.largest_batch_exact:
+            largest = (
+                f"largest batch size at least {self.largest_batch_size} (the search stopped: see the notes)"
+                if self.largest_batch_size is not None
+                else "largest batch size unknown (the search stopped: see the notes)"
+            )
+        elif self.largest_batch_size is not None:
+            largest = f"largest batch size {self.largest_batch_size}"
+        else:
+            largest = "not even batch size 1 fits"
         return (
             f"{head} on {self.target}{rank}: peak {self.device_peak / gib:.2f} of "
             f"{self.target_total / gib:.2f} GiB "
