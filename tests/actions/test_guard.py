@@ -309,3 +309,64 @@ def test_reinstall_under_a_wrapping_hook_does_not_recurse(capsys: pytest.Capture
     finally:
         torchmem.uninstall()
         sys.excepthook = saved
+
+
+# -- what the recovery line says (issue 25: "freed 0 B the failed call held" on the CPU) --------------------
+def _graph_forward(model: torch.nn.Module, keep: list[torch.Tensor] | None = None) -> torch.Tensor:
+    # The 8 layers' inputs (256 KiB each) are saved for backward: only out.grad_fn holds them.
+    out = model(torch.ones(64, 1024))
+    if keep is not None:
+        keep.append(out)
+    result: torch.Tensor = out + torch.ones(64 * MiB)  # over the cap
+    return result
+
+
+def _layers() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])
+
+
+def test_activations_held_only_through_the_graph_are_counted_on_the_cpu() -> None:
+    model = _layers()  # parameters made before the cap: the graph's leaves, never counted as freed
+    out = io.StringIO()
+    with torchmem.cpu_tracking() as cpu, limit(30 * MiB, "cpu"):
+        base = cpu.allocated
+        with oom_guard(reraise=False, file=out) as guard:
+            _graph_forward(model)
+        assert cpu.allocated == base
+    rec = guard.oom
+    assert rec is not None and rec.frames_cleared == 1
+    # The output (256 KiB) and the 8 saved inputs (256 KiB each), reached only through out.grad_fn.
+    assert rec.freed_bytes == 9 * 256 * 1024, rec.freed_bytes
+    line = out.getvalue().rstrip().splitlines()[-1]
+    assert line.startswith(
+        "torchmem: freed 2.25 MiB on cpu: tensor storages the finished frames of the error"
+    )
+    assert "(each followed by a weak reference)" in line and "torchmem's CPU tensor ledger" in line
+    assert "allocated" not in line and "the failed call held" not in line
+
+
+def test_a_graph_kept_elsewhere_is_not_counted_as_freed() -> None:
+    model = _layers()
+    kept: list[torch.Tensor] = []
+    with torchmem.cpu_tracking(), limit(30 * MiB, "cpu"), oom_guard(reraise=False, quiet=True) as guard:
+        _graph_forward(model, kept)
+    rec = guard.oom
+    assert rec is not None and rec.freed_bytes == 0 and rec.frames_cleared == 1
+    assert rec.summary().startswith(
+        "torchmem: freed nothing on cpu: the 1 finished frame of the error held no tensor that nothing else "
+        "holds"
+    )
+    assert "0 B" not in rec.summary().split("(")[0]
+    del kept
+
+
+def test_an_oom_in_the_guarded_frame_says_nothing_could_be_freed(capped: torchmem.CpuTracking) -> None:
+    with oom_guard(reraise=False, quiet=True) as guard:
+        y = torch.ones(16 * MiB)  # raised here, in this running frame: nothing finished to clear
+        del y
+    rec = guard.oom
+    assert rec is not None and rec.freed_bytes == 0 and rec.frames_cleared == 0  # torchmem's own not counted
+    text = rec.summary()
+    assert text.startswith("torchmem: freed nothing on cpu: the error was raised in a frame still running")
+    assert "freed 0 B" not in text and "the failed call held" not in text

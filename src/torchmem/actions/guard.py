@@ -76,14 +76,35 @@ def _diagnose(oom: BaseException, exc: BaseException, errors: list[str]) -> Any:
         return None
 
 
-def _frame_storages(tbs: list[types.TracebackType]) -> dict[int, tuple[weakref.ref[Any], int, str]]:
-    """Storages that finished frames reference directly or in a plain container (weakly, with sizes)."""
+def _frame_storages(
+    tbs: list[types.TracebackType], graphs: bool = False
+) -> dict[int, tuple[weakref.ref[Any], int, str]]:
+    """Storages that finished frames reference directly or in a plain container (weakly, with sizes), and
+    with ``graphs`` those the autograd graphs of their tensors saved for backward (the activations of a
+    forward that failed: reached only through the output's ``grad_fn``).
+
+    ``graphs`` is for the CPU only: reading a saved tensor runs its unpack hook, which may copy it back to a
+    device (``save_on_cpu``) — an allocation, where the handler must make none. On a device the allocator's
+    figures before and after say what came back.
+    """
     running: set[int] = set()
     f: types.FrameType | None = sys._getframe()
     while f is not None:
         running.add(id(f))
         f = f.f_back
     out: dict[int, tuple[weakref.ref[Any], int, str]] = {}
+    roots: list[torch.Tensor] = []
+
+    def note(x: torch.Tensor) -> None:
+        if x.layout != torch.strided:
+            return
+        try:
+            st = x.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        if st._cdata not in out and st.nbytes() > 0:
+            out[st._cdata] = (weakref.ref(st), st.nbytes(), str(x.device))
+
     for tb in tbs:
         cur: types.TracebackType | None = tb
         while cur is not None:
@@ -102,17 +123,22 @@ def _frame_storages(tbs: list[types.TracebackType]) -> dict[int, tuple[weakref.r
                 elif isinstance(v, dict):
                     items = list(v.values())[:10000]
                 for x in items:
-                    if isinstance(x, torch.Tensor) and x.layout == torch.strided:
-                        try:
-                            s = x.untyped_storage()
-                        except (RuntimeError, NotImplementedError):
-                            continue
-                        if s._cdata not in out and s.nbytes() > 0:
-                            out[s._cdata] = (weakref.ref(s), s.nbytes(), str(x.device))
-                        del s
+                    if isinstance(x, torch.Tensor):
+                        note(x)
+                        if graphs and x.grad_fn is not None:
+                            roots.append(x)
                 del items
             values.clear()
             del frame
+    if roots:
+        from torchmem.analysis.live import graph_tensors
+
+        try:
+            for _, x in graph_tensors(roots):
+                note(x)
+        except Exception:  # a node that refuses to be read: what was found so far is still exact
+            pass
+        roots.clear()
     return out
 
 
@@ -158,7 +184,7 @@ def recover(
     frames = 0
     storages: dict[int, tuple[weakref.ref[Any], int, str]] = {}
     try:
-        storages = _frame_storages(tbs)
+        storages = _frame_storages(tbs, graphs=bool(devices) and all(d.type == "cpu" for d in devices))
         for tb in tbs:
             frames += _count_finished(tb)
             clear_frames(tb)
@@ -211,7 +237,10 @@ def _count_finished(tb: types.TracebackType | None) -> int:
         f = f.f_back
     n = 0
     while tb is not None:
-        if id(tb.tb_frame) not in running:
+        # torchmem's own frames (a CPU cap's check raises the OOM) are cleared too, but not counted: they
+        # held none of the program's tensors.
+        mod = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if id(tb.tb_frame) not in running and not (mod == "torchmem" or mod.startswith("torchmem.")):
             n += 1
         tb = tb.tb_next
     return n

@@ -1232,12 +1232,29 @@ class OOMRecovery:
         return from_mapping(cls, d)
 
     def summary(self) -> str:
-        """One line: what came back."""
+        """One line: what came back and how it was measured, or why nothing did."""
         dev = self.devices[0] if self.devices else "the device"
-        text = f"torchmem: freed {fmt_bytes(self.freed_bytes)} the failed call held on {dev}"
+        if self.freed_bytes:
+            text = (
+                f"torchmem: freed {fmt_bytes(self.freed_bytes)} on {dev}: tensor storages the finished "
+                "frames of the error held (each followed by a weak reference)"
+            )
+        elif self.frames_cleared:
+            n = self.frames_cleared
+            text = (
+                f"torchmem: freed nothing on {dev}: the {n} finished frame{'s' if n > 1 else ''} of the "
+                "error held no tensor that nothing else holds"
+            )
+        else:
+            text = (
+                f"torchmem: freed nothing on {dev}: the error was raised in a frame still running (the one "
+                "with the `with` block), whose variables stay alive; put the work in a function to free them"
+            )
         if self.allocated_before is not None and self.allocated_after is not None:
+            # On the CPU the figure is torchmem's tensor ledger (on under limit()/cpu_tracking()).
+            what = "torchmem's CPU tensor ledger" if dev == "cpu" else "allocated"
             text += (
-                f" (allocated {fmt_bytes(self.allocated_before)} -> {fmt_bytes(self.allocated_after)}"
+                f" ({what} {fmt_bytes(self.allocated_before)} -> {fmt_bytes(self.allocated_after)}"
                 + (
                     f", reserved {fmt_bytes(self.reserved_before)} -> {fmt_bytes(self.reserved_after)}"
                     if self.reserved_before is not None
