@@ -82,7 +82,7 @@ def test_data_parallel_imbalance_is_named_with_the_fix_and_what_it_saves() -> No
     assert f.kind == "data_parallel" and f.device == "cuda:0" and f.bytes == (3168 - 1379) * MiB
     assert "nn.DataParallel(Net) at dp.py:30 over cuda:0, cuda:1" in f.text
     assert "gathered on cuda:0" in f.text
-    assert "DistributedDataParallel" in f.fix and "1.75 GiB less on cuda:0" in f.fix
+    assert "DistributedDataParallel" in f.fix and "up to 1.75 GiB less on cuda:0" in f.fix
     # the same imbalance without a DataParallel: no DataParallel claim
     assert all(x.kind != "data_parallel" for x in gpus_report(rows, "cuda:0").findings)
 

@@ -90,3 +90,67 @@ def test_followed_children_and_workers_are_not_described_here() -> None:
     w.skip([13])
     assert set(w._children) == {12} and w._children[12]["script"] == "b.py"
     assert {11, 13} <= w._skip_pids
+
+
+def test_a_function_bound_by_name_after_the_watch_starts_is_the_wrapped_one(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The post-import hook wraps a module's function before the program's ``from m import f`` binds it."""
+    (tmp_path / "tm_after_import_probe.py").write_text("def f(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen: list[str] = []
+
+    def wrap(mod: object) -> None:
+        original = mod.f  # type: ignore[attr-defined]
+
+        def f(x: int) -> int:
+            seen.append("called")
+            return int(original(x))
+
+        mod.f = f  # type: ignore[attr-defined]
+
+    hook = gpus_mod._AfterImport("tm_after_import_probe", wrap, lambda e: seen.append(repr(e)))
+    sys.meta_path.insert(0, hook)
+    try:
+        from tm_after_import_probe import f  # type: ignore[import-not-found]
+
+        assert f(1) == 2 and seen == ["called"]
+    finally:
+        sys.meta_path.remove(hook)
+        sys.modules.pop("tm_after_import_probe", None)
+
+
+def test_dcp_state_dict_functions_are_wrapped_and_return_the_program_s_dict() -> None:
+    w = GpuWatch(torch.device("cpu"), auto=False, on_error=lambda _m: None).install()
+    try:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        m = torch.nn.Linear(3, 3)
+        assert getattr(get_model_state_dict, "__wrapped__", None) is not None
+        sd = get_model_state_dict(m)
+        assert set(sd) == {"weight", "bias"} and torch.equal(sd["weight"], m.weight)
+    finally:
+        w.remove()
+    import torch.distributed.checkpoint.state_dict as dcp_sd
+
+    assert getattr(dcp_sd.get_model_state_dict, "__wrapped__", None) is None  # removed
+
+
+def test_a_name_the_program_bound_before_the_watch_started_is_rebound_and_restored(
+    tmp_path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    """An mp.spawn child imports the main script (and its ``from ... import``) before its session starts."""
+    (tmp_path / "tm_bound_early.py").write_text(
+        "from torch.distributed.checkpoint.state_dict import get_model_state_dict\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tm_bound_early  # type: ignore[import-not-found]
+
+    original = tm_bound_early.get_model_state_dict
+    w = GpuWatch(torch.device("cpu"), auto=False, on_error=lambda _m: None).install()
+    try:
+        assert tm_bound_early.get_model_state_dict.__wrapped__ is original
+        sd = tm_bound_early.get_model_state_dict(torch.nn.Linear(2, 2))
+        assert set(sd) == {"weight", "bias"}
+    finally:
+        w.remove()
+        sys.modules.pop("tm_bound_early", None)
+    assert tm_bound_early.get_model_state_dict is original

@@ -166,7 +166,7 @@ def _data_parallel(rows: Sequence[GpuRow], evidence: Mapping[str, Any]) -> list[
         )
         fix = (
             "compute the loss inside the wrapped module's forward and return it (gather only the per-replica "
-            f"losses, then .mean()), or use DistributedDataParallel (one process per GPU, balanced): about "
+            f"losses, then .mean()), or use DistributedDataParallel (one process per GPU, balanced): up to "
             f"{fmt_bytes(int(gap))} less on {dev}"
         )
         out.append(GpuFinding("data_parallel", dev, text, fix, int(gap)))

@@ -21,6 +21,7 @@ puts every original back (only where the program did not replace it meanwhile).
 
 from __future__ import annotations
 
+import importlib.abc
 import os
 import shlex
 import sys
@@ -83,6 +84,48 @@ def _cuda_bytes(obj: Any) -> dict[int, int]:
         elif isinstance(o, torch.nn.Module):
             stack.extend(o.state_dict(keep_vars=True).values())
     return out
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` right after the module ``name`` is executed by an import, in the importing
+    thread, before the importer binds any of its names. One use; finds nothing itself."""
+
+    def __init__(self, name: str, then: Callable[[Any], None], on_error: Callable[[BaseException], None]):
+        self.name = name
+        self.then = then
+        self.on_error = on_error
+        self.done = False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name or self.done:
+            return None
+        self.done = True
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is None:
+                continue
+            loader = spec.loader
+            if getattr(loader, "exec_module", None) is not None:
+                self._chain(loader)
+            return spec
+        return None
+
+    def _chain(self, loader: Any) -> None:
+        run, then, on_error = loader.exec_module, self.then, self.on_error
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            try:
+                then(module)
+            except Exception as exc:
+                on_error(exc)
+
+        try:
+            loader.exec_module = exec_module
+        except Exception:  # a loader that refuses attributes: the functions stay unwrapped
+            pass
 
 
 class GpuWatch:
@@ -151,20 +194,55 @@ class GpuWatch:
         self._undo.append(undo)
 
     def _patch_dcp(self) -> None:
-        mod = sys.modules.get("torch.distributed.checkpoint.state_dict")
-        if mod is None:
-            if not (torch.distributed.is_available() and "torch.distributed.fsdp" in sys.modules):
-                # imported only when the program uses FSDP (checked again at each poll)
-                self._dcp_pending = True
-                return
-            try:
-                import torch.distributed.checkpoint.state_dict as mod
-            except Exception:
-                return
-        self._dcp_pending = False
-        for name in ("get_model_state_dict", "get_state_dict"):
-            if hasattr(mod, name):
-                self._patch(mod, name, self._state_dict_wrapper(name))
+        """Wrap DCP's full-state-dict functions. The program binds them by name (``from ... import
+        get_model_state_dict``), so they are wrapped in the module before any such binding: now when the
+        module is loaded, else by a post-import hook as the program's import loads it (in the importing
+        thread: importing from another thread can deadlock on the import locks)."""
+        name = "torch.distributed.checkpoint.state_dict"
+        mod = sys.modules.get(name)
+        if mod is not None and hasattr(mod, "get_model_state_dict"):
+            self._wrap_dcp(mod)
+            return
+        hook = _AfterImport(name, self._wrap_dcp, self._fail)
+        sys.meta_path.insert(0, hook)
+
+        def undo() -> None:
+            if hook in sys.meta_path:
+                sys.meta_path.remove(hook)
+
+        self._undo.append(undo)
+
+    def _wrap_dcp(self, mod: Any) -> None:
+        for fn in ("get_model_state_dict", "get_state_dict"):
+            if hasattr(mod, fn):
+                original = getattr(mod, fn)
+                self._patch(mod, fn, self._state_dict_wrapper(fn))
+                self._rebind(original, getattr(mod, fn))
+
+    def _rebind(self, original: Any, wrapper: Any) -> None:
+        """Where the program's own code already bound ``original`` by name (a ``from ... import`` that ran
+        before the watch started: an ``mp.spawn`` child unpickles its target, importing the main script,
+        before its session starts), bind ``wrapper`` instead; undone by :meth:`remove` where the name still
+        holds the wrapper. The namespaces are found as the referrers of ``original`` (one gc pass)."""
+        import gc
+
+        from torchmem._warn import _USER, _origin
+
+        for d in gc.get_referrers(original):
+            if not isinstance(d, dict) or not isinstance(d.get("__name__"), str):
+                continue
+            f = d.get("__file__")
+            if not isinstance(f, str) or _origin(f, d["__name__"]) != _USER:
+                continue
+            for k, v in list(d.items()):
+                if v is original:
+                    d[k] = wrapper
+
+                    def undo(d: dict[str, Any] = d, k: str = k) -> None:
+                        if d.get(k) is wrapper:
+                            d[k] = original
+
+                    self._undo.append(undo)
 
     def _patch_popen(self) -> None:
         import subprocess
@@ -381,8 +459,6 @@ class GpuWatch:
         try:
             from torchmem.devices import _allocator
 
-            if getattr(self, "_dcp_pending", False) and "torch.distributed.fsdp" in sys.modules:
-                self._patch_dcp()
             for i in _allocator.contexts():
                 fig = _allocator.device_figures(i)
                 if fig is None:

@@ -33,5 +33,5 @@ for _step in range(12):
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-for i in range(2):
+for i in range(torch.cuda.device_count()):
     print(f"cuda:{i} peak allocated {torch.cuda.max_memory_allocated(i) / 2**20:.0f} MiB")
