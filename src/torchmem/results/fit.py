@@ -378,7 +378,10 @@ class TargetEstimate(MemoryEstimate):
         strategy / world_size: The sharding (``"none"``, ``"ddp"``, ``"fsdp"``, ``"zero1"``-``"zero3"``).
         grad_accum / checkpointed: Gradient accumulation steps; the modules checkpointed.
         kv_cache / generate_tokens: The KV cache of a generate call of that many new tokens (inference).
-        changes: When it does not fit: the changes, most bytes saved first.
+        changes: When it does not fit: the changes that make it fit (each alone, or, where none does alone,
+            combined), most bytes saved first. A change that still does not fit is not one of them.
+        closest: When it does not fit and nothing tried fits: the change (or combination) with the smallest
+            device peak found (its ``fits`` is ``False``); ``None`` otherwise.
         method: ``"fake-tensor"`` (or ``"meta-device"`` where fake tensors are unavailable).
     """
 
@@ -402,6 +405,7 @@ class TargetEstimate(MemoryEstimate):
     kv_cache: int = 0
     generate_tokens: int = 0
     changes: tuple[Change, ...] = ()
+    closest: Change | None = None
     method: str = "fake-tensor"
 
     @property
@@ -445,12 +449,15 @@ def render_target_estimate(e: TargetEstimate) -> str:
     if e.kv_cache:
         lines.append(f"  KV cache after {e.generate_tokens} new tokens: {fmt_bytes(e.kv_cache)}")
     if e.changes:
-        lines.append("  changes, most saved first:")
+        lines.append("  changes that make it fit, most saved first:")
         for c in e.changes:
-            lines.append(
-                f"    - {c.what}: saves {fmt_bytes(c.saves)} -> peak {fmt_bytes(c.peak)} "
-                f"({'fits' if c.fits else 'still too large'})"
-            )
+            lines.append(f"    - {c.what}: peak {fmt_bytes(c.peak)} (saves {fmt_bytes(c.saves)})")
+    elif e.closest is not None:
+        c = e.closest
+        lines.append(
+            f"  nothing torchmem tried fits on {e.target}: the smallest peak found is {fmt_bytes(c.peak)} "
+            f"of {fmt_bytes(e.target_total)}, with {c.what}"
+        )
     return "\n".join(lines)
 
 
