@@ -237,10 +237,10 @@ def _count_finished(tb: types.TracebackType | None) -> int:
         f = f.f_back
     n = 0
     while tb is not None:
-        # torchmem's own frames (a CPU cap's check raises the OOM) are cleared too, but not counted: they
-        # held none of the program's tensors.
-        mod = str(tb.tb_frame.f_globals.get("__name__", ""))
-        if id(tb.tb_frame) not in running and not (mod == "torchmem" or mod.startswith("torchmem.")):
+        # torch's and torchmem's frames (dispatch plumbing, a CPU cap's check that raised the OOM) are cleared
+        # too, but not counted: the program's frames are what it knows, and what held its tensors.
+        top = str(tb.tb_frame.f_globals.get("__name__", "")).partition(".")[0]
+        if id(tb.tb_frame) not in running and top not in ("torch", "torchmem"):
             n += 1
         tb = tb.tb_next
     return n

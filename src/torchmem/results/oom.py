@@ -1187,7 +1187,7 @@ class OOMRecovery:
         allocated_before / allocated_after: The device's allocated bytes when the handler started and
             ended (first device; ``None`` where unknown, e.g. the CPU without the ledger).
         reserved_before / reserved_after: Likewise for the allocator's reserved bytes.
-        frames_cleared: Finished frames whose locals were dropped.
+        frames_cleared: Finished frames of the program (not torch's or torchmem's) whose locals were dropped.
         actions: What was done, in order.
         errors: Steps that failed (recovery goes on after each).
         reraised: Whether the exception was re-raised after recovery.
