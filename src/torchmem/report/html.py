@@ -215,6 +215,38 @@ def _table(head: Sequence[str], rows: Iterable[Sequence[str]], cls: str, num: It
     return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
+def _gpus(cap: Capture) -> str:
+    """Every GPU the process used (its allocator's peaks per GPU), what they show, the child processes."""
+    g = cap.gpus_report
+    if g is None or not (g.several or g.findings or g.children):
+        return ""
+    rows = [
+        [
+            _e(r.device + (" (watched)" if r.watched else "")),
+            _e(fmt_bytes(r.allocated)),
+            _e(fmt_bytes(r.peak_allocated)),
+            _e(fmt_bytes(r.reserved)),
+            _e(fmt_bytes(r.process_used)),
+        ]
+        for r in g.rows
+    ]
+    table = (
+        _table(
+            ["GPU", "allocated", "peak allocated", "reserved", "process (NVML)"], rows, "gpus", (1, 2, 3, 4)
+        )
+        if rows
+        else ""
+    )
+    items = "".join(f"<li>{_e(f.text)}. <b>Fix:</b> {_e(f.fix)}</li>" for f in g.findings)
+    items += "".join(f"<li>child process {_e(c)}</li>" for c in g.children)
+    return (
+        '<section id="gpus"><h2>GPUs this process used</h2>'
+        + table
+        + (f"<ul>{items}</ul>" if items else "")
+        + "</section>"
+    )
+
+
 def _breakdown_rows(rows: Sequence[BreakdownRow], depth: int = 0) -> list[list[str]]:
     out = []
     for r in rows:
@@ -583,6 +615,7 @@ def render_html(cap: Capture) -> str:
 <h2>Out of memory</h2>
 {_ooms(cap)}
 </section>
+{_gpus(cap)}
 <section id="reconciliation">
 <h2>Where the memory goes (nvidia-smi reconciliation)</h2>
 {_reconciliation(cap)}
