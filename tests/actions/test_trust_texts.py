@@ -54,7 +54,7 @@ def test_an_optimizer_not_passed_loses_its_state_for_the_released_parameters_and
         assert report.remaining == () and report.errors == ()
         # The report names it by its holder path and says what was done.
         text = str(report)
-        assert f"{FILE}:" in text and "local 'opt' (AdamW)" in text, text
+        assert f" in {FILE}, local 'opt' (AdamW)" in text, text
         assert "refers to 2 parameters emptied here (model.weight, model.bias)" in text
         assert "its step() now raises ReleasedError" in text
         # A later step fails loudly instead of silently skipping the emptied parameters.

@@ -151,12 +151,15 @@ def test_suspended_generator_local(put: Callable[[str, Any], None]) -> None:
 def test_frame_local_of_this_thread() -> None:
     x = torch.zeros(3)
     box = [0, {"t": x}]
-    paths, line = holders(x), here()
+    paths, now = holders(x), here()
+    # The function, its file and the variable: never the line the frame is at now (where it waits).
     assert texts(paths) == [
-        f"{FILE}:{line} in test_frame_local_of_this_thread(), local 'x'",
-        f"{FILE}:{line} in test_frame_local_of_this_thread(), local 'box'[1]['t']",
+        f"test_frame_local_of_this_thread() in {FILE}, local 'x'",
+        f"test_frame_local_of_this_thread() in {FILE}, local 'box'[1]['t']",
     ]
+    assert not [p for p in texts(paths) if f":{now}" in p]
     assert {p.root for p in paths} == {"frame"}
+    assert [s.name for s in paths[0].typed_steps] == [f"test_frame_local_of_this_thread() in {FILE}", "x"]
     del box
 
 
@@ -179,8 +182,7 @@ def test_frame_local_of_another_thread() -> None:
     finally:
         stop.set()
         th.join()
-    line = found[1]
-    assert texts(paths) == [f"thread 'loader': {FILE}:{line} in worker(), local 'batch'"]
+    assert texts(paths) == [f"thread 'loader': worker() in {FILE}, local 'batch'"]
     assert paths[0].root == "thread"
 
 
@@ -515,7 +517,7 @@ def test_a_python_tracer_keeps_the_locals_of_its_frames() -> None:
     finally:
         sys.settrace(old)
     assert n == 3
-    assert seen and any(" in traced(), local 'x'" in p for p in seen[0])
+    assert seen and f"traced() in {FILE}, local 'x'" in seen[0]
 
 
 def test_gc_state_is_restored() -> None:
@@ -563,13 +565,14 @@ def test_the_search_does_not_report_itself(put: Callable[[str, Any], None]) -> N
     put("SEEN", t)
     got = texts(_helper_that_searches(t))
     assert not [p for p in got if "holders.py" in p and FILE not in p]
-    assert not [p for p in got if "in find_holders()" in p or "in holders()" in p or "in run()" in p]
+    assert not [p for p in got if "find_holders() in" in p or " holders() in" in p or "run() in" in p]
     assert set(got) == {
-        f"{FILE}:{_helper_that_searches.__code__.co_firstlineno + 1} in _helper_that_searches(), local 'x'",
-        f"{FILE}:{here() - 5} in test_the_search_does_not_report_itself(), local 't'",
+        f"_helper_that_searches() in {FILE}, local 'x'",
+        f"test_the_search_does_not_report_itself() in {FILE}, local 't'",
         f"{MOD}.SEEN",
     }
-    own = [f"{m}.py:" for m in ("find", "search", "roots", "index", "autograd", "naming", "survivors")]
+    mods = ("find", "search", "roots", "index", "autograd", "naming", "survivors")
+    own = [x for m in mods for x in (f"{m}.py:", f" in {m}.py")]
     assert not [p for p in got if any(m in p for m in own)]  # the package's modules, by file name
     # What the caller excludes is not a holder either.
     box = [t]
@@ -590,12 +593,12 @@ def test_torch_modes_of_the_caller_are_left_alone() -> None:
 
     x = torch.zeros(2)
     with Count():
-        first, line1 = texts(holders(x)), here()
+        first = texts(holders(x))
     assert Count.ops == 0
     with torch.device("meta"):
-        second, line2 = texts(holders(x)), here()
-    frame = f"{FILE}:{{}} in test_torch_modes_of_the_caller_are_left_alone(), local 'x'"
-    assert (first, second) == ([frame.format(line1)], [frame.format(line2)])
+        second = texts(holders(x))
+    frame = f"test_torch_modes_of_the_caller_are_left_alone() in {FILE}, local 'x'"
+    assert (first, second) == ([frame], [frame])
 
 
 def test_result_objects_render_and_serialise() -> None:

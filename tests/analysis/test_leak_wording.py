@@ -4,6 +4,8 @@ never denies the verdict printed above it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -207,3 +209,25 @@ def test_the_leak_warning_on_the_cpu_speaks_of_memory_not_device_memory() -> Non
     (msg,) = [str(w.message) for w in caught if issubclass(w.category, LeakWarning)]
     assert msg.startswith("torchmem: memory grows by 256.00 KiB/step on cpu"), msg
     assert "device memory" not in msg
+
+
+def _validate(model: torch.nn.Module) -> LeakReport:
+    val_losses = []  # the holder: a local of this function
+    w = torchmem.watch(device="cpu", optimizer_steps=True, warn=False, min_bytes_per_step=64 * 1024)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with w:
+        for _ in range(12):
+            val_losses.append(model(torch.randn(128, 128)).square().mean())  # kept with its graph
+            opt.step()  # the step ends here: the frame is at this line when the holders are searched
+    return w.report()
+
+
+def test_a_local_holder_is_named_by_its_function_and_variable_not_the_frames_current_line() -> None:
+    r = _validate(torch.nn.Linear(128, 128))
+    assert r.leaking and r.culprits, str(r)
+    holder = r.culprits[0].holder or ""
+    assert holder.startswith("_validate() in test_leak_wording.py, local 'val_losses'["), holder
+    code = _validate.__code__
+    lines = Path(code.co_filename).read_text().splitlines()[code.co_firstlineno - 1 :]
+    step_line = next(code.co_firstlineno + i for i, line in enumerate(lines) if "opt.step()" in line)
+    assert f":{step_line}" not in holder and "test_leak_wording.py:" not in holder

@@ -29,12 +29,14 @@ class StepKind(str, Enum):
     """What one step of a holder path follows (the value is the name stored in ``to_dict()``)."""
 
     ROOT = "root"
-    """Where the path starts: a module (``__main__``), a frame (``train.py:42 in step()``), a class,
-    ``sys.last_traceback``, IPython's ``Out``, or ``<Tensor held outside Python>``."""
+    """Where the path starts: a module (``__main__``), a live frame (``step() in train.py``: its function and
+    file, never the line it is at now), a class, ``sys.last_traceback``, IPython's ``Out``, or
+    ``<Tensor held outside Python>``."""
     MODULE_GLOBAL = "module_global"
     """A global of a module: ``.REGISTRY`` after the module's name."""
     FRAME_LOCAL = "frame_local"
-    """A local (or cell) variable of a live or suspended frame: ``, local 'batch'``."""
+    """A local (or cell) variable of a live or suspended frame: ``, local 'batch'``; of a live frame with the
+    line(s) that assign it: ``, local 'batch' (assigned at line 12)``."""
     CLASS_ATTRIBUTE = "class_attribute"
     """An attribute stored on a class: ``.cache`` after the class's name."""
     ATTRIBUTE = "attribute"

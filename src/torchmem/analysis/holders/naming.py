@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import types
 import weakref
 from collections import deque
@@ -45,6 +46,25 @@ _WEAKREF_HOLDERS: tuple[type, ...] = (weakref.ReferenceType, weakref.finalize, w
 
 def type_name(o: Any) -> str:
     return type(o).__qualname__
+
+
+_FRAME_LABEL = re.compile(r"(?P<file>.*):\d+ in (?P<func>.*)\(\)\Z", re.S)
+
+
+def live_frame_name(label: str) -> str:
+    """How a path names a live frame whose local holds the object: its function and file, never the line the
+    frame is at now (that says where the program waits — the ``optimizer.step()`` that ended a step — not
+    what holds the object). ``thread '...':`` stays in front of another thread's frame.
+
+    Example:
+        >>> live_frame_name("train.py:39 in main()"), live_frame_name("thread 'loader': w.py:8 in run()")
+        ('main() in train.py', "thread 'loader': run() in w.py")
+    """
+    prefix, sep, desc = label.rpartition(": ") if label.startswith("thread '") else ("", "", label)
+    m = _FRAME_LABEL.match(desc)
+    if m is None:
+        return label
+    return f"{prefix}{sep}{m['func']}() in {m['file']}"
 
 
 def _attribute_text(key: Any) -> str:
@@ -170,8 +190,9 @@ class PathNamer:
         if key is MISSING:
             return root.kind, [first, HolderStep(StepKind.OTHER, " -> ?", "", type_name(ns))], 1
         if root.kind in ("frame", "thread"):
+            name = live_frame_name(root.label)
             local = HolderStep(StepKind.FRAME_LOCAL, f", local {key!r}", str(key), "frame")
-            return root.kind, [first, local], 1
+            return root.kind, [HolderStep(StepKind.ROOT, name, name), local], 1
         if root.label == "sys" and key in SYS_LAST:
             return SYS_LAST[key], [HolderStep(StepKind.ROOT, f"sys.{key}", f"sys.{key}")], 1
         if root.ipython and isinstance(key, str):
