@@ -37,6 +37,7 @@ from torchmem.results.capture import (
     Capture,
     DeviceRecord,
     End,
+    ForecastRecord,
     GpusRecord,
     HostLeakRecord,
     LeakRecord,
@@ -568,6 +569,7 @@ def read_capture(path: str | os.PathLike[str]) -> Capture:
         rank_states=tuple(groups["rank_state"]),
         devices=tuple(groups["device"]),
         gpus=tuple(groups["gpus"]),
+        forecasts=tuple(groups["forecast"]),
         end=end,
         truncated=truncated,
         unknown=tuple(unknown),
@@ -591,6 +593,7 @@ _KIND: dict[type, str] = {
     RankStateRecord: "rank_state",
     DeviceRecord: "device",
     GpusRecord: "gpus",
+    ForecastRecord: "forecast",
 }
 
 
@@ -694,6 +697,8 @@ def _parse_record(raw: bytes) -> Any:
             )
         if kind == "gpus":
             return GpusRecord(t, _mapping(obj.get("report")))
+        if kind == "forecast":
+            return ForecastRecord(t, _mapping(obj.get("forecast")))
         if kind == "modules":
             rows = obj.get("rows")
             if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):

@@ -69,6 +69,9 @@ class SessionResult:
     """The captures the followed child processes (``mp.spawn``, ``mp.Process`` workers) write."""
     rank: Any = None
     """This process's place in a distributed job (a ``capture.ranks.RankInfo``), else ``None``."""
+    forecast: Any = None
+    """When the memory runs out at the leak's rate (a :class:`~torchmem.results.forecast.Forecast`), if it
+    leaks and the capacity is known."""
     gpus: Any = None
     """Every GPU the process had a context on and what their figures show (a
     :class:`~torchmem.results.gpus.GpusReport`), ``None`` when it used no GPU."""
@@ -127,6 +130,9 @@ class Session:
         self._gpus: Any = None  # capture/gpus.GpuWatch: every GPU the process touches, and how
         self._device_settled = not self._auto_device
         self._switch_lock = threading.Lock()
+        self._own_work = False  # torchmem's step bookkeeping is running (the CPU sampler skips its reading)
+        self._forecast_at = 0.0
+        self._forecast_text = ""
         self.interval = interval
         self._status_file = status_file if status_file is not None else sys.stderr
         self.status = (
@@ -220,7 +226,7 @@ class Session:
             device=str(self.device),
             device_name=_device_name(self.device),
             argv=self.argv,
-            source="allocator" if self.device.type != "cpu" else "ledger",
+            source=_source_of(self.device),
             force=self.force,
             protect=self.protect,
             **extra,
@@ -516,6 +522,15 @@ class Session:
         )
 
     def _step_work(self) -> None:
+        # On the CPU the figure is the C heap, which torchmem's own work (scans, the exact ledger's records)
+        # also uses: the sampler takes no reading while this runs, so the timeline is the program's.
+        self._own_work = True
+        try:
+            self._step_body()
+        finally:
+            self._own_work = False
+
+    def _step_body(self) -> None:
         try:
             if not self._device_settled:
                 self._settle_device()
@@ -526,6 +541,11 @@ class Session:
             t0 = pc()
             w.step()
             self._steps = n = w.steps
+            series = w._series
+            if self.device.type == "cpu" and series and series[-1][0] == n:
+                v = series[-1][1]  # every reading counts towards the peak (the step's as the sampler's)
+                if v is not None and v > self._peak_seen:
+                    self._peak_seen = int(v)
             t1 = pc()
             if self._survivors is not None:
                 self._survivors.boundary(n)
@@ -537,7 +557,6 @@ class Session:
             parts[0] += t1 - t0
             parts[1] += t2 - t1
             parts[2] += t3 - t2
-            series = w._series
             # One step record per reading the watcher took, at most one per 10 ms (a loop of thousands of
             # steps per second must not pay a JSON line per step); the sampler keeps the timeline.
             read_now = bool(series) and series[-1][0] == n
@@ -608,6 +627,10 @@ class Session:
                     self._gpus.poll()
                     if not self._device_settled and self._boundary_kind is None and self._steps == 0:
                         self._settle_device()  # no step yet: the timeline follows the program's GPU
+                if self.device.type == "cpu" and self._own_work:
+                    # torchmem's own step work is running on the C heap: not the program's figure
+                    self._sampler_s += time.thread_time() - t_s
+                    continue
                 r = self._reading()
                 self._write(
                     "sample",
@@ -765,6 +788,49 @@ class Session:
         notes = tuple(self._switches) + tuple(rep.notes)
         return dataclasses.replace(rep, boundary=label, notes=notes)
 
+    def forecast(self, leak: LeakReport | None) -> Any:
+        """When the watched device (or the RAM) runs out at the leak's rate (a
+        :class:`~torchmem.results.forecast.Forecast`), ``None`` without a leak or a known capacity."""
+        if leak is None or not leak.leaking or leak.bytes_per_step <= 0:
+            return None
+        from torchmem.analysis.forecast import forecast
+
+        unit = "s" if leak.boundary == "second" else "step"
+        step_s = _median(self._plain_steps)
+        r = self._reading()
+        if self.device.type == "cpu":
+            from torchmem.devices._host import host_memory, process_rss
+
+            hm = host_memory()
+            used = r.allocated
+            if used is None or hm.available is None:
+                return None
+            room, what = hm.available, "the RAM"
+            rss = process_rss()
+            if hm.cgroup_limit is not None and rss is not None and hm.cgroup_limit - rss < room:
+                room, what = max(hm.cgroup_limit - rss, 0), "the cgroup's memory limit"
+            return forecast(leak.bytes_per_step, unit, used, used + room, what, step_s)
+        from torchmem.devices import backend
+
+        info = backend(self.device).mem_info()
+        if info is None or r.allocated is None:
+            return None
+        free, _total = info
+        # growth fills the allocator's cached blocks first, then takes what the driver has free
+        capacity = (r.reserved if r.reserved is not None else r.allocated) + free
+        return forecast(leak.bytes_per_step, unit, r.allocated, capacity, str(self.device), step_s)
+
+    def _status_forecast(self, w: Any) -> str:
+        now = time.perf_counter()
+        if now - self._forecast_at >= 2.0:
+            self._forecast_at = now
+            try:
+                f = self.forecast(w.report())
+                self._forecast_text = f" | {f.short()}" if f is not None else ""
+            except Exception:
+                self._forecast_text = ""
+        return self._forecast_text
+
     def status_text(self, allocated: int | None, reserved: int | None, peak: int | None) -> str:
         w = self._watcher
         text = f"[torchmem] step {self._steps} | allocated {fmt_bytes(allocated)}"
@@ -773,6 +839,7 @@ class Session:
         text += f" | peak {fmt_bytes(peak)}"
         if w is not None and w.leaking:
             text += f" | LEAK +{fmt_bytes(int(w.report().bytes_per_step))}/step"
+            text += self._status_forecast(w)
         if self._gpus is not None:
             text += self._gpus.status()  # the other GPUs this process uses
         return text
@@ -1123,6 +1190,15 @@ class Session:
             self._profiler = None
         w = self._watcher
         r = self._reading()
+        # the end reading is a sample like the others: the run's summary and `torchmem report` read one peak
+        self._write(
+            "sample",
+            step=self._steps,
+            allocated=r.allocated,
+            reserved=r.reserved,
+            peak_allocated=r.peak_allocated,
+            peak_reserved=r.peak_reserved,
+        )
         self._record_stats("end")
         gpus = None
         if self._gpus is not None:
@@ -1151,6 +1227,13 @@ class Session:
                 if timeline is not None:
                     leak = timeline
             self._write("leak", report=leak.to_dict(), final=True)
+        forecast = None
+        try:
+            forecast = self.forecast(leak)
+            if forecast is not None:
+                self._write("forecast", forecast=forecast.to_dict())
+        except Exception as e:
+            self._note(f"when the memory runs out could not be forecast ({type(e).__name__}: {e})")
         oom = None
         final_exc = None
         if exc is not None:
@@ -1260,6 +1343,7 @@ class Session:
             caught_ooms=tuple(self._caught_ooms),
             overhead=overhead,
             gpus=gpus,
+            forecast=forecast,
         )
 
     # -- what torchmem cost --------------------------------------------------------------------
@@ -1500,6 +1584,16 @@ def _rank_device() -> torch.device | None:
     except Exception:
         return None
     return None if index is None else torch.device("cuda", index)
+
+
+def _source_of(dev: torch.device) -> str:
+    """What the capture's figures are: the caching allocator's, or on the CPU the C heap in use (the exact
+    ledger where the heap cannot be read)."""
+    if dev.type != "cpu":
+        return "allocator"
+    from torchmem.devices._host import heap_in_use
+
+    return "heap" if heap_in_use() is not None else "ledger"
 
 
 def _device_name(dev: torch.device) -> str | None:

@@ -710,6 +710,9 @@ def _summary(result: Any, err: TextIO) -> None:
     children = getattr(result, "children", ())
     if leak is not None and (leak.leaking or leak.detected_at is not None or result.steps):
         lines.append(str(leak))
+    forecast = getattr(result, "forecast", None)
+    if forecast is not None:
+        lines.append(f"  forecast: {forecast}")
     survivors = getattr(result, "survivors", None)
     if survivors is not None and survivors.leaking and not (leak is not None and leak.leaking):
         lines.append(str(survivors))  # a loop too short for a verdict, whose leak is still named

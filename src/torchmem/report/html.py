@@ -24,6 +24,7 @@ from torchmem.results.capture import (
     module_rows,
     row_total,
     run_facts,
+    source_words,
     step_time,
 )
 from torchmem.results.ranks import end_words
@@ -215,6 +216,13 @@ def _table(head: Sequence[str], rows: Iterable[Sequence[str]], cls: str, num: It
     return f'<table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
+def _timeline_forecast(cap: Capture) -> str:
+    """Under the timeline: where the line goes at the leak's rate."""
+    leak = final_leak(cap)
+    fc = cap.forecasts[-1].as_forecast() if cap.forecasts and leak is not None and leak.leaking else None
+    return f'<p class="forecast">At this rate: {_e(fc.short())}.</p>' if fc is not None else ""
+
+
 def _gpus(cap: Capture) -> str:
     """Every GPU the process used (its allocator's peaks per GPU), what they show, the child processes."""
     g = cap.gpus_report
@@ -326,6 +334,9 @@ def _leaks(cap: Capture, leak: LeakReport | None) -> str:
     else:
         head = f'<p class="verdict good">No leak over {leak.steps} steps: {_e(leak.reason)}</p>'
     out = [head]
+    fc = cap.forecasts[-1].as_forecast() if cap.forecasts and leak.leaking else None
+    if fc is not None:
+        out.append(f'<p class="verdict bad" id="forecast">When it runs out: {_e(str(fc))}</p>')
     if leak.leaking and leak.reason:
         out.append(f"<p>{_e(leak.reason)}</p>")
     if leak.culprits:
@@ -559,7 +570,7 @@ def render_html(cap: Capture) -> str:
     facts = [
         ("program", f"<code>{_e(f.program)}</code>"),
         ("device", _e(f.device)),
-        ("figures from", _e(f.source)),
+        ("figures from", _e(source_words(f.source))),
         ("started", _e(f.started)),
         ("duration", _e(fmt_seconds(f.seconds))),
         ("steps", _e("n/a" if f.steps is None else f.steps)),
@@ -605,6 +616,7 @@ def render_html(cap: Capture) -> str:
 <h2>Timeline</h2>
 {legend}
 {timeline_svg(cap)}
+{_timeline_forecast(cap)}
 <div id="readout">Move the pointer over the timeline to read the figures.</div>
 </section>
 <section id="leaks">

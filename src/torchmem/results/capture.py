@@ -18,6 +18,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from torchmem._format import fmt_bytes, text_table
 from torchmem.results._dicts import ResultFormatError, from_mapping
+from torchmem.results.forecast import Forecast
 from torchmem.results.gpus import GpusReport
 from torchmem.results.stats import Breakdown, MemoryStats
 
@@ -49,12 +50,14 @@ RECORD_TYPES = (
     "rank_state",
     "device",
     "gpus",
+    "forecast",
     "end",
 )
 """Record types of version 1. A reader skips types it does not know (later minor additions: ``boundary``,
 ``host_leak``, ``survivors`` and ``overhead`` came with torchmem 0.1's zero-config runs; older readers keep
 them as unknown; ``rank`` and ``rank_state`` came with distributed runs; ``device`` (the run began watching
-the GPU the program works on) and ``gpus`` (every GPU the process used) with multi-GPU runs)."""
+the GPU the program works on) and ``gpus`` (every GPU the process used) with multi-GPU runs; ``forecast``
+(when the memory runs out at the leak's rate) with the leak's forecast)."""
 
 END_REASONS = ("exit", "exception", "keyboard_interrupt", "oom", "signal")
 
@@ -290,6 +293,18 @@ class GpusRecord:
 
 
 @dataclass(frozen=True)
+class ForecastRecord:
+    """When the memory runs out at the leak's rate (a ``Forecast.to_dict()``), written with the final
+    verdict."""
+
+    t: float
+    forecast: Mapping[str, Any]
+
+    def as_forecast(self) -> Forecast | None:
+        return _read(Forecast, self.forecast)
+
+
+@dataclass(frozen=True)
 class ModulesRecord:
     """The per-module profile: one row per module, byte columns named in :data:`MODULE_COLUMNS`."""
 
@@ -340,6 +355,7 @@ class Capture:
         rank_states: This process's state when a rank of its job ran out of memory.
         devices: When the run began watching the GPU the program works on (at most one, in its first steps).
         gpus: Every GPU the process used, and what their figures show (one, at the end).
+        forecasts: When the memory runs out at the leak's rate (the last is the final one).
         end: How the run ended; ``None`` when the file has no end record (the run was killed).
         truncated: ``None``, or where the readable part stops and why.
         unknown: Records of types this torchmem does not know (kept as written, otherwise ignored).
@@ -364,6 +380,7 @@ class Capture:
     rank_states: tuple[RankStateRecord, ...] = ()
     devices: tuple[DeviceRecord, ...] = ()
     gpus: tuple[GpusRecord, ...] = ()
+    forecasts: tuple[ForecastRecord, ...] = ()
     truncated: str | None = None
     unknown: tuple[Mapping[str, Any], ...] = field(default=())
     lines: int = 0
@@ -436,9 +453,10 @@ class Capture:
 
     @property
     def peak_allocated(self) -> int | None:
-        """The highest allocated figure any sample or stats record shows."""
+        """The highest allocated figure any sample, step marker or stats record shows."""
         return _max(
-            [s.allocated for s in self.samples]
+            [s.allocated for s in self.steps]
+            + [s.allocated for s in self.samples]
             + [s.peak_allocated for s in self.samples]
             + [_int(r.stats.get("peak_allocated")) for r in self.stats]
             + [_int(r.stats.get("allocated")) for r in self.stats]
@@ -490,6 +508,7 @@ class Capture:
             **({"rank_states": [rec(s) for s in self.rank_states]} if self.rank_states else {}),
             **({"devices": [rec(s) for s in self.devices]} if self.devices else {}),
             **({"gpus": [rec(s) for s in self.gpus]} if self.gpus else {}),
+            **({"forecasts": [rec(s) for s in self.forecasts]} if self.forecasts else {}),
             "end": None if self.end is None else rec(self.end),
             "truncated": self.truncated,
             "unknown": [dict(u) for u in self.unknown],
@@ -521,6 +540,7 @@ class Capture:
             rank_states=many(RankStateRecord, "rank_states"),
             devices=many(DeviceRecord, "devices"),
             gpus=many(GpusRecord, "gpus"),
+            forecasts=many(ForecastRecord, "forecasts"),
             end=None if end is None else from_mapping(End, end),
             truncated=d.get("truncated"),
             unknown=tuple(dict(u) for u in d.get("unknown") or ()),
@@ -554,6 +574,19 @@ class RunFacts:
     ended: str
     finished: bool
     versions: str
+
+
+_SOURCE_WORDS = {
+    "allocator": "the caching allocator",
+    "heap": "the C heap in use (glibc mallinfo2: tensors, autograd graphs and other native allocations)",
+    "ledger": "torchmem's exact tensor ledger",
+    "rss": "the process's resident memory (RSS)",
+}
+
+
+def source_words(source: str) -> str:
+    """What a capture's ``source`` is, in words: ``"heap"`` -> ``"the C heap in use (glibc ...)"``."""
+    return _SOURCE_WORDS.get(source, f"the {source}")
 
 
 def run_facts(cap: Capture) -> RunFacts:
@@ -650,7 +683,7 @@ def render_summary(cap: Capture, *, max_modules: int = 10) -> str:
         lines.append(f"WARNING: {cap.truncated}; what follows is what was recorded before that.")
     lines += [
         f"  program   {f.program}",
-        f"  device    {f.device}, figures from the {f.source}",
+        f"  device    {f.device}, figures from {source_words(f.source)}",
         f"  started   {f.started}, ran {fmt_seconds(f.seconds)}, {f.steps if f.steps is not None else 'n/a'} "
         "steps",
         f"  ended     {f.ended}",
@@ -677,6 +710,9 @@ def render_summary(cap: Capture, *, max_modules: int = 10) -> str:
     leak = final_leak(cap)
     if leak is not None:
         lines += str(leak).splitlines()
+        fc = cap.forecasts[-1].as_forecast() if cap.forecasts and leak.leaking else None
+        if fc is not None:
+            lines.append(f"  forecast: {fc}")
     elif cap.leaks:
         lines.append("Leak verdict: recorded, but not in a form this torchmem reads (see --json).")
     else:
@@ -755,6 +791,7 @@ __all__ = [
     "Capture",
     "DeviceRecord",
     "End",
+    "ForecastRecord",
     "GpusRecord",
     "HostLeakRecord",
     "LeakRecord",
@@ -775,6 +812,7 @@ __all__ = [
     "render_summary",
     "row_total",
     "run_facts",
+    "source_words",
     "stats_record",
     "step_time",
     "write_summary",
