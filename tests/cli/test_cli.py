@@ -121,7 +121,7 @@ def test_stats_bad_watch_or_count_exits_2(capsys: pytest.CaptureFixture[str], ar
 
 def test_bad_usage_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["stats", "--watch", "soon"]) == 2
-    assert "invalid float value" in capsys.readouterr().err
+    assert "argument --watch: expected a number, not 'soon'" in capsys.readouterr().err
     assert main(["no-such-command"]) == 2
 
 

@@ -79,9 +79,13 @@ def test_no_oom_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_missing_file_and_bad_batch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(["--file", str(tmp_path / "nope.log")]) == 2
-    assert "cannot read" in capsys.readouterr().err
-    assert run(["x", "--batch-size", "0"]) == 2
+    from torchmem.cli import main
+
+    assert main(["explain", "--file", str(tmp_path / "nope.log")]) == 2
+    err = capsys.readouterr().err
+    assert "--file" in err and "cannot read" in err
+    assert main(["explain", "x", "--batch-size", "0"]) == 2
+    assert "argument --batch-size: must be a positive integer, not 0" in capsys.readouterr().err
 
 
 def test_library_oom_is_explained_as_outside_the_allocator(capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 from typing import Any
 
-from torchmem._errors import TorchmemError
+from torchmem._outputs import OutputError
+from torchmem.cli import UsageError
 
 
 def add_parser(sub: Any) -> None:
@@ -41,7 +43,7 @@ def _out_dir(path: str | None) -> str:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise TorchmemError(
+        raise OutputError(
             f"Cannot create the demo folder {path!r}: {exc.strerror or exc}.",
             "Choose another --output-dir, or leave it out (a temporary folder is used).",
         ) from None
@@ -54,8 +56,9 @@ def run(args: argparse.Namespace) -> int:
     from torchmem.devices import default_device, resolve
 
     if args.steps < 12:
-        raise TorchmemError(
-            "--steps must be at least 12.", "The leak detector needs a few steps after its warm-up."
+        raise UsageError(
+            f"--steps must be 12 or more, not {args.steps}.",
+            "The leak detector needs a few steps after its warm-up.",
         )
     dev = resolve(args.device) if args.device else default_device()
     out = _out_dir(args.output_dir)
@@ -115,6 +118,8 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"  fix: {c.fix}")
     if os.path.exists(html):
         lines.append(f"  HTML report of the leaky run: {os.path.abspath(html)}")
-    lines.append(f"  captures: {os.path.abspath(out)}/leaky.jsonl, fixed.jsonl (torchmem report CAPTURE)")
+    captures = [os.path.abspath(os.path.join(out, name)) for name in ("leaky.jsonl", "fixed.jsonl")]
+    lines.append(f"  captures: {captures[0]}, {captures[1]}")
+    lines.append(f"  see one again: {shlex.join(['torchmem', 'report', captures[0]])}")
     print("\n".join(lines), file=err)
     return 0

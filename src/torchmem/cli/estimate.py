@@ -28,6 +28,7 @@ import torch
 
 from torchmem.analysis.estimate import FitArgumentError
 from torchmem.analysis.targets import target_names
+from torchmem.cli import int_at_least
 
 _DTYPES = {
     "fp32": torch.float32,
@@ -48,26 +49,32 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "model", help="torchvision:NAME, a Hugging Face config.json (or its folder), or module:function"
     )
-    p.add_argument("--batch", type=int, default=8, help="per-GPU batch size (default 8)")
-    p.add_argument("--seq", type=int, default=512, help="sequence length for token models (default 512)")
+    p.add_argument("--batch", type=int_at_least(1), default=8, help="per-GPU batch size (default 8)")
+    p.add_argument(
+        "--seq", type=int_at_least(1), default=512, help="sequence length for token models (default 512)"
+    )
     p.add_argument(
         "--input-shape", help="one sample's shape for image/other models, e.g. 3,224,224 (default for vision)"
     )
-    p.add_argument("--vocab", type=int, help="module:function models: token inputs of this vocabulary size")
+    p.add_argument(
+        "--vocab", type=int_at_least(1), help="module:function models: token inputs of this vocabulary size"
+    )
     p.add_argument("--optimizer", default="adamw", help="torch.optim name, or 'none' (default adamw)")
     p.add_argument("--dtype", default="fp32", choices=sorted(_DTYPES), help="weights' dtype (default fp32)")
     p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast forward in this dtype")
     p.add_argument("--target", default="H100-80GB", help=f"GPU: {', '.join(target_names())}, or a size")
-    p.add_argument("--fsdp", type=int, metavar="N", help="FSDP2 over N GPUs (per-rank estimate)")
-    p.add_argument("--ddp", type=int, metavar="N", help="DDP over N GPUs")
+    p.add_argument("--fsdp", type=int_at_least(1), metavar="N", help="FSDP2 over N GPUs (per-rank estimate)")
+    p.add_argument("--ddp", type=int_at_least(1), metavar="N", help="DDP over N GPUs")
     p.add_argument("--zero", type=int, choices=[1, 2, 3], help="ZeRO stage (with --gpus)")
-    p.add_argument("--gpus", type=int, default=None, help="number of GPUs for --zero")
+    p.add_argument("--gpus", type=int_at_least(1), default=None, help="number of GPUs for --zero")
     p.add_argument(
         "--checkpoint", nargs="*", help="checkpoint these modules (no names: every repeated block)"
     )
-    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--grad-accum", type=int_at_least(1), default=1, help="micro-batches per optimizer step")
     p.add_argument("--inference", action="store_true", help="estimate an inference step instead of training")
-    p.add_argument("--generate", type=int, default=0, metavar="TOKENS", help="inference: generate TOKENS")
+    p.add_argument(
+        "--generate", type=int_at_least(0), default=0, metavar="TOKENS", help="inference: generate TOKENS"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 

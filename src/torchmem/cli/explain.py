@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+from torchmem.cli import UsageError, int_at_least
+
 #: Exit code when the text holds no out-of-memory message.
 NO_OOM = 3
 
@@ -28,17 +30,19 @@ def add_parser(sub: Any) -> None:
         help="allocator settings the failing run had (default: PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF "
         "of this shell); fixes already in effect are not suggested",
     )
-    p.add_argument("--batch-size", type=int, default=None, help="batch size of the failing step")
+    p.add_argument("--batch-size", type=int_at_least(1), default=None, help="batch size of the failing step")
 
 
-def _read(args: argparse.Namespace) -> str | None:
+def _read(args: argparse.Namespace) -> str:
     if args.file:
         try:
             with open(args.file, encoding="utf-8", errors="replace") as f:
                 return f.read()
         except OSError as exc:
-            print(f"torchmem: error: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
-            return None
+            raise UsageError(
+                f"--file {args.file!r}: cannot read it ({exc.strerror or exc}).",
+                "Give the path of a log file.",
+            ) from None
     if not args.message or args.message == ["-"]:
         if sys.stdin is None or (sys.stdin.isatty() and not args.message):
             print("Paste the OOM message, then Ctrl-D:", file=sys.stderr)
@@ -51,12 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from torchmem.capture.oom import explain_oom
     from torchmem.devices._allocator import alloc_conf
 
-    if args.batch_size is not None and args.batch_size < 1:
-        print("torchmem: error: --batch-size needs a positive number", file=sys.stderr)
-        return 2
     text = _read(args)
-    if text is None:
-        return 2
     parsed = parse_oom_message(text)
     if parsed is None or not parsed.is_oom:
         what = (

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from typing import Any
+
+from torchmem.cli import UsageError
 
 
 def add_parser(sub: Any) -> None:
@@ -33,16 +36,38 @@ def add_parser(sub: Any) -> None:
     )
 
 
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _not_the_capture(path: str, option: str, capture: str) -> None:
+    """An output must never be the capture being read (``--html x.jsonl`` for ``x.jsonl``)."""
+    from torchmem._outputs import OutputExistsError
+
+    if _same_file(path, capture):
+        example = "report.html" if option == "--html" else "timeline.png"
+        raise OutputExistsError(
+            f"{option} {path!r} is the capture being read: writing the report there would overwrite the "
+            "input capture.",
+            "give the report its own path, e.g. "
+            + shlex.join(["torchmem", "report", capture, option, example]),
+        )
+
+
 def _merged(args: argparse.Namespace, paths: list[str]) -> int:
     from torchmem.analysis.ranks import merge_captures
     from torchmem.capture.file import read_capture
-    from torchmem.report._output import OutputError
 
     if args.html or args.plot:
-        raise OutputError(
-            "--html and --plot take one capture; several were given (a distributed job's ranks).",
+        option = "--html" if args.html else "--plot"
+        raise UsageError(
+            f"{option} takes one capture; {len(paths)} were given (a distributed job's ranks are merged as "
+            "text or --json only).",
             "run torchmem report on one rank's capture for its page or plot, e.g. "
-            f"torchmem report {paths[0]} --html report.html",
+            + shlex.join(["torchmem", "report", paths[0], option, args.html or args.plot]),
         )
     merged = merge_captures([read_capture(p) for p in paths])
     from torchmem.report.ranks import write_merged, write_merged_json
@@ -58,9 +83,12 @@ def run(args: argparse.Namespace) -> int:
     if len(dict.fromkeys(os.path.abspath(p) for p in paths)) > 1:
         return _merged(args, list(dict.fromkeys(paths)))
     args.capture = paths[0]
-    from torchmem.report._output import OutputError, check_writable
+    from torchmem.report._output import check_writable
 
     # Every check before any output: a missing extra or a bad path leaves nothing half done.
+    for option, out in (("--html", args.html), ("--plot", args.plot)):
+        if out:
+            _not_the_capture(out, option, args.capture)
     if args.plot:
         from torchmem.report.plot import require_matplotlib
 
@@ -69,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         check_writable(args.html, "HTML report", kind="html", force=args.force, protect=[args.capture])
     if args.html and args.plot and os.path.abspath(args.html) == os.path.abspath(args.plot):
-        raise OutputError(
+        raise UsageError(
             f"--html and --plot are the same file {args.html!r}.", "Give each output its own path."
         )
     cap = read_capture(args.capture)
