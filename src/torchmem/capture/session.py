@@ -701,51 +701,23 @@ class Session:
 
     def _timeline_report(self) -> LeakReport | None:
         """With no repeating step, growth decided on the sampled timeline, per second."""
-        from torchmem.analysis.leaks import detect_growth
+        from torchmem.analysis.leaks import timeline_growth, timeline_report
 
         pts = list(self._timeline)
-        if len(pts) < 8:
+        g = timeline_growth(pts)
+        if g is None:
             return None
-        dt = max((pts[-1][0] - pts[0][0]) / max(len(pts) - 1, 1), 1e-3)
-        xs = [round((t - pts[0][0]) / dt) for t, _ in pts]
-        ys = [v for _, v in pts]
-        per_second = 1024 * 1024  # 1 MiB/s: a process that keeps what it allocates at that pace is leaking
-        g = detect_growth(xs, ys, min_bytes_per_step=per_second * dt, window=64)
-        rate = g.bytes_per_step / dt
         w = self._watcher
         culprits: tuple[Any, ...] = ()
         notes = ["no repeating step was found: the verdict is per second of the sampled timeline"]
         if g.leaking:
             try:
-                culprits, more = self._timeline_culprits(rate)
+                culprits, more = self._timeline_culprits(g.bytes_per_step)
                 notes += more
             except Exception as exc:
                 notes.append(f"what grows could not be named ({type(exc).__name__}: {exc})")
-        return LeakReport(
-            device=str(self.device),
-            source=w.source if w is not None else "n/a",
-            mode="light",
-            steps=round(pts[-1][0] - pts[0][0]),
-            warmup=0,
-            leaking=g.leaking,
-            bytes_per_step=rate,
-            confidence=g.confidence,
-            detected_at=None,
-            stopped_at=None,
-            reason=(
-                f"the figure grew by {fmt_bytes(int(rate))}/s over the sampled timeline ({g.method} test)"
-                if g.leaking
-                else f"timeline: {g.reason}"
-            ),
-            culprits=culprits,
-            series=tuple((round(t), v) for t, v in pts[:: max(1, len(pts) // 256)]),
-            notes=tuple(notes),
-            verdict=g.verdict if not g.leaking else "leak",
-            trend_per_step=g.trend_per_step / dt,
-            min_bytes_per_step=per_second,
-            boundary="second",
-            unit="s",
-        )
+        source = w.source if w is not None else "n/a"
+        return timeline_report(pts, g, device=str(self.device), source=source, culprits=culprits, notes=notes)
 
     def _timeline_culprits(self, rate: float) -> tuple[tuple[Any, ...], list[str]]:
         """Who holds what grew, without steps: the tensors born during the run and still alive, their
@@ -766,7 +738,7 @@ class Session:
         samples.clear()
         flat = tuple(p for ps in paths for p in ps)
         fact = SiteGrowth(None, rate, live, len(paths), 1.0, flat)
-        culprits = attribute([fact], min_bytes_per_step=0.0)
+        culprits = attribute([fact], min_bytes_per_step=0.0, unit="s", device=str(self.device))
         return culprits, [
             "per second: without a step the allocation site is unknown; what holds the tensors born "
             "during the run is named (name the loop's function with --step-marker for the site)"
@@ -1514,9 +1486,12 @@ def _median(values: collections.deque[float]) -> float | None:
 
 def _host_policy(host: LeakReport) -> LeakReport:
     """A host verdict is a leak when it names what grows, or grows like a device leak (256 KiB/step)."""
+    from torchmem.analysis.leaks import large_total
+
     seen = host.leaking or host.detected_at is not None
     rate = max(host.bytes_per_step, host.trend_per_step)
-    if not seen or host.culprits or rate >= _HOST_UNEXPLAINED_MIN:
+    large = host.leaking and len(host.series) > 1 and large_total(host.series[0][1], host.series[-1][1])
+    if not seen or host.culprits or rate >= _HOST_UNEXPLAINED_MIN or large:
         return host
     import dataclasses
 

@@ -720,7 +720,9 @@ def _summary(result: Any, err: TextIO) -> None:
     if host is not None and (host.leaking or host.stopped_at is not None):
         lines.append(str(host))
     if no_steps:
-        lines.append(f"no leak verdict: 0 steps: {no_steps}")
+        from torchmem.results.leaks import no_steps_text
+
+        lines.append(no_steps_text(leak, no_steps))
     followed = tuple(getattr(result, "child_captures", ()) or ())
     if followed and not no_steps:
         lines.append(

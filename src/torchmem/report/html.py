@@ -27,6 +27,7 @@ from torchmem.results.capture import (
     source_words,
     step_time,
 )
+from torchmem.results.leaks import fmt_rate
 from torchmem.results.ranks import end_words
 
 if TYPE_CHECKING:
@@ -308,6 +309,32 @@ def _rate(b: float) -> str:
 
 
 def _leaks(cap: Capture, leak: LeakReport | None) -> str:
+    if leak is not None and leak.unit == "s":
+        return _leaks_per_second(cap, leak)
+    return _leaks_of(cap, leak)
+
+
+def _leaks_per_second(cap: Capture, leak: LeakReport) -> str:
+    """A timeline verdict (no repeating step): its figures are per second, over seconds of the run."""
+    rate = fmt_rate(leak.bytes_per_step, "s")
+    if leak.leaking:
+        head = (
+            f'<p class="verdict bad">Leak on {_e(leak.device)}: {_e(rate)} over {leak.steps} s of the '
+            "timeline</p>"
+        )
+    else:
+        head = f'<p class="verdict">No leak over {leak.steps} s of the timeline: {_e(leak.reason)}</p>'
+    out = [head]
+    fc = cap.forecasts[-1].as_forecast() if cap.forecasts and leak.leaking else None
+    if fc is not None:
+        out.append(f'<p class="verdict bad" id="forecast">When it runs out: {_e(str(fc))}</p>')
+    for c in leak.culprits:
+        out.append(f"<pre>{_e(chr(10).join(c.lines(unit='s')))}</pre>")
+    out += [f'<p class="note">{_e(n)}</p>' for n in leak.notes]
+    return "\n".join(out)
+
+
+def _leaks_of(cap: Capture, leak: LeakReport | None) -> str:
     if leak is None:
         return (
             '<p class="none">No leak verdict was recorded.</p>'
