@@ -238,13 +238,14 @@ def test_one_jobs_ranks_and_a_run_with_its_children_are_merged(
     ranks = [_capture(tmp_path / f"job.rank{k}.jsonl", rank=_rank(k)) for k in range(2)]
     assert main(["report", *map(str, ranks)]) == 0
     assert "2 captures merged of a world of 2" in capsys.readouterr().out
-    # a run and the child processes it started (their captures begin while it runs)
+    # a run and the child processes it started (their captures begin while it runs; the run has no job key,
+    # its children the one it gave them)
     from torchmem.capture.file import CaptureWriter
 
     parent = CaptureWriter(tmp_path / "w.jsonl", device="cpu", source="heap", argv=["w.py"])
     kids = []
     for k in range(2):
-        head = {"rank": k, "world_size": 0, "launcher": "spawn", "host": "h", "job": ""}
+        head = {"rank": k, "world_size": 0, "launcher": "spawn", "host": "h", "job": "40f4b4fe0481"}
         kid = CaptureWriter(tmp_path / f"w.proc{k}.jsonl", device="cpu", source="heap", rank=head)
         kid.close(steps=0)
         kids.append(kid.path)
@@ -266,6 +267,12 @@ def test_children_that_did_not_run_during_the_run_are_refused(tmp_path: Path) ->
     later = dataclasses.replace(kid, header={**kid.header, "started": (parent.started or 0.0) + 3600})
     with pytest.raises(MergeError, match="child process a program started"):
         merge_captures([parent, later])
+    # children of two runs (two keys), without their runs
+    other = dataclasses.replace(kid, header={**kid.header, "rank": {**head, "job": "k2"}})
+    with pytest.raises(MergeError, match="not of one job"):
+        merge_captures(
+            [dataclasses.replace(kid, header={**kid.header, "rank": {**head, "job": "k1"}}), other]
+        )
 
 
 # -- --version and --help: no command module, no torch ------------------------------------------------------

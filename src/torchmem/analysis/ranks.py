@@ -379,15 +379,15 @@ _CHILD_SLACK_S = 5.0
 
 def _job_of(cap: Capture) -> str:
     """Which job a capture is of, as its header says: a launched rank's job key (else its launcher and world
-    size), ``"children"`` for a followed child process without a job key, or the run itself (``run:path``)
-    for a single process."""
+    size), ``children:<key>`` for a followed child process (the key its parent gave it), or the run itself
+    (``run:path``) for a single process."""
     head = cap.rank or {}
     launcher, job = str(head.get("launcher") or ""), str(head.get("job") or "")
     if not launcher:
         return f"run:{cap.path}"
-    if job:
-        return f"job:{job}"
-    return "children" if launcher == "spawn" else f"{launcher}:{head.get('world_size')}"
+    if launcher == "spawn":
+        return f"children:{job}"
+    return f"job:{job}" if job else f"{launcher}:{head.get('world_size')}"
 
 
 def _started_during(child: Capture, parent: Capture) -> bool:
@@ -434,10 +434,12 @@ def check_one_job(caps: Sequence[Capture]) -> None:
     for c in caps:
         groups.setdefault(_job_of(c), []).append(c)
     runs = [k for k in groups if k.startswith("run:")]
-    if "children" in groups and len(runs) == 1:  # a run and the children it started
-        parent = groups[runs[0]][0]
-        if all(_started_during(c, parent) for c in groups["children"]):
-            groups[runs[0]] += groups.pop("children")
+    for key in [k for k in groups if k.startswith("children:")]:
+        job = key.removeprefix("children:")
+        if job and f"job:{job}" in groups:  # children of a job's ranks: the key the ranks have
+            groups[f"job:{job}"] += groups.pop(key)
+        elif len(runs) == 1 and all(_started_during(c, groups[runs[0]][0]) for c in groups[key]):
+            groups[runs[0]] += groups.pop(key)  # a run and the children it started while it ran
     if len(groups) <= 1:
         return
     parts = list(groups.values())
