@@ -4,12 +4,14 @@ format, read at each scrape (no thread of torchmem's own; prometheus-client's HT
 In the training process (its allocator, its reconciliation)::
 
     from torchmem.integrations.prometheus import serve
-    serve(9400)                      # http://host:9400/metrics, scraped by Prometheus / Grafana Agent
+    serve(9400)                      # http://127.0.0.1:9400/metrics, this machine only
+    serve(9400, addr="0.0.0.0")      # every interface: scraped by Prometheus / Grafana Agent elsewhere
 
-or from the shell, for every GPU on the machine (NVML's device and per-process figures; the allocator figures
-are those of the ``torchmem`` process itself, so it leaves them out)::
+or from the shell, the machine's figures: every GPU on it and every process on them (NVML); on a machine
+without a GPU, its memory (``device="cpu"``). The process figures (allocator, RSS) would be those of the
+``torchmem`` process itself, so it leaves them out, and ``torchmem_exporter_info{scope="machine"}`` says so::
 
-    torchmem stats --serve 9400
+    torchmem stats --serve 9400 [--host 0.0.0.0]
 
 Names follow Prometheus conventions (``torchmem_`` prefix, base units in the name: ``_bytes``; counters end
 in ``_total``; the device as a label) and match what DCGM's exporter calls the device's memory: ``torchmem_
@@ -19,6 +21,7 @@ device_memory_used_bytes`` is ``DCGM_FI_DEV_FB_USED`` in bytes. Needs ``promethe
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -43,9 +46,21 @@ _GAUGES = (
     ("torchmem_process_device_memory_bytes", "process_used", "This process's device memory (NVML)."),
     ("torchmem_context_bytes", "context", "The CUDA context's size (an estimate, measured once)."),
     ("torchmem_unexplained_bytes", "unexplained", "This process's device memory no reading explains."),
-    ("torchmem_device_memory_total_bytes", "device_total", "The device's memory."),
-    ("torchmem_device_memory_used_bytes", "device_used", "The device's used memory, all processes."),
-    ("torchmem_device_memory_free_bytes", "device_free", "The device's free memory."),
+    (
+        "torchmem_device_memory_total_bytes",
+        "device_total",
+        "The device's memory (device=\"cpu\": the machine's physical memory).",
+    ),
+    (
+        "torchmem_device_memory_used_bytes",
+        "device_used",
+        "The device's used memory, all processes (device=\"cpu\": the machine's memory in use).",
+    ),
+    (
+        "torchmem_device_memory_free_bytes",
+        "device_free",
+        "The device's free memory (device=\"cpu\": the machine's available memory).",
+    ),
     ("torchmem_host_rss_bytes", "host_rss", "This process's resident host memory."),
     ("torchmem_pinned_host_bytes", "pinned_host", "Page-locked host memory torch's host allocator holds."),
     ("torchmem_pinned_host_active_bytes", "pinned_host_active", "Of it, the blocks in use."),
@@ -80,6 +95,7 @@ class MemoryCollector:
 
     def collect(self) -> Iterator[Any]:
         readings = self.readings()
+        yield self._info()
         for metric, field, text in _GAUGES:
             if self.process or field in _DEVICE_FIELDS:
                 yield _family(GaugeMetricFamily, metric, text, field, readings)
@@ -88,6 +104,21 @@ class MemoryCollector:
                 yield _family(CounterMetricFamily, metric, text, field, readings)
             yield from _breakdown(readings)
         yield from _processes(readings)
+
+    def _info(self) -> Any:
+        """``torchmem_exporter_info``: whose figures these are, for whoever reads them without the startup
+        line (a dashboard): ``scope="process"`` (this process's and its devices') or ``"machine"`` (the
+        devices and every process on them; this exporter's own process figures left out)."""
+        scope = "process" if self.process else "machine"
+        g = GaugeMetricFamily(
+            "torchmem_exporter_info",
+            'Whose figures this exporter serves: scope="process" (the process serving them, pid) or '
+            '"machine" (the devices and every process on them; the process figures, which would be the '
+            "exporter's own, are left out).",
+            labels=["scope", "pid", "devices"],
+        )
+        g.add_metric([scope, str(os.getpid()), ",".join(str(d) for d in self.devices)], 1.0)
+        return g
 
 
 def _family(kind: Any, metric: str, text: str, field: str, readings: Iterable[MemoryStats]) -> Any:
@@ -133,12 +164,16 @@ def _processes(readings: Iterable[MemoryStats]) -> Iterator[Any]:
 def serve(
     port: int,
     *,
-    addr: str = "0.0.0.0",
+    addr: str = "127.0.0.1",
     devices: Sequence[Any] | None = None,
     process: bool = True,
     registry: CollectorRegistry | None = None,
 ) -> tuple[Any, Any]:
     """Serve the figures at ``http://addr:port/metrics`` (prometheus-client's server, a daemon thread).
+
+    ``addr`` is ``127.0.0.1`` by default: only this machine can scrape. ``addr="0.0.0.0"`` (``"::"`` for
+    IPv6) listens on every interface, for a Prometheus elsewhere; anyone who can reach the port reads the
+    figures, with the names and PIDs of the processes on the devices.
 
     Returns ``(server, thread)``; ``server.shutdown()`` then ``server.server_close()`` stop it. ``port=0``
     picks a free port (``server.server_port``). The figures are read at each scrape, in the scraping
