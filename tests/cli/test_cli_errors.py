@@ -176,11 +176,6 @@ def test_suggested_commands_are_shell_quoted(tmp_path: Path, capsys: pytest.Capt
     assert _pasted(hint) == ["torchmem", "report", str(a), "--html", "report.html"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli/run.py's _summary (another owner's) prints `torchmem report {capture}` unquoted: "
-    "shlex.join(['torchmem', 'report', capture, '--html', 'report.html']) there makes this pass",
-)
 def test_the_run_summary_suggests_a_quoted_report_command(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1471,10 +1471,14 @@ _SAMPLER_MAX_INTERVAL = 0.5
 
 def _glob_of(capture: str) -> str:
     """The shell pattern of a capture and its children's: ``run.jsonl`` -> ``run*.jsonl``."""
+    import shlex
+
     folder, name = os.path.split(capture)
     stem, dot, suffix = name.rpartition(".")
-    pattern = f"{stem}*.{suffix}" if dot and stem else f"{name}*"
-    return os.path.join(folder, pattern) if folder else pattern
+    if not (dot and stem):
+        stem, suffix = name, ""
+    # the literal part quoted, the star not: `'my runs/run'*.jsonl` can be pasted into a shell
+    return shlex.quote(os.path.join(folder, stem)) + "*" + (f".{shlex.quote(suffix)}" if suffix else "")
 
 
 def _median(values: collections.deque[float]) -> float | None:

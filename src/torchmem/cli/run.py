@@ -12,6 +12,7 @@ import argparse
 import builtins
 import os
 import runpy
+import shlex
 import sys
 import traceback
 import types
@@ -572,7 +573,7 @@ def _launch(args: argparse.Namespace, program_argv: list[str], name: str, err: T
             write_merged(merged, err)
         except Exception as exc:
             print(f"torchmem: the merged report could not be made ({type(exc).__name__}: {exc})", file=err)
-        print(f"captures: {' '.join(found)}  (torchmem report {' '.join(found)})", file=err)
+        print(f"captures: {' '.join(found)}  ({shlex.join(['torchmem', 'report', *found])})", file=err)
     return code
 
 
@@ -729,7 +730,7 @@ def _summary(result: Any, err: TextIO) -> None:
             f"note: the program started {len(children)} process{'es' if len(children) > 1 else ''} "
             f"({', '.join(children[:3])}); {len(followed)} recorded their own capture: "
             f"{', '.join(followed[:4])}{', ...' if len(followed) > 4 else ''}; merged: "
-            f"torchmem report {' '.join([result.capture, *followed][:6])}"
+            f"{shlex.join(['torchmem', 'report', *[result.capture, *followed][:6]])}"
         )
     elif children and not no_steps:
         lines.append(
@@ -750,7 +751,9 @@ def _summary(result: Any, err: TextIO) -> None:
         if shown.diagnosis is not None:
             lines.extend("  " + x for x in str(shown.diagnosis).splitlines())
         if len(caught) > 1:
-            lines.append(f"  every one is in the capture: torchmem report {result.capture}")
+            lines.append(
+                f"  every one is in the capture: {shlex.join(['torchmem', 'report', result.capture])}"
+            )
     if result.oom is not None:
         lines.append(str(result.oom))
     gpus = getattr(result, "gpus", None)
@@ -759,7 +762,8 @@ def _summary(result: Any, err: TextIO) -> None:
     overhead = getattr(result, "overhead", None)
     if overhead:
         lines.append(f"note: {overhead}")
-    lines.append(f"capture: {result.capture}  (torchmem report {result.capture} --html report.html)")
+    again = shlex.join(["torchmem", "report", result.capture, "--html", "report.html"])
+    lines.append(f"capture: {result.capture}  ({again})")
     print("\n".join(lines), file=err)
 
 
