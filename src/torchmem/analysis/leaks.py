@@ -251,6 +251,50 @@ def _explain(
     )
 
 
+# A run too short for the growth tests is judged on its overwhelming growth alone: each step rose by at least
+# this much (and by 4x the reporting threshold), all rises within this band of their median.
+SHORT_MIN_RISE = 1 << 20
+SHORT_BAND = (0.75, 1.33)
+
+
+def short_run_growth(
+    series: Sequence[tuple[int, int]], min_bytes_per_step: float = 256 * 1024
+) -> Growth | None:
+    """A verdict on a run too short for :func:`detect_growth` (warm-up readings included): every step rose
+    by about the same large amount — what a person reading the figures calls a leak. ``None`` unless the
+    evidence is overwhelming: at least 2 rises (the first rise of a longer series is left out: step 1 -> 2
+    makes one-time allocations such as optimizer state), each per-step rise within ±25-33 % of their median,
+    the median at least 1 MiB and 4x ``min_bytes_per_step``. The confidence grows with the rises seen
+    (2: 0.75, 3: 0.875, 5: 0.97).
+
+    Example:
+        >>> mib = 2**20
+        >>> g = short_run_growth([(1, 100 * mib), (2, 164 * mib), (3, 228 * mib), (4, 292 * mib)])
+        >>> g.leaking, g.bytes_per_step / mib, g.confidence
+        (True, 64.0, 0.75)
+        >>> short_run_growth([(1, 100 * mib), (2, 164 * mib), (3, 164 * mib)]) is None  # stopped
+        True
+    """
+    pts = [(int(s), int(v)) for s, v in series if v is not None]
+    rises = [(b - a) / (t - s) for (s, a), (t, b) in itertools.pairwise(pts) if t > s]
+    use = rises[1:] if len(rises) >= 3 else rises
+    if len(use) < 2:
+        return None
+    med = _median(use)
+    lo, hi = SHORT_BAND
+    if med < max(SHORT_MIN_RISE, 4 * min_bytes_per_step) or any(r < lo * med or r > hi * med for r in use):
+        return None
+    k = len(use)
+    total = pts[-1][1] - pts[-1 - k][1]
+    conf = 1.0 - 0.5**k
+    reason = (
+        f"{k} of {k} steps each kept about {fmt_bytes(int(med))} (every rise within "
+        f"{int((1 - lo) * 100)}-{int((hi - 1) * 100)} % of the others), {fmt_bytes(total)} in all: too few "
+        "steps for the steady test, but growth this large and this regular is a leak"
+    )
+    return Growth(True, med, conf, "short", len(pts), reason, "leak", med, min_bytes_per_step)
+
+
 def detect_growth(
     steps: Sequence[int],
     values: Sequence[int],
@@ -806,6 +850,19 @@ def holder_pattern(path: HolderPath) -> str:
     return "".join(parts)
 
 
+def _exception_holder_name(path: HolderPath) -> str | None:
+    """What keeps the exception (``errors`` in ``errors[3].__traceback__ -> frame ... local 'x'``): the path
+    before its traceback hop, ``None`` where the path starts at the traceback (``sys.last_traceback``)."""
+    steps = list(path.typed_steps)
+    cut = next((i for i, st in enumerate(steps) if st.kind is StepKind.TRACEBACK), None)
+    if cut is None:
+        cut = next((i for i, st in enumerate(steps) if st.text.startswith(".__traceback__")), None)
+    if not cut:
+        return None
+    head = HolderPath.of(path.root, tuple(steps[:cut]), cut - 1)
+    return holder_name(head)
+
+
 def holder_name(path: HolderPath) -> str:
     """The variable a person would recognise in a holder path (``losses``, ``acts``, ``trainer.cache``).
 
@@ -1063,6 +1120,8 @@ def attribute(
         kind = _kind(merged)
         holder = next((p for p in merged.paths if holder_pattern(p) == key), None)
         name = holder_name(holder) if holder else (merged.site or "?")
+        if kind == EXCEPTION and holder is not None:
+            name = _exception_holder_name(holder) or name
         per_step = merged.bytes_per_step
         graph = per_step * merged.saved_bytes / merged.live_bytes if merged.live_bytes else 0.0
         culprits.append(

@@ -719,7 +719,7 @@ class Session:
         source = w.source if w is not None else "n/a"
         return timeline_report(pts, g, device=str(self.device), source=source, culprits=culprits, notes=notes)
 
-    def _timeline_culprits(self, rate: float) -> tuple[tuple[Any, ...], list[str]]:
+    def _timeline_culprits(self, rate: float, unit: str = "s") -> tuple[tuple[Any, ...], list[str]]:
         """Who holds what grew, without steps: the tensors born during the run and still alive, their
         holders named (there is no allocation site: the exact ledger never ran without a step)."""
         from torchmem.analysis.holders.survivors import holder_paths_of_storages
@@ -738,11 +738,64 @@ class Session:
         samples.clear()
         flat = tuple(p for ps in paths for p in ps)
         fact = SiteGrowth(None, rate, live, len(paths), 1.0, flat)
-        culprits = attribute([fact], min_bytes_per_step=0.0, unit="s", device=str(self.device))
+        culprits = attribute([fact], min_bytes_per_step=0.0, unit=unit, device=str(self.device))
         return culprits, [
             "per second: without a step the allocation site is unknown; what holds the tensors born "
             "during the run is named (name the loop's function with --step-marker for the site)"
         ]
+
+    def _named(self, leak: LeakReport, survivors: Any) -> LeakReport:
+        """A leak the watcher found with no culprit (it was found in the last steps, or in a short run, before
+        the exact ledger could attribute it): name it from what the loop's recorded steps allocated and still
+        hold (allocation site and holder), else from the tensors born during the run that are still alive
+        (holder only). The note says what the naming rests on."""
+        if not leak.leaking or leak.culprits:
+            return leak
+        import dataclasses
+
+        from torchmem.analysis.leaks import attribute
+        from torchmem.results.leaks import SiteGrowth
+
+        unit = "s" if leak.boundary == "second" else "step"
+        rate = leak.bytes_per_step
+        facts: list[SiteGrowth] = []
+        note = ""
+        groups = [g for g in getattr(survivors, "groups", ()) if g.live_bytes > 0 and g.holders]
+        if groups:
+            big = max(g.live_bytes for g in groups)
+            # the groups that matter at this rate: the largest, and any within 1/8 of it
+            chosen = [g for g in groups if g.live_bytes >= big / 8]
+            total = sum(g.live_bytes for g in chosen) or 1
+            for g in chosen:
+                share = rate * g.live_bytes / total
+                facts.append(SiteGrowth(g.site, share, g.live_bytes, g.count, 1.0, tuple(g.holders)))
+            from torchmem.results.survivors import step_ranges
+
+            covered = step_ranges(tuple(getattr(survivors, "covered", ()) or ()))
+            note = (
+                f"named from what the loop's recorded steps ({covered}) allocated and still hold: the growth "
+                "was found from the readings, after the exact ledger's window"
+            )
+        else:
+            try:
+                culprits, _ = self._timeline_culprits(rate, unit)
+            except Exception:
+                culprits = ()
+            if culprits:
+                return dataclasses.replace(
+                    leak,
+                    culprits=culprits,
+                    notes=(
+                        *leak.notes,
+                        "named from the tensors born during the run that are still alive "
+                        "(no allocation site: the exact ledger did not record these steps)",
+                    ),
+                )
+            return leak
+        culprits = attribute(facts, min_bytes_per_step=0.0, unit=unit, device=str(self.device))
+        if not culprits:
+            return leak
+        return dataclasses.replace(leak, culprits=culprits, notes=(*leak.notes, note))
 
     def _labelled_host(self, rep: LeakReport) -> LeakReport:
         import dataclasses
@@ -1198,6 +1251,33 @@ class Session:
                 timeline = self._timeline_report()
                 if timeline is not None:
                     leak = timeline
+        survivors = None
+        if self._survivors is not None:
+            try:
+                self._survivors.stop()
+                survivors = self._survivors.report(total_steps=self._steps, boundary=self._boundary_label)
+                if survivors.leaking and leak is not None and leak.verdict not in ("too_few", "no_steps"):
+                    # The loop ran long enough for the growth detector: its verdict stands, and what the
+                    # first steps left alive (a cache, a history) is for information only.
+                    import dataclasses
+
+                    survivors = dataclasses.replace(
+                        survivors,
+                        leaking=False,
+                        notes=(
+                            *survivors.notes,
+                            f"the loop ran {self._steps} steps, enough for the growth detector's verdict "
+                            f"({leak.verdict}): these survivors are listed for information",
+                        ),
+                    )
+                self._write("survivors", report=survivors.to_dict())
+            except Exception as e:
+                self._note(f"the loop's survivors could not be reported ({type(e).__name__}: {e})")
+        if leak is not None:
+            try:
+                leak = self._named(leak, survivors)
+            except Exception as e:
+                self._note(f"the leak could not be named ({type(e).__name__}: {e})")
             self._write("leak", report=leak.to_dict(), final=True)
         forecast = None
         try:
@@ -1256,28 +1336,6 @@ class Session:
                 self._write("host_leak", report=host.to_dict(), final=True)
             except Exception as e:
                 self._note(f"the host memory verdict could not be made ({type(e).__name__}: {e})")
-        survivors = None
-        if self._survivors is not None:
-            try:
-                self._survivors.stop()
-                survivors = self._survivors.report(total_steps=self._steps, boundary=self._boundary_label)
-                if survivors.leaking and leak is not None and leak.verdict not in ("too_few", "no_steps"):
-                    # The loop ran long enough for the growth detector: its verdict stands, and what the
-                    # first steps left alive (a cache, a history) is for information only.
-                    import dataclasses
-
-                    survivors = dataclasses.replace(
-                        survivors,
-                        leaking=False,
-                        notes=(
-                            *survivors.notes,
-                            f"the loop ran {self._steps} steps, enough for the growth detector's verdict "
-                            f"({leak.verdict}): these survivors are listed for information",
-                        ),
-                    )
-                self._write("survivors", report=survivors.to_dict())
-            except Exception as e:
-                self._note(f"the loop's survivors could not be reported ({type(e).__name__}: {e})")
         if self._boundary_kind is not None:
             self._write("boundary", kind=self._boundary_kind, label=self._boundary_label, count=self._steps)
         elif not self.step_marker:

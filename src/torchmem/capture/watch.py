@@ -38,6 +38,7 @@ from torchmem.analysis.leaks import (
     detect_growth,
     large_growth,
     run_threshold,
+    short_run_growth,
     site_growth,
     with_total,
 )
@@ -766,6 +767,9 @@ class Watcher(Generic[T]):
                 0.0,
                 0.0,
             )
+        short = self._short_run()
+        if short is not None:
+            return "leak", short.reason, short.bytes_per_step, short.confidence
         if self.steps <= self.warmup:
             return (
                 "too_few",
@@ -799,6 +803,13 @@ class Watcher(Generic[T]):
         verdict = "stopped" if self._stopped_at is not None else g.verdict
         return verdict, g.reason, g.trend_per_step, g.confidence
 
+    def _short_run(self) -> Growth | None:
+        """A run too short for the growth tests, judged on its readings from the first step (warm-up
+        included) when its growth is overwhelming (:func:`short_run_growth`)."""
+        if self._growth.leaking or self.steps == 0 or len(self._post_values) >= STEADY_READINGS:
+            return None
+        return short_run_growth(self._series, self.min_bytes_per_step)
+
     def survivors(self, time_limit: float = 2.0) -> SurvivorReport:
         """What the loop allocated in its recorded steps and is still alive, by allocation site and holder.
 
@@ -829,6 +840,7 @@ class Watcher(Generic[T]):
         that would report it), too few steps (how many are needed), flat, shrinking or noisy — and what to do.
         """
         verdict, reason, trend, confidence = self._verdict()
+        short = verdict == "leak" and not self._growth.leaking  # a short run's overwhelming growth
         notes = list(self._notes)
         if self._stride_note is not None:
             notes.insert(0, self._stride_note)
@@ -858,10 +870,10 @@ class Watcher(Generic[T]):
             mode=self.mode,
             steps=self.steps,
             warmup=self.warmup,
-            leaking=self._growth.leaking,
-            bytes_per_step=self._growth.bytes_per_step,
+            leaking=self._growth.leaking or short,
+            bytes_per_step=trend if short else self._growth.bytes_per_step,
             confidence=confidence,
-            detected_at=self._detected_at,
+            detected_at=self.steps if short else self._detected_at,
             stopped_at=self._stopped_at,
             reason=reason,
             culprits=self._culprits,
