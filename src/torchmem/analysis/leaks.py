@@ -295,6 +295,60 @@ def short_run_growth(
     return Growth(True, med, conf, "short", len(pts), reason, "leak", med, min_bytes_per_step)
 
 
+def inner_growth(
+    series: Sequence[tuple[int, int]], min_bytes_per_step: float = 256 * 1024
+) -> tuple[float, int, int, int] | None:
+    """Growth inside each call: the figure climbs step after step and falls back at the end of each call
+    (an inner loop whose iterations carry state — a graph kept from token to token), so nothing is kept
+    across calls but each call's peak grows with its inner loop's length. ``(bytes per step, steps per
+    ramp, height of a ramp, complete ramps)``, or ``None`` unless at least 2 complete ramps of at least 3
+    readings each rose by a similar amount (median at least ``min_bytes_per_step``) and fell back near where
+    they started.
+
+    Example:
+        >>> mib = 2**20
+        >>> saw = [(i, 100 * mib + (i % 8) * 2 * mib) for i in range(1, 33)]
+        >>> rate, length, height, ramps = inner_growth(saw)
+        >>> rate / mib, length, height / mib, ramps
+        (2.0, 8, 14.0, 4)
+        >>> inner_growth([(i, i * mib) for i in range(1, 33)]) is None  # a leak, not a sawtooth
+        True
+    """
+    pts = [(int(s), int(v)) for s, v in series if v is not None]
+    if len(pts) < 8:
+        return None
+    ramps: list[list[tuple[int, int]]] = []
+    cur = [pts[0]]
+    for p in pts[1:]:
+        height = cur[-1][1] - cur[0][1]
+        if len(cur) >= 3 and p[1] < cur[-1][1] - max(min_bytes_per_step, 0.5 * height) and height > 0:
+            ramps.append(cur)
+            cur = [p]
+        else:
+            cur.append(p)
+    if len(ramps) < 2:
+        return None
+    meds: list[float] = []
+    for i, r in enumerate(ramps):
+        rises = [(b - a) / (t - s) for (s, a), (t, b) in itertools.pairwise(r) if t > s]
+        if len(rises) < 2:
+            return None
+        med = _median(rises)
+        if med < min_bytes_per_step or sum(1 for x in rises if 0.5 * med <= x <= 2 * med) < 0.8 * len(rises):
+            return None
+        nxt = ramps[i + 1][0][1] if i + 1 < len(ramps) else cur[0][1]
+        height = r[-1][1] - r[0][1]
+        if nxt > r[0][1] + 0.25 * height:  # it did not fall back: memory was kept across the call
+            return None
+        meds.append(med)
+    rate = _median(meds)
+    if any(not 0.5 * rate <= m <= 2 * rate for m in meds):
+        return None
+    length = int(_median([r[-1][0] - r[0][0] + 1 for r in ramps]))
+    height = int(_median([r[-1][1] - r[0][1] for r in ramps]))
+    return rate, length, height, len(ramps)
+
+
 def detect_growth(
     steps: Sequence[int],
     values: Sequence[int],

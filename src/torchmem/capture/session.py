@@ -1323,7 +1323,13 @@ class Session:
                 if self._boundary_label or self.step_marker:
                     host = self._labelled_host(host)
                 host = _host_policy(host)
-                if host.leaking and self.device.type == "cpu" and leak is not None and leak.leaking:
+                inner = leak is not None and leak.verdict == "inner_growth"
+                if (
+                    host.leaking
+                    and self.device.type == "cpu"
+                    and leak is not None
+                    and (leak.leaking or inner)
+                ):
                     # On the CPU the device figure is the C heap: the device report already is this growth.
                     import dataclasses
 
@@ -1333,6 +1339,8 @@ class Session:
                         verdict="flat" if not host.culprits else host.verdict,
                         notes=(*host.notes, "on the CPU the device report covers this growth"),
                     )
+                if host.leaking:
+                    host = _host_inner(host)
                 self._write("host_leak", report=host.to_dict(), final=True)
             except Exception as e:
                 self._note(f"the host memory verdict could not be made ({type(e).__name__}: {e})")
@@ -1544,6 +1552,31 @@ def _median(values: collections.deque[float]) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[len(ordered) // 2]
+
+
+def _host_inner(host: LeakReport) -> LeakReport:
+    """Host growth that climbs inside each call and falls back at its end (autograd nodes of a graph
+    carried across an inner loop) is not a leak: the same verdict as the device's."""
+    import dataclasses
+
+    from torchmem.analysis.leaks import inner_growth
+
+    found = inner_growth(host.series, max(host.min_bytes_per_step, 1.0))
+    if found is None:
+        return host
+    rate, length, height, ramps = found
+    return dataclasses.replace(
+        host,
+        leaking=False,
+        bytes_per_step=0.0,
+        verdict="inner_growth",
+        trend_per_step=rate,
+        reason=(
+            f"host memory climbs by {fmt_bytes(int(rate))}/step for about {length} steps and falls back at "
+            f"the end ({ramps} times, {fmt_bytes(height)} at its peak): growth inside each call, nothing "
+            "kept across calls"
+        ),
+    )
 
 
 def _host_policy(host: LeakReport) -> LeakReport:

@@ -36,6 +36,7 @@ from torchmem.analysis.leaks import (
     GrowthStream,
     attribute,
     detect_growth,
+    inner_growth,
     large_growth,
     run_threshold,
     short_run_growth,
@@ -801,6 +802,21 @@ class Watcher(Generic[T]):
             self._explained = (key, g)
         g = self._explained[1]
         verdict = "stopped" if self._stopped_at is not None else g.verdict
+        if verdict in ("stopped", "noisy", "flat", "below_threshold"):
+            inner = inner_growth(self._series, self.min_bytes_per_step)
+            if inner is not None:
+                rate, length, height, ramps = inner
+                return (
+                    "inner_growth",
+                    f"the figure climbs by {fmt_bytes(int(rate))}/step for about {length} steps and falls "
+                    f"back at the end ({ramps} times): each call's peak grows by {fmt_bytes(height)} with "
+                    "its inner loop, and with the loop's length (a graph or state carried from one iteration "
+                    "to the next); nothing is kept across calls. Fix: run the loop under torch.no_grad() "
+                    "(or torch.inference_mode()) when no gradient is needed, else detach what one iteration "
+                    "hands to the next (`h = h.detach()`)",
+                    rate,
+                    g.confidence,
+                )
         return verdict, g.reason, g.trend_per_step, g.confidence
 
     def _short_run(self) -> Growth | None:

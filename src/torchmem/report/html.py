@@ -346,6 +346,11 @@ def _leaks_of(cap: Capture, leak: LeakReport | None) -> str:
             f'<p class="verdict bad">Leak on {_e(leak.device)}: {_e(_rate(leak.bytes_per_step))} over '
             f"{leak.steps} steps (confidence {leak.confidence:.2f}, found at step {_e(leak.detected_at)})</p>"
         )
+    elif leak.verdict == "inner_growth":
+        head = (
+            f'<p class="verdict bad">The peak grows inside each call over {leak.steps} steps: '
+            f"{_e(leak.reason)}</p>"
+        )
     elif leak.stopped_at is not None:
         head = (
             f'<p class="verdict">Growth seen at step {_e(leak.detected_at)} stopped at step '

@@ -317,6 +317,8 @@ class LeakReport:
                 f"LEAK on {self.device}: {_rate(self.bytes_per_step)} over {over} "
                 f"(confidence {self.confidence:.2f}{detected})"
             )
+        elif self.verdict == "inner_growth":
+            head = f"no leak on {self.device}, but the peak grows inside each call over {over}: {self.reason}"
         elif self.stopped_at is not None:
             head = (
                 f"no leak now on {self.device}: growth seen at step {self.detected_at} stopped at step "
@@ -347,7 +349,7 @@ class LeakReport:
                 )
         if self.leaking:
             lines.append(f"  {self.reason}")
-        elif self.stopped_at is not None and self.reason:
+        elif self.stopped_at is not None and self.reason and self.verdict != "inner_growth":
             lines.append(f"  now: {self.reason}")
         for i, c in enumerate(self.culprits, 1):
             first_line, *rest = c.lines(self.unit)

@@ -1,0 +1,71 @@
+"""Growth inside a call is its own finding (issue 26): a peak that grows with an inner loop and falls back at
+each call's end is reported as that, with the fix — never as a leak, never as 'growth stopped'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from torchmem.analysis.leaks import inner_growth
+from torchmem.capture.session import Session
+
+MiB = 1 << 20
+
+
+def test_a_sawtooth_is_growth_inside_each_call() -> None:
+    saw = [(i, 100 * MiB + (i % 10) * 3 * MiB) for i in range(1, 61)]
+    found = inner_growth(saw)
+    assert found is not None
+    rate, length, height, ramps = found
+    assert rate == 3 * MiB and length == 10 and height == 27 * MiB and ramps >= 4
+
+
+def test_a_leak_a_staircase_a_single_ramp_or_flat_is_not() -> None:
+    assert inner_growth([(i, i * MiB) for i in range(1, 61)]) is None  # a leak
+    # each call keeps half of what it built: memory kept across calls, not a sawtooth
+    stair = [(i, (i // 10) * 15 * MiB + (i % 10) * 3 * MiB) for i in range(1, 61)]
+    assert inner_growth(stair) is None
+    one = [(i, min(i, 20) * MiB) for i in range(1, 41)] + [(41, 0)]
+    assert inner_growth(one) is None
+    assert inner_growth([(i, 100 * MiB) for i in range(1, 61)]) is None
+    tiny = [(i, (i % 10) * 1024) for i in range(1, 61)]  # 1 KiB/step: below the threshold
+    assert inner_growth(tiny) is None
+
+
+def test_a_decode_loop_carrying_its_graph_is_reported_as_a_growing_peak(tmp_path: Path) -> None:
+    cell = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Tanh())
+
+    def decode(tokens: int) -> float:
+        h = torch.zeros(256, 512)
+        for _ in range(tokens):
+            h = cell(h)  # no no_grad: h carries the graph of every earlier token (~1 MiB a token)
+        return float(h.detach().mean())
+
+    s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False).start()
+    try:
+        for _ in range(7):
+            decode(12)
+    finally:
+        res = s.finish(0, "exit")
+    leak = res.leak
+    assert leak is not None and not leak.leaking and leak.verdict == "inner_growth", str(leak)
+    text = str(leak)
+    assert "the peak grows inside each call" in text and "torch.no_grad()" in text
+    assert "LEAK" not in text and "stopped at step" not in text
+    host = res.host_leak
+    assert host is None or not host.leaking, str(host)
+
+
+def test_a_plain_training_loop_has_no_inner_growth(tmp_path: Path) -> None:
+    m = torch.nn.Linear(256, 256)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False).start()
+    try:
+        for _ in range(24):
+            m(torch.randn(128, 256)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        res = s.finish(0, "exit")
+    assert res.leak is not None and res.leak.verdict not in ("inner_growth", "leak"), str(res.leak)
