@@ -128,3 +128,23 @@ def test_attention_backend_follows_the_cuda_dispatch_rules(
 ) -> None:
     args = {**_ATT, **change}
     assert attention_backend(sm, dtype=dtype, **args) == backend  # type: ignore[arg-type]
+
+
+def test_a_strided_mask_or_input_takes_the_math_path() -> None:
+    # every fused kernel needs stride 1 in the last dimension of q, k, v and the mask
+    # (check_last_dim_stride_equals_1_dense): T5's position bias under transformers 5.17 is a permuted
+    # embedding; the H100 took the math path for it (its saved scores and probabilities measured).
+    common = {
+        "dtype": "float32",
+        "q_heads": 8,
+        "kv_heads": 8,
+        "head_dim": 64,
+        "v_head_dim": 64,
+        "q_len": 256,
+        "kv_len": 256,
+        "mask": True,
+        "causal": False,
+        "grad": True,
+    }
+    assert attention_backend((9, 0), **common) == "efficient"
+    assert attention_backend((9, 0), **common, last_dim_contiguous=False) == "math"

@@ -228,6 +228,7 @@ def attention_backend(
     mask: bool,
     causal: bool,
     grad: bool,
+    last_dim_contiguous: bool = True,
 ) -> str:
     """The kernel CUDA's ``scaled_dot_product_attention`` takes on a GPU of compute capability ``sm``:
     ``"flash"`` (saves the output and a logsumexp), ``"efficient"`` (the same, and the mask it was given)
@@ -239,8 +240,12 @@ def attention_backend(
     kernel takes fp32 too (bf16 from sm80), masks, head dims aligned to the GEMM (4 elements on sm80+,
     8 for half precision before), but not grouped-query heads (``enable_gqa``: measured on the H100, torch
     2.11; a newer torch that runs it fused makes this rule over-estimate, the safe side). cuDNN attention,
-    preferred on sm90+ with a recent cuDNN, holds what flash holds. Everything else takes the math path.
-    ``dtype`` is the query's (``"float32"``, ``"float16"``, ``"bfloat16"``).
+    preferred on sm90+ with a recent cuDNN, holds what flash holds. Every fused kernel needs the last
+    dimension of the query, key, value and mask to have stride 1 (``check_last_dim_stride_equals_1_dense``,
+    ``last_dim_contiguous``): T5's relative-position bias, a permuted embedding passed as the mask by
+    transformers 5.17, is not, so T5 took the math path on the H100 (its training peak was 14 % above an
+    estimate that took the memory-efficient kernel). Everything else takes the math path. ``dtype`` is
+    the query's (``"float32"``, ``"float16"``, ``"bfloat16"``).
 
     Example:
         >>> attention_backend((9, 0), dtype="float32", q_heads=12, kv_heads=12, head_dim=64, v_head_dim=64,
@@ -252,10 +257,16 @@ def attention_backend(
         >>> attention_backend((8, 0), dtype="bfloat16", q_heads=16, kv_heads=8, head_dim=128,
         ...                   v_head_dim=128, q_len=2048, kv_len=2048, mask=False, causal=True, grad=True)
         'flash'
+        >>> attention_backend((9, 0), dtype="float32", q_heads=8, kv_heads=8, head_dim=64, v_head_dim=64,
+        ...                   q_len=256, kv_len=256, mask=True, causal=False, grad=True,
+        ...                   last_dim_contiguous=False)
+        'math'
     """
     half = dtype in ("float16", "bfloat16")
     if half and dtype == "bfloat16" and sm < (8, 0):
         return "math"  # no fused kernel takes bf16 before Ampere
+    if not last_dim_contiguous:
+        return "math"
     heads_divide = kv_heads > 0 and q_heads % kv_heads == 0
     flash_dim = 192 if grad and sm in ((8, 6), (8, 9), (12, 0)) else 256
     if (
