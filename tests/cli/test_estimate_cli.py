@@ -70,7 +70,8 @@ def test_does_not_fit_table(llama_config: Path, capsys: pytest.CaptureFixture[st
     rc = main(["estimate", str(llama_config), "--batch", "64", "--seq", "256", "--target", "0.05GiB"])
     out = capsys.readouterr().out
     assert rc == 3
-    assert "does not fit on 0.05 GiB GPU" in out and "changes, most saved first" in out
+    assert "does not fit on 0.05 GiB GPU" in out
+    assert "changes that make it fit" in out or "nothing torchmem tried fits" in out
 
 
 def test_module_function(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -101,3 +102,137 @@ def test_bad_target_and_missing_file(tmp_path: Path, capsys: pytest.CaptureFixtu
     mod.write_text("import torch\ndef f():\n    return torch.nn.Linear(4, 4)\n")
     assert main(["estimate", f"{mod}:f", "--input-shape", "4", "--target", "B9000"]) != 0
     assert "Unknown target" in capsys.readouterr().err
+
+
+_GPT2 = {
+    "architectures": ["GPT2LMHeadModel"],
+    "model_type": "gpt2",
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 4,
+    "vocab_size": 512,
+    "n_positions": 128,
+}
+
+
+@pytest.fixture
+def gpt2_folder(tmp_path: Path) -> Path:
+    """A folder named gpt2 holding a small GPT-2's config.json (dropout on, as GPT-2's has it)."""
+    pytest.importorskip("transformers")
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_GPT2))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--target", "2GiB"],  # does not fit: every change is tried (checkpointing crashed here)
+        ["--target", "T4", "--checkpoint"],
+        ["--target", "NVIDIA GeForce RTX 4090", "--checkpoint", "transformer.h.1"],
+        ["--target", "L4", "--inference", "--generate", "32"],
+    ],
+    ids=["size", "checkpoint", "checkpoint-one", "generate"],
+)
+def test_gpt2_with_dropout_never_crashes(
+    gpt2_folder: Path, options: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = main(["estimate", str(gpt2_folder), "--batch", "8", "--seq", "64", *options, "--json"])
+    captured = capsys.readouterr()
+    assert rc in (0, 3), captured.err
+    d = json.loads(captured.out)
+    assert d["fits"] is (rc == 0)
+    assert not any(n.startswith("could not evaluate") for n in d["notes"]), d["notes"]
+    if "--checkpoint" in options:
+        assert d["checkpointed"]
+
+
+def test_a_model_that_raises_prints_its_own_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from torchmem._warn import TORCHMEM_DIR
+
+    mod = tmp_path / "broken.py"
+    mod.write_text(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(8, 8)\n"
+        "    def forward(self, x):\n"
+        "        return self.check(self.lin(x))\n"
+        "    def check(self, y):\n"
+        "        raise ValueError('the model refuses this input')\n"
+        "def build():\n"
+        "    return Net()\n"
+    )
+    rc = main(["estimate", f"{mod}:build", "--input-shape", "8", "--batch", "4"])
+    err = capsys.readouterr().err
+    sys.modules.pop("_torchmem_estimate_model", None)
+    assert rc == 2
+    trace, _, tail = err.partition("ValueError: the model refuses this input\n")
+    assert trace.startswith("Traceback (most recent call last):")
+    assert f'"{mod}", line 7, in forward' in trace and f'"{mod}", line 9, in check' in trace
+    assert TORCHMEM_DIR not in trace  # torchmem's frames left out
+    assert tail.startswith("torchmem: error: the model") and "raised ValueError" in tail
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (["--batch", "0"], "argument --batch"),
+        (["--seq", "-1"], "argument --seq"),
+        (["--grad-accum", "0"], "argument --grad-accum"),
+        (["--fsdp", "0"], "argument --fsdp"),
+        (["--target", "B9000"], "argument --target"),
+        (["--optimizer", "adamz"], "argument --optimizer"),
+        (["--checkpoint", "nope"], "--checkpoint 'nope' names no module"),
+    ],
+)
+def test_bad_values_name_the_option_and_exit_2(
+    tmp_path: Path, options: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mod = tmp_path / "fine.py"
+    mod.write_text("import torch\ndef f():\n    return torch.nn.Linear(4, 4)\n")
+    rc = main(["estimate", f"{mod}:f", "--input-shape", "4", *options])
+    err = capsys.readouterr().err
+    sys.modules.pop("_torchmem_estimate_model", None)
+    assert rc == 2 and named in err, err
+    assert "batch_sizes" not in err and "grad_accum" not in err and "checkpoint=" not in err
+
+
+def test_config_builds_its_architecture_and_seq2seq_inputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("transformers")
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps(_GPT2))
+    # GPT2LMHeadModel, with its LM head and the loss on labels (AutoModel built GPT2Model: no head, no loss)
+    rc = main(
+        ["estimate", str(gpt2), "--batch", "2", "--seq", "32", "--checkpoint", "transformer.h.1", "--json"]
+    )
+    d = json.loads(capsys.readouterr().out)
+    assert rc == 0 and d["model"] == "GPT2LMHeadModel" and d["checkpointed"] == ["transformer.h.1"]
+    t5 = tmp_path / "t5"
+    t5.mkdir()
+    t5_cfg = {
+        "architectures": ["T5ForConditionalGeneration"],
+        "model_type": "t5",
+        "d_model": 64,
+        "d_ff": 128,
+        "d_kv": 16,
+        "num_layers": 1,
+        "num_heads": 4,
+        "vocab_size": 512,
+        "decoder_start_token_id": 0,
+    }
+    (t5 / "config.json").write_text(json.dumps(t5_cfg))
+    for extra in (["--checkpoint"],):
+        rc = main(
+            ["estimate", str(t5), "--batch", "2", "--seq", "32", "--decoder-seq", "16", *extra, "--json"]
+        )
+        out = capsys.readouterr()
+        assert rc == 0, out.err
+        assert json.loads(out.out)["model"] == "T5ForConditionalGeneration"

@@ -10,7 +10,9 @@ Examples::
     torchmem estimate llama-7b/config.json --batch 4 --seq 2048 --dtype bf16 --target H100 --fsdp 8
     torchmem estimate mypkg.models:build --input-shape 3,224,224 --batch 64 --json
 
-Exit code 0 when it fits, 3 when it does not (so scripts can test it), 1-2 on errors.
+Exit code 0 when it fits, 3 when it does not (so scripts can test it); 2 for a wrong command line (the
+message names the option) or a model that raises (its own traceback is printed, torchmem's frames left
+out); 1 for other errors.
 """
 
 from __future__ import annotations
@@ -21,14 +23,17 @@ import importlib.util
 import json
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from torchmem._errors import TorchmemError
+from torchmem._warn import TORCHMEM_DIR, module_dir
 from torchmem.analysis.estimate import FitArgumentError
-from torchmem.analysis.targets import target_names
-from torchmem.cli import int_at_least
+from torchmem.analysis.targets import resolve_target, target_names
+from torchmem.cli import UsageError, int_at_least
 
 _DTYPES = {
     "fp32": torch.float32,
@@ -54,15 +59,25 @@ def add_parser(sub: Any) -> None:
         "--seq", type=int_at_least(1), default=512, help="sequence length for token models (default 512)"
     )
     p.add_argument(
+        "--decoder-seq",
+        type=int_at_least(1),
+        metavar="N",
+        help="encoder-decoder models (T5, BART): the decoder's length, labels in training (default --seq)",
+    )
+    p.add_argument(
         "--input-shape", help="one sample's shape for image/other models, e.g. 3,224,224 (default for vision)"
     )
     p.add_argument(
         "--vocab", type=int_at_least(1), help="module:function models: token inputs of this vocabulary size"
     )
-    p.add_argument("--optimizer", default="adamw", help="torch.optim name, or 'none' (default adamw)")
+    p.add_argument(
+        "--optimizer", type=_optimizer, default="adamw", help="torch.optim name, or 'none' (default adamw)"
+    )
     p.add_argument("--dtype", default="fp32", choices=sorted(_DTYPES), help="weights' dtype (default fp32)")
     p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast forward in this dtype")
-    p.add_argument("--target", default="H100-80GB", help=f"GPU: {', '.join(target_names())}, or a size")
+    p.add_argument(
+        "--target", type=_target, default="H100-80GB", help=f"GPU: {', '.join(target_names())}, or a size"
+    )
     p.add_argument("--fsdp", type=int_at_least(1), metavar="N", help="FSDP2 over N GPUs (per-rank estimate)")
     p.add_argument("--ddp", type=int_at_least(1), metavar="N", help="DDP over N GPUs")
     p.add_argument("--zero", type=int, choices=[1, 2, 3], help="ZeRO stage (with --gpus)")
@@ -76,6 +91,25 @@ def add_parser(sub: Any) -> None:
         "--generate", type=int_at_least(0), default=0, metavar="TOKENS", help="inference: generate TOKENS"
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _target(text: str) -> str:
+    """``--target``: a GPU of the table or a size (argparse names the option in the error, exit 2)."""
+    try:
+        resolve_target(text)
+    except FitArgumentError as exc:
+        raise argparse.ArgumentTypeError(f"{exc.message} {exc.hint}".strip()) from None
+    return text
+
+
+def _optimizer(text: str) -> str:
+    """``--optimizer``: a ``torch.optim`` optimizer's name (any case), or ``none``."""
+    names = {n.lower() for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type)}
+    if text.lower() != "none" and text.lower() not in names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a torch.optim optimizer: use e.g. adamw, adam, sgd, or none"
+        )
+    return text
 
 
 def _missing(package: str, spec: str) -> FitArgumentError:
@@ -101,23 +135,57 @@ def _hf_config(path: str) -> Any:
     return AutoConfig.for_model(model_type, **data)
 
 
+_CAUSAL_TYPES = ("llama", "mistral", "gpt2", "qwen2", "gemma", "phi")
+
+
 def _hf_factory(cfg: Any) -> tuple[Callable[[], torch.nn.Module], str]:
-    from transformers import AutoModel, AutoModelForCausalLM
+    """The model a config describes (the class its ``architectures`` names, e.g. ``GPT2LMHeadModel`` with
+    its LM head; else ``AutoModelForCausalLM`` for decoder model types, ``AutoModelForSeq2SeqLM`` for
+    encoder-decoders, ``AutoModel`` otherwise) and its kind: ``"causal"``, ``"seq2seq"`` or ``"encoder"``."""
+    import transformers
+    from transformers.models.auto import modeling_auto
 
     archs = list(getattr(cfg, "architectures", None) or [])
-    causal = any(a.endswith("ForCausalLM") for a in archs) or (
-        not archs and getattr(cfg, "model_type", "") in ("llama", "mistral", "gpt2", "qwen2", "gemma", "phi")
-    )
+    cls: Any = getattr(transformers, archs[0], None) if archs else None
+    name = archs[0] if cls is not None else ""
+    causal_names = set(getattr(modeling_auto, "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", {}).values())
+    seq2seq_names = set(getattr(modeling_auto, "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", {}).values())
+    if name:
+        causal = name in causal_names or name.endswith(("ForCausalLM", "LMHeadModel"))
+        seq2seq = name in seq2seq_names or (
+            name.endswith("ForConditionalGeneration") and cfg.is_encoder_decoder
+        )
+    else:
+        seq2seq = bool(getattr(cfg, "is_encoder_decoder", False))
+        causal = not seq2seq and getattr(cfg, "model_type", "") in _CAUSAL_TYPES
+        cls = (
+            transformers.AutoModelForSeq2SeqLM
+            if seq2seq
+            else transformers.AutoModelForCausalLM
+            if causal
+            else transformers.AutoModel
+        )
 
     def build() -> torch.nn.Module:
-        auto = AutoModelForCausalLM if causal else AutoModel
-        return auto.from_config(cfg)  # type: ignore[no-any-return]
+        make = getattr(cls, "from_config", None) or getattr(cls, "_from_config", None)
+        return make(cfg) if make is not None else cls(cfg)  # type: ignore[no-any-return]
 
-    return build, "causal" if causal else "encoder"
+    return build, "seq2seq" if seq2seq else "causal" if causal else "encoder"
 
 
 def _inputs_for(kind: str, cfg: Any, args: argparse.Namespace) -> Callable[[int], Any]:
     seq = int(args.seq)
+    if kind == "seq2seq":  # the encoder's --seq tokens, the decoder's --decoder-seq (labels in training)
+        dseq = int(getattr(args, "decoder_seq", None) or seq)
+
+        def encoder_decoder(bs: int) -> Any:
+            ids = torch.zeros(bs, seq, dtype=torch.long)
+            target = torch.zeros(bs, dseq, dtype=torch.long)
+            if args.inference:
+                return {"input_ids": ids, "decoder_input_ids": target}
+            return {"input_ids": ids, "labels": target}
+
+        return encoder_decoder
     if kind in ("causal", "encoder") and getattr(cfg, "vocab_size", None):
         if kind == "causal" and not args.inference:
 
@@ -177,8 +245,8 @@ def resolve_model(spec: str, args: argparse.Namespace) -> tuple[Callable[[], tor
         archs = list(getattr(cfg, "architectures", None) or [])
         factory.__name__ = archs[0] if archs else type(cfg).__name__.replace("Config", "")
         if getattr(cfg, "vocab_size", None) is None:
-            kind = "vision"
-        return factory, _inputs_for(kind if kind != "vision" else "encoder", cfg, args), type(cfg).__name__
+            kind = "encoder"  # pixels
+        return factory, _inputs_for(kind, cfg, args), type(cfg).__name__
     if ":" in spec:
         mod_name, fn_name = spec.rsplit(":", 1)
         if mod_name.endswith(".py"):
@@ -209,10 +277,83 @@ def resolve_model(spec: str, args: argparse.Namespace) -> tuple[Callable[[], tor
     )
 
 
+class ModelError(UsageError):
+    """The model given to ``torchmem estimate`` raised (building it, making its inputs, or in its step): the
+    user's traceback is printed, without torchmem's frames; exit code 2 (a model that cannot be used)."""
+
+
+def _is_models(exc: BaseException) -> bool:
+    """Whether ``exc`` came out of the model's own code: a frame of its traceback is neither torchmem's nor
+    torch's (the user's file, a model library). Otherwise it is torchmem's (or torch's) and its full
+    traceback stands."""
+    torch_dir = module_dir("torch")
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        f = os.path.abspath(name)
+        ours = f.startswith(TORCHMEM_DIR + os.sep) or bool(torch_dir and f.startswith(torch_dir + os.sep))
+        stdlib = name.startswith("<") or os.path.dirname(f) == os.path.dirname(os.__file__)
+        if not ours and not stdlib:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _model_failed(exc: BaseException, spec: str) -> ModelError:
+    """Print the model's traceback (torchmem's frames left out, as ``torchmem run`` prints a program's) and
+    return the one-line error that ends the command."""
+    from torchmem.cli.run import user_traceback
+
+    seen: set[int] = set()
+    chain: list[BaseException] = [exc]
+    while chain:
+        x = chain.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        try:
+            x.__traceback__ = user_traceback(x.__traceback__, None)
+        except Exception:  # a traceback that cannot be rebuilt is printed as it is
+            pass
+        chain += [c for c in (x.__cause__, x.__context__) if c is not None]
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    text = str(exc).strip().splitlines()
+    what = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return ModelError(
+        f"the model {spec} raised {what}",
+        "The traceback above is the model's (torchmem's frames left out); fix the model or its inputs "
+        "(--batch, --seq, --input-shape, --vocab).",
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        factory, inputs, name = resolve_model(args.model, args)
+        est = _estimate(args, factory, inputs)
+    except FitArgumentError as exc:
+        if getattr(exc, "param", None) == "checkpoint":  # a module name given to --checkpoint
+            raise UsageError(exc.message.replace("checkpoint=", "--checkpoint ", 1), exc.hint) from None
+        raise
+    except TorchmemError:
+        raise
+    except Exception as exc:
+        if not _is_models(exc):
+            raise
+        raise _model_failed(exc, args.model) from None
+    if args.json:
+        d = est.to_dict()
+        d["verdict"] = est.verdict
+        d["model_spec"] = args.model
+        print(json.dumps(d, indent=1, default=str))
+    else:
+        print(f"{args.model} ({name})")
+        print(str(est))
+    return 0 if est.fits else 3
+
+
+def _estimate(args: argparse.Namespace, factory: Callable[[], torch.nn.Module], inputs: Any) -> Any:
     from torchmem.capture.fake import estimate_fake
 
-    factory, inputs, name = resolve_model(args.model, args)
     strategy, world = None, 1
     if args.fsdp:
         strategy, world = "fsdp", args.fsdp
@@ -224,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint is not None:
         ckpt = args.checkpoint or True
     optimizer = None if args.optimizer.lower() == "none" else args.optimizer
-    est = estimate_fake(
+    return estimate_fake(
         factory,
         inputs,
         optimizer=optimizer,
@@ -239,12 +380,3 @@ def run(args: argparse.Namespace) -> int:
         world_size=world,
         generate_tokens=args.generate if args.inference else 0,
     )
-    if args.json:
-        d = est.to_dict()
-        d["verdict"] = est.verdict
-        d["model_spec"] = args.model
-        print(json.dumps(d, indent=1, default=str))
-    else:
-        print(f"{args.model} ({name})")
-        print(str(est))
-    return 0 if est.fits else 3
