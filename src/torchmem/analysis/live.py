@@ -8,8 +8,17 @@ from typing import Any
 
 import torch
 
-from torchmem.analysis.holders.cycles import classify_cycle, fix_rank, is_cycle
-from torchmem.results.holders import StepKind
+from torchmem.analysis.holders.autograd import grad_cycles
+from torchmem.analysis.holders.cycles import (
+    AUTOGRAD,
+    classify_cycle,
+    expression,
+    fix_rank,
+    grad_cycle_fix,
+    is_cycle,
+    loop_text,
+)
+from torchmem.results.holders import HolderPath, HolderStep, StepKind
 from torchmem.results.live import (
     BUFFER,
     CATEGORIES,
@@ -211,20 +220,156 @@ def _pool_of(dense: torch.Tensor, path: Any, pools: list[Any]) -> Any:
     return None
 
 
+class Storage:
+    """One live storage of a :class:`LiveCensus` (live analysis data, not a result: it names, never holds).
+
+    Attributes:
+        key: The storage's identity (``untyped_storage()._cdata``).
+        bytes: Its size.
+        category: parameter, gradient, optimizer state, buffer, saved for backward or other.
+        name: The parameter path, or the autograd node and attribute that saved it.
+        path: Its first holder path (``None``: not found within the search's limits).
+        owner: The object it belongs to in the report's summary, and that object's type.
+        owned_by: Index into :attr:`LiveCensus.owners` of the module or optimizer that names it (or
+            ``None``).
+        cycle: Index into :attr:`LiveCensus.cycles` of the autograd cycle that keeps it, else ``None``.
+    """
+
+    __slots__ = ("bytes", "category", "cycle", "key", "name", "owned_by", "owner", "path")
+
+    def __init__(
+        self, key: int, nbytes: int, category: str, name: str | None, path: HolderPath | None
+    ) -> None:
+        self.key = key
+        self.bytes = nbytes
+        self.category = category
+        self.name = name
+        self.path = path
+        self.owner: tuple[str, str] = ("?", "")
+        self.owned_by: int | None = None
+        self.cycle: int | None = None
+
+
+class Owner:
+    """A root module or an optimizer of a :class:`LiveCensus`: its holder path, type, and for an optimizer
+    whether the parameters it steps belong to no live module any more (its model was deleted)."""
+
+    __slots__ = ("kind", "label", "orphaned", "path", "type")
+
+    def __init__(self, kind: str, label: str, type_: str, path: HolderPath | None, orphaned: bool) -> None:
+        self.kind = kind  # "module" | "optimizer"
+        self.label = label
+        self.type = type_
+        self.path = path
+        self.orphaned = orphaned
+
+
+class CycleInfo:
+    """One autograd cycle of a :class:`LiveCensus` (see
+    :func:`~torchmem.analysis.holders.autograd.grad_cycles`): the storages it keeps, what still reaches it,
+    the path round the loop and the fix."""
+
+    __slots__ = ("bytes", "fix", "held_by", "keys", "loops")
+
+    def __init__(self) -> None:
+        self.keys: set[int] = set()
+        self.bytes = 0
+        self.held_by: list[str] = []
+        self.loops: list[str] = []
+        self.fix = grad_cycle_fix()
+
+
+class LiveCensus:
+    """Every live storage of a device with its holder, the modules and optimizers that name them and the
+    autograd cycles that keep them: what :func:`census` found, and the :class:`LiveTensorReport` made of it.
+
+    The OOM diagnosis reads the storages and owners; :func:`collect_live` returns only the report. It names
+    objects and holds none of them.
+    """
+
+    __slots__ = (
+        "allocated",
+        "cycles",
+        "device",
+        "owners",
+        "reason",
+        "report",
+        "seconds",
+        "storages",
+        "truncated",
+        "visited",
+    )
+
+    def __init__(self, device: torch.device, allocated: int | None) -> None:
+        self.device = device
+        self.allocated = allocated
+        self.storages: list[Storage] = []
+        self.owners: list[Owner] = []
+        self.cycles: list[CycleInfo] = []
+        self.report: LiveTensorReport | None = None
+        self.truncated = False
+        self.reason: str | None = None
+        self.seconds = 0.0
+        self.visited = 0
+
+
+def _label(t: torch.Tensor) -> str:
+    kind = "Parameter" if isinstance(t, torch.nn.Parameter) else type(t).__name__
+    return f"<{kind} {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}>"
+
+
 def collect_live(device: torch.device, allocated: int | None, with_holders: bool = True) -> LiveTensorReport:
     """Build the report for ``device`` (the public wrapper reads ``allocated`` from the device layer)."""
+    report = census(device, allocated, with_holders).report
+    assert report is not None
+    return report
+
+
+def census(
+    device: torch.device,
+    allocated: int | None,
+    with_holders: bool = True,
+    *,
+    time_limit: float = 5.0,
+    max_objects: int = 500_000,
+    only: set[int] | None = None,
+    exclude: Iterable[Any] = (),
+) -> LiveCensus:
+    """Every live storage on ``device``, its category, name and holder path (one search for all of them).
+
+    Args:
+        device: The device.
+        allocated: The allocator's figure at the same moment, to reconcile with (``None``: unknown).
+        with_holders: Run the holder search (without it, paths and owners are the modules' and optimizers').
+        time_limit: Seconds the holder search may take; ``truncated``/``reason`` say when it stopped.
+        max_objects: Most objects the holder search explores.
+        only: Count only these storage keys (the ones torchmem's CPU ledger counts, for a CPU cap).
+        exclude: Objects that are not holders (the caller's own containers).
+    """
+    out = LiveCensus(device, allocated)
     tensor_type, module_type, opt_type = torch.Tensor, torch.nn.Module, torch.optim.Optimizer
     tensors: list[torch.Tensor] = []
     modules: list[torch.nn.Module] = []
     optimizers: list[torch.optim.Optimizer] = []
+    kinds: dict[type, int] = {}  # type -> 0 other, 1 tensor, 2 module, 3 optimizer (one issubclass each)
     for o in gc.get_objects():
         kind = type(o)
-        if issubclass(kind, tensor_type):
-            if not _no_memory(kind):
-                tensors.append(o)
-        elif issubclass(kind, module_type):
+        k = kinds.get(kind)
+        if k is None:
+            if issubclass(kind, tensor_type):
+                k = 0 if _no_memory(kind) else 1
+            elif issubclass(kind, module_type):
+                k = 2
+            elif issubclass(kind, opt_type):
+                k = 3
+            else:
+                k = 0
+            kinds[kind] = k
+        if k == 1:
+            tensors.append(o)
+        elif k == 2:
             modules.append(o)
-        elif issubclass(kind, opt_type):
+        elif k == 3:
             optimizers.append(o)
 
     # storage key -> [tensor the program holds, category, name, views, dense part, part name]
@@ -239,6 +384,8 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
             unreadable.setdefault(str(t.layout).replace("torch.", ""), set()).add(id(t))
             return []
         for part, dense, k in parts:
+            if only is not None and k not in only:
+                continue
             e = store.get(k)
             if e is None:
                 store[k] = [t, category, name, 0, dense, part]
@@ -264,18 +411,23 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         for name, b in m.named_buffers(remove_duplicate=True):
             for k in note(b, BUFFER, (ri, name)):
                 module_of.setdefault(k, ri)
+    orphaned: list[bool] = []  # per optimizer: it steps parameters and none of them is in a live module
     for oj, opt in enumerate(optimizers):
         oi = len(roots) + oj
+        stepped = outside = 0
         # Parameters an optimizer keeps after their module is gone are still parameters and gradients.
         for gi, group in enumerate(opt.param_groups):
             for pi, gp in enumerate(group.get("params", ())):
                 if not isinstance(gp, torch.Tensor):
                     continue
                 where = f".param_groups[{gi}]['params'][{pi}]"
-                param_name.setdefault(id(gp), (oi, where))
+                stepped += 1
+                named = param_name.setdefault(id(gp), (oi, where))
+                outside += isinstance(gp, torch.nn.Parameter) and named[0] >= len(roots)
                 note(gp, PARAMETER, (oi, where))
                 if gp.grad is not None:
                     note(gp.grad, GRADIENT, (oi, f"{where}.grad"))
+        orphaned.append(stepped > 0 and outside == stepped)
         for sp, state in list(opt.state.items()):
             if isinstance(state, dict):
                 ref = param_name.get(id(sp))
@@ -300,9 +452,34 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         for _, _, k in tensor_parts(tv) or ():
             if k in store:
                 store[k][3] += 1
+    # Autograd cycles (x.grad's graph saved x): the storages each keeps, and its tensors, whose holder paths
+    # say whether the program still reaches it.
+    gcycles = grad_cycles([t for t in tensors if t.device == device])
+    members: list[tuple[int, torch.Tensor, HolderStep]] = []  # (cycle index, x, how x.grad's graph keeps x)
+    cycle_of: dict[int, int] = {}  # storage key -> cycle index
+    for ci, cyc in enumerate(gcycles):
+        info = CycleInfo()
+        out.cycles.append(info)
+        for x, g, step in cyc.members:
+            members.append((ci, x, step))
+            for t in (x, g):
+                for _, _, k in tensor_parts(t) or ():
+                    info.keys.add(k)
+        for v in cyc.saved():
+            if v.device == device:
+                for _, _, k in tensor_parts(v) or ():
+                    info.keys.add(k)
+        info.keys &= store.keys()
+        for k in info.keys:
+            cycle_of.setdefault(k, ci)
+        cyc.members.clear()
+        cyc.nodes.clear()
+    gcycles.clear()
 
     holders: list[str | None] = [None] * len(store)
     paths: list[Any] = [None] * len(store)  # each storage's first holder path (HolderPath)
+    member_paths: list[HolderPath | None] = [None] * len(members)
+    owner_paths: list[HolderPath | None] = [None] * (len(roots) + len(optimizers))
     truncated = False
     entries = list(store.values())
     if with_holders and entries:
@@ -318,24 +495,53 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
         n_targets = len(targets)
         targets += roots
         targets += optimizers
+        targets += [x for _, x, _ in members]
         search = find_holders(
             targets,
             max_paths=1,
-            time_limit=5.0,
-            exclude=[tensors, modules, optimizers, store, targets, entries],
+            time_limit=time_limit,
+            max_objects=max_objects,
+            exclude=[tensors, modules, optimizers, store, targets, entries, members, *entries, *exclude],
         )
         # One path per tensor is all we ask for: hitting max_paths is success, not truncation.
         limits = {r.strip() for r in (search.reason or "").split(",") if r.strip()} - {"max_paths"}
         truncated = search.truncated and bool(limits)
-        first = [p[0] if p else None for p in search.paths[:n_targets]]
+        out.truncated, out.reason = truncated, ", ".join(sorted(limits)) or None
+        out.seconds, out.visited = search.seconds, search.visited
+        first = [p[0] if p else None for p in search.paths]
         paths = [first[index[id(e[0])]] for e in entries]
         holders = [None if p is None else str(p) for p in paths]
+        n_owners = len(roots) + len(optimizers)
+        owner_paths = first[n_targets : n_targets + n_owners]
+        member_paths = first[n_targets + n_owners :]
         owners = [*roots, *optimizers]
-        root_names = [str(p[0]) if p else type(m).__name__ for p, m in zip(search.paths[n_targets:], owners)]
+        root_names = [str(p) if p is not None else type(m).__name__ for p, m in zip(owner_paths, owners)]
         targets.clear()
         index.clear()
     else:
         root_names = [type(m).__name__ for m in [*roots, *optimizers]]
+    for i, o in enumerate([*roots, *optimizers]):
+        is_opt = i >= len(roots)
+        out.owners.append(
+            Owner(
+                "optimizer" if is_opt else "module",
+                root_names[i],
+                type(o).__name__,
+                owner_paths[i],
+                orphaned[i - len(roots)] if is_opt else False,
+            )
+        )
+    for (ci, x, step), mp in zip(members, member_paths):
+        info = out.cycles[ci]
+        reached = mp is not None and mp.root not in ("cycle", "gc-orphan")
+        if reached:
+            info.held_by.append(str(mp))
+        start = str(mp) if reached else _label(x)
+        if len(info.loops) < 3:
+            info.loops.append(loop_text(start, (step,)))
+        if len(info.loops) == 1:
+            info.fix = grad_cycle_fix(expression(mp) if reached else None)
+    members.clear()
 
     def resolve(name: Any) -> str:
         if not isinstance(name, tuple):
@@ -352,18 +558,23 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
     owner_types = [type(o).__name__ for o in [*roots, *optimizers]]
     pools = _private_pools(device) if with_holders else []
 
-    out: list[LiveTensor] = []
+    tensors_out: list[LiveTensor] = []
     by_category = dict.fromkeys(CATEGORIES, 0)
     by_module: dict[str, int] = {}
     rounding = 0
     ranges: list[tuple[int, int]] = []  # the storages' memory, to count memory they share once
-    # (kind, collectable) -> [storages, bytes, paths, fix]
+    # (kind, collectable) -> [storages, bytes, paths, fix] for cycles found by their holder paths
     cycles: dict[tuple[str, bool], list[Any]] = {}
     # owner -> [type, bytes, {category: storages}]
     groups: dict[str, list[Any]] = {}
     for (k, e), holder, hp in zip(store.items(), holders, paths):
         t, category, name, views, dense, part = e
+        owner_index = name[0] if isinstance(name, tuple) else None
         owner = _owner(name, hp, root_names, owner_types)
+        cyc_i = cycle_of.get(k)
+        if cyc_i is not None and not out.cycles[cyc_i].held_by:  # kept only by an autograd cycle: one owner
+            loops = out.cycles[cyc_i].loops
+            owner = (loops[0] if loops else "autograd cycle", "cycle")
         if pools:
             pool = _pool_of(dense, hp, pools)
             if pool is not None:  # a compiled graph's pool: its one description, not a path through torch
@@ -382,7 +593,7 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
             ptr = 0
         if ptr and nbytes:
             ranges.append((ptr, ptr + nbytes))
-        out.append(
+        tensors_out.append(
             LiveTensor(
                 nbytes,
                 tuple(t.shape),
@@ -395,11 +606,16 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
                 part,
             )
         )
+        st = Storage(k, nbytes, category, name, hp)
+        st.owner, st.owned_by, st.cycle = owner, owner_index, cyc_i
+        out.storages.append(st)
         by_category[category] += nbytes
         g = groups.setdefault(owner[0], [owner[1], 0, {}])
         g[1] += nbytes
         g[2][category] = g[2].get(category, 0) + 1
-        if hp is not None and is_cycle(hp):
+        if cyc_i is not None:
+            out.cycles[cyc_i].bytes += nbytes
+        elif hp is not None and is_cycle(hp):
             cycle_kind, collectable, fix = classify_cycle(hp)
             c = cycles.setdefault((cycle_kind, collectable), [0, 0, [], fix])
             c[0] += 1
@@ -413,16 +629,43 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
             by_module[mname] = by_module.get(mname, 0) + nbytes
         if device.type == "cuda":
             rounding += (-nbytes) % 512 if nbytes else 0
-    out.sort(key=lambda x: -x.bytes)
-    summed = sum(x.bytes for x in out)
+    tensors_out.sort(key=lambda x: -x.bytes)
+    summed = sum(x.bytes for x in tensors_out)
     total = _union_bytes(ranges) if ranges else summed
     diff = None if allocated is None else allocated - total
     tensors.clear()
+    modules.clear()
+    optimizers.clear()
+    roots.clear()
     store.clear()
     entries.clear()
-    return LiveTensorReport(
+    # Autograd cycles: the ones only the cycle keeps (a leak) together, the ones the program still reaches
+    # together; each with up to three loops and the fix of the largest.
+    found_cycles: list[TensorCycle] = []
+    for reached in (False, True):
+        same = sorted(
+            (c for c in out.cycles if c.keys and bool(c.held_by) == reached), key=lambda c: -c.bytes
+        )
+        if same:
+            found_cycles.append(
+                TensorCycle(
+                    AUTOGRAD,
+                    False,
+                    sum(len(c.keys) for c in same),
+                    sum(c.bytes for c in same),
+                    tuple(loop for c in same for loop in c.loops)[:3],
+                    same[0].fix,
+                    tuple(h for c in same for h in c.held_by)[:3],
+                    len(same),
+                )
+            )
+    found_cycles += [
+        TensorCycle(kind, coll, n, b, tuple(paths), fix)
+        for (kind, coll), (n, b, paths, fix) in cycles.items()
+    ]
+    out.report = LiveTensorReport(
         device=str(device),
-        tensors=tuple(out),
+        tensors=tuple(tensors_out),
         by_category={k: v for k, v in by_category.items() if v},
         by_module=by_module,
         total=total,
@@ -434,10 +677,7 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
             OwnerGroup(owner, kind, nbytes, dict(cats))
             for owner, (kind, nbytes, cats) in sorted(groups.items(), key=lambda kv: -kv[1][1])
         ),
-        cycles=tuple(
-            TensorCycle(kind, coll, n, b, tuple(paths), fix)
-            for (kind, coll), (n, b, paths, fix) in sorted(cycles.items(), key=lambda kv: -kv[1][1])
-        ),
+        cycles=tuple(sorted(found_cycles, key=lambda c: -c.bytes)),
         rounding=rounding if device.type == "cuda" else None,
         truncated=truncated,
         unreadable=tuple(
@@ -446,3 +686,4 @@ def collect_live(device: torch.device, allocated: int | None, with_holders: bool
             for layout, ids in sorted(unreadable.items())
         ),
     )
+    return out

@@ -84,7 +84,8 @@ def _count_category(n: int, category: str) -> str:
 
 @dataclass(frozen=True)
 class TensorCycle:
-    """Tensors that only a reference cycle keeps alive, grouped by the kind of cycle.
+    """Tensors a reference cycle keeps alive, grouped by the kind of cycle (an autograd cycle: one per
+    connected second-order graph).
 
     Attributes:
         kind: ``"autograd"`` (the cycle runs through autograd's C++ graph: a gradient made with
@@ -92,10 +93,16 @@ class TensorCycle:
             (Python references only).
         collectable: Whether ``gc.collect()`` frees it. A cycle through autograd's C++ graph is invisible to
             the garbage collector: it stays until a reference in it is dropped.
-        tensors: How many storages it keeps.
+        tensors: How many storages it keeps: the tensors on it, their gradients and what the gradients'
+            graphs saved.
         bytes: Their bytes.
-        paths: Up to three members' paths round the cycle (readable, as holder paths).
+        paths: Up to three paths round the cycle, from a tensor round to itself
+            (``__main__.x.grad.grad_fn -> saved tensor of MulBackward0 (_saved_other) -> the same tensor``),
+            or for a Python cycle its members' holder paths.
         fix: What to change.
+        held_by: Where the program still reaches an autograd cycle (its tensors' holder paths; empty: only the
+            cycle keeps it, a leak). Dropping those references frees nothing: the cycle must be broken.
+        cycles: How many separate autograd cycles this entry sums (one per connected second-order graph).
     """
 
     kind: str
@@ -104,12 +111,20 @@ class TensorCycle:
     bytes: int
     paths: tuple[str, ...]
     fix: str
+    held_by: tuple[str, ...] = ()
+    cycles: int = 1
 
     def line(self) -> str:
         gc_word = "gc.collect() frees it" if self.collectable else "gc.collect() cannot free it"
         what = "autograd's graph" if self.kind == "autograd" else "Python references"
         n = count(self.tensors, "tensor storage")
-        return f"{n}, {fmt_bytes(self.bytes)} kept only by a reference cycle through {what} ({gc_word})"
+        cycle = "a reference cycle" if self.cycles <= 1 else f"{self.cycles} reference cycles"
+        if self.held_by:
+            return (
+                f"{n}, {fmt_bytes(self.bytes)} in {cycle} through {what}, still reached from "
+                f"{self.held_by[0]}: dropping that reference will not free them ({gc_word})"
+            )
+        return f"{n}, {fmt_bytes(self.bytes)} kept only by {cycle} through {what} ({gc_word})"
 
 
 @dataclass(frozen=True)

@@ -8,19 +8,24 @@ A tensor's ``.grad`` and ``._base`` and every tensor an autograd graph saved for
   (``torch.autograd.function.BackwardCFunction``), walked through ``next_functions`` once for all targets:
   each node's ``_saved_*`` attributes and ``saved_tensors`` (a ``saved_tensor`` step), the variable of an
   ``AccumulateGrad`` leaf (an ``autograd_edge`` step) and tensors stored on a custom Function's ``ctx`` (an
-  ``attribute`` step). A hop through the graph weighs one reference per edge.
+  ``attribute`` step). A hop into a graph weighs about as much as one reference whatever the node's depth
+  (it reads as one step); each node is reached from the :data:`NEAREST` graph holders closest to it;
+- the edge that closes an autograd cycle (:func:`grad_cycles`): ``x.grad = g`` with ``g`` from
+  ``create_graph=True``, whose graph saved ``x`` (``x -> .grad -> g.grad_fn -> ... -> x``), into ``x`` even
+  when ``x`` is not a target, so that a cycle nothing else holds reads as one.
 
 A saved tensor is matched to a target by identity, or by data pointer, shape, stride and dtype when autograd
 unpacks a fresh wrapper (as it does for saved outputs); a different view of the same storage is reported as
-sharing it. Cost: one visit per graph node (memoised), plus reading each node's saved attributes, which runs
-any ``saved_tensors_hooks`` unpack hook.
+sharing it. Cost: at most :data:`NEAREST` visits per graph node however many tensors share a graph, plus
+reading each node's saved attributes, which runs any ``saved_tensors_hooks`` unpack hook.
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,7 +36,7 @@ from torchmem.results.holders import HolderStep, StepKind
 # A virtual edge into a target: (the object holding the reference, the steps that name it, its weight).
 VirtualEdge = tuple[Any, tuple[HolderStep, ...], int]
 
-_INF = 1 << 30
+NEAREST = 4  # graph roots each autograd node keeps: the ones that reach it in the fewest edges
 _TENSOR_BASE: Any = torch._C.TensorBase.__dict__  # C getters, bypassing subclass properties
 GRAD_FN = _TENSOR_BASE["grad_fn"].__get__
 GRAD = _TENSOR_BASE["grad"].__get__
@@ -89,22 +94,22 @@ class _TargetMatcher:
     def match(self, v: Any) -> list[tuple[int, str]]:
         """Targets that tensor ``v`` is (``""``) or shares a storage with (``", shares storage"``)."""
         i = self.index_of.get(id(v))
-        if i is not None:
-            return [(i, "")]
+        out: list[tuple[int, str]] = [] if i is None else [(i, "")]
         if not self.starts or not isinstance(v, torch.Tensor):
-            return []
+            return out
         try:
             dp = int(DATA_PTR(v))
         except Exception:
-            return []
+            return out
         k = bisect.bisect_right(self.starts, dp) - 1
         if not dp or k < 0:
-            return []
+            return out
         end, indices = self.by_storage[self.starts[k]]
         if dp >= end:
-            return []
-        out: list[tuple[int, str]] = []
+            return out
         for ti in indices:
+            if ti == i:
+                continue
             t = self.targets[ti]
             same = (
                 dp == int(DATA_PTR(t))
@@ -174,11 +179,183 @@ def _saved_by_node(node: Any, match: Callable[[Any], list[tuple[int, str]]]) -> 
     return out
 
 
+@dataclass
+class GradCycle:
+    """Tensors that their own gradient's graph keeps: ``x.grad = g`` with ``g`` from ``create_graph=True``
+    whose graph saved ``x`` (``x -> .grad -> g -> g.grad_fn -> ... -> x``), one per connected second-order
+    graph. Live objects: hold it no longer than the search or report that made it.
+
+    Attributes:
+        members: ``(x, g, step)`` per tensor on the cycle: the tensor, its ``.grad`` and the step naming how
+            ``g``'s graph keeps ``x`` (a saved tensor, or the graph leaf ``AccumulateGrad.variable``).
+        nodes: The graph nodes of the gradients' graphs (their saved tensors are kept by the cycle).
+    """
+
+    members: list[tuple[Any, Any, HolderStep]] = field(default_factory=list)
+    nodes: list[Any] = field(default_factory=list)
+
+    def saved(self) -> Iterator[Any]:
+        """Every tensor the cycle's graph nodes keep (saved for backward, and graph leaves)."""
+        for n in self.nodes:
+            for a in saved_attributes(type(n)):
+                try:
+                    v = getattr(n, a)
+                except Exception:  # freed by backward, or unpacking failed
+                    continue
+                if isinstance(v, torch.Tensor):
+                    yield v
+                elif isinstance(v, (list, tuple)):
+                    yield from (x for x in v if isinstance(x, torch.Tensor))
+            if type(n).__name__ == "AccumulateGrad":
+                v = getattr(n, "variable", None)
+                if isinstance(v, torch.Tensor):
+                    yield v
+
+
+def _children(n: Any, kids: dict[int, list[Any]]) -> list[Any]:
+    k = id(n)
+    c = kids.get(k)
+    if c is None:
+        try:
+            c = [x for x, _ in n.next_functions if x is not None]
+        except Exception:
+            c = []
+        kids[k] = c
+    return c
+
+
+def grad_cycles(tensors: Sequence[Any], out_of_time: Callable[[], bool] = lambda: False) -> list[GradCycle]:
+    """The autograd cycles among ``tensors``: each tensor whose ``.grad`` has a graph (``create_graph=True``)
+    that keeps the tensor itself. A plain ``.grad`` from ``backward()`` has no graph and is never a cycle.
+
+    One walk over the graphs of every such gradient, each node once: which gradients reach it (a bit per
+    gradient, propagated in topological order), then which of the tensors it saves. Gradients whose graphs
+    share nodes (the parameters of one model under a gradient penalty) form one cycle.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(4, requires_grad=True)
+        >>> (g,) = torch.autograd.grad((x * x).sum(), x, create_graph=True)
+        >>> x.grad = g
+        >>> [len(c.members) for c in grad_cycles([x])]
+        [1]
+        >>> x.grad = g.detach()
+        >>> grad_cycles([x])
+        []
+    """
+    pairs: list[tuple[Any, Any]] = []
+    for t in tensors:
+        try:
+            if GRAD_FN(t) is not None:  # not a leaf: autograd never fills its .grad (and reading it warns)
+                continue
+            g = GRAD(t)
+        except Exception:
+            continue
+        if g is None:
+            continue
+        try:
+            fn = GRAD_FN(g)
+        except Exception:
+            continue
+        if fn is not None:
+            pairs.append((t, g))
+    if not pairs:
+        return []
+    kids: dict[int, list[Any]] = {}
+    alive: dict[int, Any] = {}  # node wrappers stay alive (and their ids stable) during the walk
+    order: list[Any] = []  # post-order: children before parents
+    mask: dict[int, int] = {}
+    for i, (_, g) in enumerate(pairs):
+        fn = GRAD_FN(g)
+        mask[id(fn)] = mask.get(id(fn), 0) | (1 << i)
+        if id(fn) in alive:
+            continue
+        alive[id(fn)] = fn
+        stack: list[tuple[Any, bool]] = [(fn, False)]
+        while stack:
+            n, done = stack.pop()
+            if done:
+                order.append(n)
+                continue
+            stack.append((n, True))
+            for c in _children(n, kids):
+                if id(c) not in alive:
+                    alive[id(c)] = c
+                    stack.append((c, False))
+            if len(alive) % 4096 == 0 and out_of_time():
+                return []
+    for n in reversed(order):  # parents before children: each node's bits are final when it passes them on
+        bits = mask.get(id(n), 0)
+        if bits:
+            for c in kids.get(id(n), ()):
+                mask[id(c)] = mask.get(id(c), 0) | bits
+    match = _TargetMatcher([t for t, _ in pairs]).match
+    found: dict[int, HolderStep] = {}  # pair index -> how its gradient's graph keeps the tensor
+    for n in order:
+        bits = mask.get(id(n), 0)
+        if not bits:
+            continue
+        for ti, step in _saved_by_node(n, match):
+            # a saved tensor says more than the graph leaf (AccumulateGrad.variable) that also holds it
+            if bits >> ti & 1 and (ti not in found or found[ti].kind is not StepKind.SAVED_TENSOR):
+                found[ti] = step
+    if not found:
+        return []
+    # Cycles whose graphs share a node are one: union the confirmed gradients' bits node by node.
+    parent = list(range(len(pairs)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    confirmed = sum(1 << i for i in found)
+    node_bits: list[tuple[Any, int]] = []
+    for n in order:
+        bits = mask.get(id(n), 0) & confirmed
+        if not bits:
+            continue
+        node_bits.append((n, bits))
+        first = (bits & -bits).bit_length() - 1
+        rest = bits & (bits - 1)
+        while rest:
+            low = rest & -rest
+            parent[root(low.bit_length() - 1)] = root(first)
+            rest ^= low
+    groups: dict[int, GradCycle] = {}
+    for i in sorted(found):
+        t, g = pairs[i]
+        groups.setdefault(root(i), GradCycle()).members.append((t, g, found[i]))
+    for n, bits in node_bits:
+        groups[root((bits & -bits).bit_length() - 1)].nodes.append(n)
+    return list(groups.values())
+
+
+class AutogradEdges:
+    """What :func:`autograd_edges` found: the virtual edges into objects, by ``id``, and the tensors on an
+    autograd cycle (:func:`grad_cycles`), by ``id``, each with the edge that closes its loop."""
+
+    __slots__ = ("cycle_edges", "edges")
+
+    def __init__(self) -> None:
+        self.edges: dict[int, list[VirtualEdge]] = {}
+        self.cycle_edges: dict[int, VirtualEdge] = {}  # id(x) -> (g, steps, weight): x.grad's graph keeps x
+
+    def add(self, obj_id: int, edge: VirtualEdge) -> None:
+        self.edges.setdefault(obj_id, []).append(edge)
+
+
 def autograd_edges(
-    targets: Sequence[Any], index: HeapIndex, out_of_time: Callable[[], bool]
-) -> dict[int, list[VirtualEdge]]:
-    """Virtual edges into the targets, by ``id(target)``: ``.grad``, ``._base``, autograd's saved tensors."""
-    edges: dict[int, list[VirtualEdge]] = {}
+    targets: Sequence[Any],
+    index: HeapIndex,
+    out_of_time: Callable[[], bool],
+    ignore: set[int] | None = None,
+) -> AutogradEdges:
+    """Virtual edges into the targets: ``.grad``, ``._base``, autograd's saved tensors; and the edges that
+    close an autograd cycle (a tensor kept by the graph of its own ``.grad``), into any tensor. ``ignore``:
+    ids of the caller's containers, which do not make a tensor one that Python code holds."""
+    found = AutogradEdges()
     tensor_types = subclasses(torch.Tensor)
     node_types = subclasses(torch.autograd.function.BackwardCFunction)
     picked = index.instances(tensor_types | node_types)
@@ -188,7 +365,25 @@ def autograd_edges(
     match = _TargetMatcher(targets).match
 
     def add(target_i: int, holder: Any, steps: tuple[HolderStep, ...], weight: int) -> None:
-        edges.setdefault(id(targets[target_i]), []).append((holder, steps, weight))
+        found.add(id(targets[target_i]), (holder, steps, weight))
+
+    # Tensors a graph may have saved that have a graph of their own (an intermediate result, held from C++
+    # only once Python dropped it) or that nothing in Python refers to: edges into them too, so that a path
+    # through one starts at what holds that graph rather than at a tensor "held outside Python".
+    wanted = {id(t) for t in targets}
+    others = [t for t in tensors if id(t) not in wanted]
+    unheld = index.refer_counts([id(t) for t in others])
+    inner = [t for t, n in zip(others, unheld) if not n or _has_graph(t)]
+    others.clear()
+    match_all = _TargetMatcher([*targets, *inner]).match
+    n_targets = len(targets)
+
+    def match_saved(v: Any) -> list[tuple[int, str]]:
+        return [(i, s) for i, s in match_all(v) if i < n_targets or not s]
+
+    def add_saved(i: int, holder: Any, steps: tuple[HolderStep, ...], weight: int) -> None:
+        obj = targets[i] if i < n_targets else inner[i - n_targets]
+        found.add(id(obj), (holder, steps, weight))
 
     # (object holding the graph, the graph's first node, the steps into it, their weight)
     graph_roots: list[tuple[Any, Any, tuple[HolderStep, ...], int]] = []
@@ -214,7 +409,7 @@ def autograd_edges(
                 # Not a target: an edge by identity, for a search that climbs through it (a gradient whose
                 # graph saved its own tensor: ``x.grad = g`` with ``create_graph=True``, a cycle).
                 step = HolderStep(StepKind.ATTRIBUTE, ".grad", "grad", type(t).__name__)
-                edges.setdefault(id(g), []).append((t, (step,), 1))
+                found.add(id(g), (t, (step,), 1))
         try:
             b = BASE(t) if IS_VIEW(t) else None
         except Exception:
@@ -226,54 +421,86 @@ def autograd_edges(
                 add(ti, t, (HolderStep(StepKind.ATTRIBUTE, text, "_base", type(t).__name__),), 1)
             if not hits:
                 step = HolderStep(StepKind.ATTRIBUTE, "._base", "_base", type(t).__name__)
-                edges.setdefault(id(b), []).append((t, (step,), 1))
+                found.add(id(b), (t, (step,), 1))
+    # The edge that closes each autograd cycle: x.grad's graph keeps x (x is seldom a target: without this
+    # edge, x held only by that graph would read as held outside Python).
+    for cycle in grad_cycles(tensors, out_of_time):
+        for x, g, step in cycle.members:
+            into = HolderStep(StepKind.GRAD_FN, ".grad_fn", type(GRAD_FN(g)).__name__, type(g).__name__)
+            edge: VirtualEdge = (g, (into, step), 2)
+            found.add(id(x), edge)
+            found.cycle_edges[id(x)] = edge
+        cycle.members.clear()
+        cycle.nodes.clear()
     for o in python_nodes:
         graph_roots.append((o, o, (), 1))
-    if not graph_roots:
-        return edges
+    if graph_roots:
+        # Graphs that Python code refers to first: a path from them reads better than one that climbs
+        # through intermediate results autograd keeps (each another `.grad_fn -> saved tensor` hop).
+        held = index.referred([id(h) for h, _, _, _ in graph_roots], ignore or set())
+        _saved_edges(graph_roots, held, match_saved, add_saved, out_of_time)
+    inner.clear()
+    return found
 
-    # Per node: the targets it keeps, itself or below it, with the fewest edges to them (memoised).
-    memo: dict[int, tuple[tuple[int, HolderStep, int], ...]] = {}
+
+def _has_graph(t: Any) -> bool:
+    try:
+        return GRAD_FN(t) is not None
+    except Exception:
+        return False
+
+
+def _saved_edges(
+    graph_roots: list[tuple[Any, Any, tuple[HolderStep, ...], int]],
+    held: list[bool],
+    match: Callable[[Any], list[tuple[int, str]]],
+    add: Callable[[int, Any, tuple[HolderStep, ...], int], None],
+    out_of_time: Callable[[], bool],
+) -> None:
+    """Edges from the graphs' holders into the targets their nodes saved.
+
+    One breadth-first walk from every graph root at once; each node keeps the :data:`NEAREST` roots that
+    Python refers to (``held``) and the :data:`NEAREST` others that reach it first (fewest edges), so a node
+    is expanded a bounded number of times however many tensors share its graph, and every target a node
+    saved gets an edge from each of them (the search ranks the paths).
+    """
+    nearest: dict[int, list[tuple[int, int]]] = {}  # id(node) -> [(graph root index, depth)]
+    alive: dict[int, Any] = {}  # node wrappers stay alive (and their ids stable) during the walk
     kids: dict[int, list[Any]] = {}
-    alive: list[Any] = []  # node wrappers stay alive (and their ids stable) during the walk
+    queue: deque[tuple[Any, int, int]] = deque()
 
-    def children(n: Any) -> list[Any]:
+    def reach(n: Any, ri: int, depth: int) -> None:
         k = id(n)
-        c = kids.get(k)
-        if c is None:
-            try:
-                c = [x for x, _ in n.next_functions if x is not None]
-            except Exception:
-                c = []
-            kids[k] = c
-        return c
+        got = nearest.get(k)
+        if got is None:
+            nearest[k] = [(ri, depth)]
+            alive[k] = n
+        elif any(r == ri for r, _ in got) or sum(held[r] == held[ri] for r, _ in got) >= NEAREST:
+            return
+        else:
+            got.append((ri, depth))
+        queue.append((n, ri, depth))
 
-    visited = 0
-    for holder, fn, into, weight in graph_roots:
-        if holder is fn and id(fn) in memo:
-            continue  # a Python-defined node already reached from a tensor's grad_fn
-        stack: list[tuple[Any, bool]] = [(fn, False)]
-        while stack:
-            n, done = stack.pop()
-            k = id(n)
-            if done:
-                best: dict[tuple[int, HolderStep], int] = {}
-                for ti, step in _saved_by_node(n, match):
-                    best[(ti, step)] = 0
-                for c in children(n):
-                    for ti, step, d in memo.get(id(c), ()):
-                        if d + 1 < best.get((ti, step), _INF):
-                            best[(ti, step)] = d + 1
-                memo[k] = tuple((ti, step, d) for (ti, step), d in itertools.islice(best.items(), 64))
-                continue
-            if k in memo or k in kids:
-                continue
-            alive.append(n)
-            stack.append((n, True))
-            stack.extend((c, False) for c in children(n) if id(c) not in memo)
-            visited += 1
-            if visited % 4096 == 0 and out_of_time():
-                return edges
-        for ti, step, d in memo.get(id(fn), ()):
-            add(ti, holder, (*into, step), weight + d)
-    return edges
+    popped = 0
+    # Tensors' graphs first; then the Python-defined nodes no tensor's graph reached (a node a tensor's graph
+    # holds is named through that tensor, not as a node held outside Python).
+    for own in (False, True):
+        for ri, (h, fn, _, _) in enumerate(graph_roots):
+            if (h is fn) is own and (not own or id(fn) not in nearest):
+                reach(fn, ri, 0)
+        while queue:
+            n, ri, depth = queue.popleft()
+            for c in _children(n, kids):
+                reach(c, ri, depth + 1)
+            popped += 1
+            if popped % 4096 == 0 and out_of_time():
+                queue.clear()
+                break
+    for k, roots in nearest.items():
+        for ti, step in _saved_by_node(alive[k], match):
+            for ri, depth in roots:
+                holder, _, into, weight = graph_roots[ri]
+                # A hop into a graph reads as one step however deep the node is (`.grad_fn -> saved tensor
+                # of X`): weighed so, a path from a graph Python holds beats one that climbs through the
+                # intermediate results between (each another hop).
+                add(ti, holder, (*into, step), weight + min(depth, 1))

@@ -182,6 +182,24 @@ class HeapIndex:
                 out.extend((m, w) for m in members if any(id(r) == target_id for r in referents(m)))
         return out
 
+    def refer_counts(self, ids: list[int]) -> list[int]:
+        """How many indexed references point to each object of ``ids`` (0: held from C code only)."""
+        found = self.positions(ids, None) if ids else None
+        if found is None:
+            return [0] * len(ids)
+        return [int(c) for c in torch.bincount(found[0], minlength=len(ids)).tolist()]
+
+    def referred(self, ids: list[int], ignore: set[int]) -> list[bool]:
+        """Whether an indexed object whose id is not in ``ignore`` refers to each object of ``ids``
+        (``False``: held from C code only, or by the caller's own containers)."""
+        out = [False] * len(ids)
+        capped = self.capped
+        for m, w in self.referrers(ids, 64) if ids else ():
+            if id(m) not in ignore:
+                out[w] = True
+        self.capped = capped  # a lookup of its own: not the search's fan-in
+        return out
+
     def instances(self, types_: set[type]) -> list[Any]:
         """Every indexed object whose type is in ``types_`` (heap types: each instance refers to its type)."""
         found = self.positions([id(t) for t in types_], None) if types_ else None

@@ -41,6 +41,8 @@ MISSING: Any = object()
 # One reference of a path: (holder, held, the typed steps of a virtual edge or None for a gc-visible one).
 Link = tuple[Any, Any, "tuple[HolderStep, ...] | None"]
 
+_AUTOGRAD_STEPS = (StepKind.GRAD_FN, StepKind.AUTOGRAD_EDGE, StepKind.SAVED_TENSOR)
+
 _WEAKREF_HOLDERS: tuple[type, ...] = (weakref.ReferenceType, weakref.finalize, weakref.finalize._Info)  # type: ignore[attr-defined]
 
 
@@ -166,20 +168,38 @@ class PathNamer:
                     0,
                 )
             else:
-                t = type_name(top)
-                root_kind, steps, i = (
-                    "cycle",
-                    [HolderStep(StepKind.ROOT, f"<reference cycle through {t}>", t)],
-                    0,
-                )
+                root_kind, steps, i = "cycle", [self._cycle_root(top, chain)], 0
             while i < len(chain):
                 more, used = self._step(chain, i, steps[-1] if steps else None)
                 steps.extend(s for s in more if s.text)
                 i += max(used, 1)
+            if start == "cycle" and chain and chain[-1][1] is top:
+                # the loop closes on the object it started from (x.grad's graph saved x itself)
+                what = "tensor" if isinstance(top, torch.Tensor) else "object"
+                steps.append(HolderStep(StepKind.OTHER, f" -> the same {what}", "", type_name(top)))
         except Exception as e:  # a holder changed under the search, or an object refused inspection
             _log.debug("holders(): could not render a path: %r", e)
             return None
         return HolderPath.of(root_kind, steps, depth)
+
+    def _cycle_root(self, top: Any, chain: list[Link]) -> HolderStep:
+        """``<reference cycle through Node>``; a cycle through autograd's graph (a tensor's ``.grad``, saved
+        tensors, graph leaves: references gc cannot see) names the tensor it starts from:
+        ``<reference cycle through autograd: Parameter 'fc.weight' (4, 4) float32>``."""
+        t = type_name(top)
+        autograd = any(
+            v is not None
+            and any(
+                s.kind in _AUTOGRAD_STEPS or (s.kind is StepKind.ATTRIBUTE and s.name in ("grad", "_base"))
+                for s in v
+            )
+            for _, _, v in chain
+        )
+        if autograd and isinstance(top, torch.Tensor):
+            return HolderStep(
+                StepKind.ROOT, f"<reference cycle through autograd: {self._tensor_label(top)[1:-1]}>", t
+            )
+        return HolderStep(StepKind.ROOT, f"<reference cycle through {t}>", t)
 
     def _root_steps(self, root: Root, chain: list[Link]) -> tuple[str, list[HolderStep], int]:
         first = HolderStep(StepKind.ROOT, root.label, root.name)

@@ -115,6 +115,8 @@ class _BackwardSearch:
         self.held_by_ignored: set[int] = set()  # nodes the search's own containers refer to
         self.self_referring: set[int] = set()
         self.virtual_parents: dict[int, list[VirtualEdge]] = {}  # id(object) -> edges gc cannot see
+        self.on_cycle: set[int] = set()  # ids of tensors and gradients on an autograd cycle
+        self.cycle_starts: set[int] = set()  # of them, the tensors whose .grad's graph keeps them
 
     # -- limits -----------------------------------------------------------------------------------
     def _out_of_time(self) -> bool:
@@ -141,10 +143,14 @@ class _BackwardSearch:
                 gc.disable()
                 if self._build_index():
                     if any(isinstance(t, torch.Tensor) for t in self.targets):
-                        for target_id, edges in autograd_edges(
-                            self.targets, self.index, self._out_of_time
-                        ).items():
+                        found = autograd_edges(self.targets, self.index, self._out_of_time, self.ignore)
+                        for target_id, edges in found.edges.items():
                             self.virtual_parents.setdefault(target_id, []).extend(edges)
+                        for x_id, (g, _, _) in found.cycle_edges.items():
+                            self.on_cycle.update((x_id, id(g)))
+                            self.cycle_starts.add(x_id)
+                        found.edges.clear()
+                        found.cycle_edges.clear()
                     self._search_up()
                     paths = self._all_paths()
         except Exception as e:  # an object that refused inspection must not break release() or a report
@@ -350,10 +356,18 @@ class _BackwardSearch:
                     p = self._cycle_path(namer, tn)
                     if p is not None:
                         found[str(p)] = p
+                loop = self._loop_path(namer, tn) if id(t) in self.on_cycle else None
+                if loop is not None:
+                    # On an autograd cycle (x.grad's graph keeps x): the loop is a holder too, even where the
+                    # program still refers to it (dropping that reference would not free it).
+                    found.setdefault(str(loop), loop)
                 ranked = sorted(found.values(), key=readability)
                 if more or len(ranked) > self.max_paths:
                     self._truncate("max_paths")
-                out.append(tuple(ranked[: self.max_paths]))
+                kept = ranked[: self.max_paths]
+                if loop is not None and self.max_paths > 1 and str(loop) not in {str(p) for p in kept}:
+                    kept[-1] = loop  # the loop says more than one more way to the same variable
+                out.append(tuple(kept))
                 if self._out_of_time():
                     out.extend(() for _ in range(n_targets - len(out)))
                     break
@@ -415,6 +429,26 @@ class _BackwardSearch:
                 heapq.heappush(heap, (g + w + h[pn], g + w, next(seq), pn, (pn, steps, w, link)))
         return False
 
+    def _loop_path(self, namer: PathNamer, tn: int, most: int = 12) -> HolderPath | None:
+        """The shortest loop from target node ``tn`` up through its referrers back to itself, rendered from
+        the target round to the target (``None`` when none is found within ``most`` references)."""
+        q: deque[PathLink] = deque([(tn, None, 0, None)])
+        seen = {tn}
+        while q:
+            link = q.popleft()
+            n = link[0]
+            if _link_depth(link) >= most:
+                continue
+            for p, s, w in self.parents[n]:
+                if p == tn:
+                    loop = (p, s, w, link)
+                    return next(iter(self._render(namer, loop, _link_depth(loop), "cycle", 1)), None)
+                if p in seen or p in self.root_of_node:
+                    continue
+                seen.add(p)
+                q.append((p, s, w, link))
+        return None
+
     def _cycle_path(self, namer: PathNamer, tn: int) -> HolderPath | None:
         """A path from a node on an unreachable reference cycle down to the target."""
         link: PathLink = (tn, None, 0, None)
@@ -444,6 +478,14 @@ class _BackwardSearch:
                 ln = link[3]
                 while ln[0] != p:
                     ln = ln[3]
+                # or, round an autograd cycle, at the tensor whose .grad's graph keeps it: the path then
+                # reads `x.grad.grad_fn -> saved tensor of ...`
+                walk = link[3]
+                while walk is not ln:
+                    if id(self.nodes[walk[0]]) in self.cycle_starts:
+                        ln = walk
+                        break
+                    walk = walk[3]
                 return next(iter(self._render(namer, ln, _link_depth(ln), "cycle", 1)), None)
             seen.add(p)
             n = p
