@@ -132,6 +132,7 @@ class Session:
         self._switch_lock = threading.Lock()
         self._own_work = False  # torchmem's step bookkeeping is running (the CPU sampler skips its reading)
         self._forecast_at = 0.0
+        self._units: Any = None  # capture/units.UnitFinder: the repeating unit when no boundary is found
         self._forecast_text = ""
         self.interval = interval
         self._status_file = status_file if status_file is not None else sys.stderr
@@ -263,6 +264,15 @@ class Session:
             sys.setprofile(self._profile)
         else:
             self._boundaries.start()
+            try:
+                from torchmem.capture.units import UnitFinder
+
+                program = (
+                    os.path.abspath(self.argv[0]) if self.argv and os.path.isfile(self.argv[0]) else None
+                )
+                self._units = UnitFinder(self._unit_step, self._unit_found, self._note, self._main, program)
+            except Exception as exc:
+                self._note(f"the repeating unit will not be looked for ({type(exc).__name__}: {exc})")
         # A weak reference: the interpreter keeps fork callbacks forever, a session must not live that long.
         ref = weakref.ref(self)
 
@@ -396,10 +406,21 @@ class Session:
         if not self._disabled and not self.step_marker:
             self.step()
 
+    def _unit_found(self, label: str) -> None:
+        """The program's repeating unit was found (no other boundary): its calls are the steps from now."""
+        if self._boundary_kind is None:
+            self._on_switch("unit", f"{label} (the function the program's loop calls)")
+
+    def _unit_step(self) -> None:
+        if self._boundary_kind == "unit" and not self._disabled:
+            self.step()
+
     def _on_switch(self, kind: str, label: str) -> None:
         """A step boundary was chosen, or a better one took over: the watcher restarts on it."""
         if self._disabled or self.step_marker:
             return
+        if kind != "unit" and self._units is not None:
+            self._units.active = False  # a boundary torchmem recognises counts the steps
         try:
             previous, self._boundary_kind, self._boundary_label = self._boundary_kind, kind, label
             old = self._watcher
@@ -433,6 +454,8 @@ class Session:
     def _boundary_label_of(self, kind: str) -> str:
         from torchmem.capture.boundaries import _default_label
 
+        if kind == "unit":
+            return self._units.label if self._units is not None and self._units.label else "call"
         return _default_label(kind)
 
     @property
@@ -645,6 +668,8 @@ class Session:
                     self._keep_timeline(now - self._t0, r.allocated)
                 if self._boundaries is not None:
                     self._boundaries.check_imports()
+                if self._units is not None and self._boundary_kind is None:
+                    self._units.sample()  # no step yet: look for the loop's repeating call
                 if self._worker_checks is not None:
                     t0 = time.thread_time()
                     self._worker_checks.poll(now)
@@ -1207,6 +1232,8 @@ class Session:
             sys.setprofile(self._profile_prev)
         if self._boundaries is not None:
             self._boundaries.stop()
+        if self._units is not None:
+            self._units.remove()
         if self._profiler is not None:  # the program ended inside the profiled step
             try:
                 self._profiler.__exit__(None, None, None)

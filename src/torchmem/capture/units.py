@@ -1,0 +1,230 @@
+"""The repeating unit of a program with no step torchmem recognises (issue 26): found from the evidence.
+
+A loop of ``metric.update(...)`` calls, a data transform applied again and again, an epoch function: no
+optimizer step, no ``backward()``, no top-level model call, no DataLoader batch. :class:`UnitFinder` looks
+at the main thread's stack from the sampler thread (``sys._current_frames()``: no tracing, no cost to the
+program), takes the function the program's own loop calls — the callee of the outermost frame of the
+program's code that is still running — and wraps that function (its class attribute for a method, its
+module's name for a function). The wrapper counts the calls that return; once one returns again and again
+(3 times), each return is a step of the run (``on_step``), labelled ``"update() call"``. A candidate that
+does not repeat (``main()``, called once) stays counted but inert, and the next level inwards is tried.
+
+The wrappers call the original exactly once with the program's arguments and return its result; an error in
+torchmem's part switches the finder off (reported once). :meth:`UnitFinder.remove` restores every name it
+rebound, where the program did not rebind it meanwhile.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any
+
+# Samples with the same candidate before it is wrapped; returns that make it the repeating unit.
+_SAMPLES = 3
+_REPEATS = 3
+_MAX_CANDIDATES = 6
+
+
+def _origin_of(frame: FrameType) -> int:
+    from torchmem._warn import _origin
+
+    return _origin(frame.f_code.co_filename, str(frame.f_globals.get("__name__", "")))
+
+
+def _is_user(frame: FrameType) -> bool:
+    from torchmem._warn import _USER
+
+    return _origin_of(frame) == _USER
+
+
+# generators, coroutines, async generators: a return is not the end of an iteration's work
+_GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200
+
+
+def candidate(
+    frame: FrameType | None, skip: set[CodeType], program: str | None = None
+) -> tuple[FrameType, FrameType] | None:
+    """``(caller, callee)``: the first call, from the outermost frame of the program's code inwards, whose
+    callee is not in ``skip`` (candidates already tried), ``None`` where there is none. ``program``: the
+    program's file (``torchmem run``'s script): its outermost frame starts the program's code (the
+    launcher's frames before it are not the program's)."""
+    chain: list[FrameType] = []
+    f = frame
+    while f is not None:
+        chain.append(f)
+        f = f.f_back
+    chain.reverse()  # outermost first
+    start = None
+    if program:
+        start = next((i for i, fr in enumerate(chain) if fr.f_code.co_filename == program), None)
+    if start is None:
+        start = next((i for i, fr in enumerate(chain) if _is_user(fr)), None)
+    if start is None:
+        return None
+    user = [start]
+    for i in range(user[0], len(chain) - 1):
+        caller, callee = chain[i], chain[i + 1]
+        if not _is_user(caller) and i != user[0]:
+            continue
+        code = callee.f_code
+        if code in skip or code.co_name.startswith("<") or code.co_flags & _GENERATOR_FLAGS:
+            continue
+        from torchmem._warn import _INTERNAL
+
+        if _origin_of(callee) == _INTERNAL:  # torch's and torchmem's own code is never wrapped
+            return None
+        return caller, callee
+    return None
+
+
+def _owner_of(callee: FrameType) -> tuple[Any, str, Any] | None:
+    """Where the function running in ``callee`` is bound: ``(owner, name, function)`` — the class (through
+    its MRO) of the ``self``/``cls`` argument for a method, else the module globals of the function."""
+    code = callee.f_code
+    name = code.co_name
+    args = code.co_varnames[: code.co_argcount]
+    first = callee.f_locals.get(args[0]) if args else None
+    if first is not None and args and args[0] in ("self", "cls"):
+        klass = first if isinstance(first, type) else type(first)
+        for k in klass.__mro__:
+            fn = k.__dict__.get(name)
+            target = getattr(fn, "__func__", fn)
+            if getattr(target, "__code__", None) is code:
+                return k, name, fn
+        return None
+    fn = callee.f_globals.get(name)
+    if getattr(fn, "__code__", None) is code:
+        return callee.f_globals, name, fn
+    return None
+
+
+class UnitFinder:
+    """Finds and wraps the repeating unit of a program (see the module's text).
+
+    Args:
+        on_step: Called (on the program's thread) at each return of the unit, once it repeats.
+        on_found: Called once with the unit's label (``"update() call"``) when it starts counting steps.
+        on_error: Called once with a message if torchmem's part fails.
+        thread: The program's main thread's ident.
+        program: The program's file (its outermost frame starts the program's code), if known.
+    """
+
+    def __init__(
+        self,
+        on_step: Callable[[], None],
+        on_found: Callable[[str], None],
+        on_error: Callable[[str], None],
+        thread: int,
+        program: str | None = None,
+    ) -> None:
+        self._program = program
+        self._on_step = on_step
+        self._on_found = on_found
+        self._on_error = on_error
+        self._thread = thread
+        self._tried: set[CodeType] = set()
+        self._seen: dict[CodeType, int] = {}
+        self._undo: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self.label: str | None = None
+        self.active = True  # False once another boundary was chosen (then the wrappers only count)
+        self._off = False
+
+    def sample(self) -> None:
+        """One look at the program's stack (from the sampler thread). Never raises."""
+        if self._off or self.label is not None or len(self._tried) >= _MAX_CANDIDATES:
+            return
+        try:
+            frame = sys._current_frames().get(self._thread)
+            found = candidate(frame, self._tried, self._program)
+            del frame
+            if found is None:
+                return
+            caller, callee = found
+            code = callee.f_code
+            n = self._seen[code] = self._seen.get(code, 0) + 1
+            if n >= _SAMPLES:
+                self._tried.add(code)
+                self._wrap(callee)
+            del caller, callee
+        except Exception as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if not self._off:
+            self._off = True
+            self._on_error(f"the repeating unit could not be found ({type(exc).__name__}: {exc})")
+
+    def _wrap(self, callee: FrameType) -> None:
+        where = _owner_of(callee)
+        if where is None:
+            return
+        owner, name, fn = where
+        code = callee.f_code
+        label = f"{code.co_qualname if hasattr(code, 'co_qualname') else name}() call"
+        finder = self
+        calls = [0]
+        func = getattr(fn, "__func__", fn)
+
+        def unit(*args: Any, **kwargs: Any) -> Any:
+            result = func(*args, **kwargs)
+            try:
+                finder._returned(calls, label)
+            except Exception as exc:
+                finder._fail(exc)
+            return result
+
+        unit.__wrapped__ = func  # type: ignore[attr-defined]
+        unit.__name__ = getattr(func, "__name__", name)
+        unit.__qualname__ = getattr(func, "__qualname__", name)
+        unit.__doc__ = getattr(func, "__doc__", None)
+        wrapped: Any = unit
+        if isinstance(fn, staticmethod):
+            wrapped = staticmethod(unit)
+        elif isinstance(fn, classmethod):
+            wrapped = classmethod(unit)
+        if isinstance(owner, dict):
+            owner[name] = wrapped
+
+            def undo() -> None:
+                if owner.get(name) is wrapped:
+                    owner[name] = fn
+
+        else:
+            setattr(owner, name, wrapped)
+
+            def undo() -> None:
+                if owner.__dict__.get(name) is wrapped:
+                    setattr(owner, name, fn)
+
+        with self._lock:
+            self._undo.append(undo)
+
+    def _returned(self, calls: list[int], label: str) -> None:
+        if threading.get_ident() != self._thread or self._off:
+            return
+        calls[0] += 1
+        if self.label is None:
+            if calls[0] < _REPEATS:
+                return
+            self.label = label
+            self._on_found(label)
+        elif self.label != label:
+            return
+        if self.active:
+            self._on_step()
+
+    def remove(self) -> None:
+        with self._lock:
+            undo, self._undo = self._undo, []
+        for u in reversed(undo):
+            try:
+                u()
+            except Exception:
+                pass
+
+
+__all__ = ["UnitFinder", "candidate"]
