@@ -18,12 +18,7 @@ tests/gpu/test_multi_gpu.py``.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,96 +35,36 @@ pytestmark = [
     ),
 ]
 
-PROGRAMS = Path(__file__).parent / "programs" / "multi"
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "TORCHMEM_"))}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT"):
-        env.pop(k, None)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, str(PROGRAMS), env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _figures(name: str, data: dict[str, Any]) -> None:
-    where = os.environ.get("TORCHMEM_FIGURES")
-    if where:
-        Path(where).mkdir(parents=True, exist_ok=True)
-        (Path(where) / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
-
-
-class _Job:
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
-        self.cwd = cwd
-        self.args = [sys.executable, *args]
-        self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(
-            self.args,
-            cwd=cwd,
-            env={**_env(), **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.done: subprocess.CompletedProcess[str] | None = None
-        self.seconds = 0.0
-
-    def result(self, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        if self.done is None:
-            try:
-                out, err = self.proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                out, err = self.proc.communicate()
-                pytest.fail(f"job {self.args} still ran after {timeout} s:\n{err[-3000:]}")
-            self.seconds = time.monotonic() - self.t0
-            self.done = subprocess.CompletedProcess(self.args, self.proc.returncode, out, err)
-            (self.cwd / "stdout.txt").write_text(out)
-            (self.cwd / "stderr.txt").write_text(err)
-        return self.done
-
+from multi_jobs import PROGRAMS, Job, figures, report  # noqa: E402 (tests/gpu is on sys.path)
 
 _TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 _TM = ["-m", "torchmem", "run", "--no-status"]
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Job]]:
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
     d = {n: tmp_path_factory.mktemp(n) for n in ("ddp", "imb", "oom", "probe", "probe2", "fsdp", "est", "bs")}
     started = {
-        "ddp": _Job([*_TORCHRUN, *_TM, "-o", "run.jsonl", str(PROGRAMS / "ddp_train.py"), "t",
+        "ddp": Job([*_TORCHRUN, *_TM, "-o", "run.jsonl", str(PROGRAMS / "ddp_train.py"), "t",
                      "--steps", "150", "--leak"], d["ddp"]),
-        "imb": _Job([*_TORCHRUN, *_TM, "-o", "imb.jsonl", str(PROGRAMS / "ddp_imbalance.py"),
+        "imb": Job([*_TORCHRUN, *_TM, "-o", "imb.jsonl", str(PROGRAMS / "ddp_imbalance.py"),
                      str(d["imb"] / "ckpt.pt")], d["imb"]),
-        "oom": _Job(["-m", "torchmem", "run", "--nproc", "2", "-o", "job.jsonl",
+        "oom": Job(["-m", "torchmem", "run", "--nproc", "2", "-o", "job.jsonl",
                      str(PROGRAMS / "ddp_oom_rank1.py")], d["oom"]),
-        "probe": _Job([*_TORCHRUN, *_TM, "-o", "p.jsonl", str(PROGRAMS / "nccl_probe.py"), str(d["probe"]),
+        "probe": Job([*_TORCHRUN, *_TM, "-o", "p.jsonl", str(PROGRAMS / "nccl_probe.py"), str(d["probe"]),
                        "cuda-first"], d["probe"]),
-        "probe2": _Job([*_TORCHRUN, *_TM, "-o", "p.jsonl", str(PROGRAMS / "nccl_probe.py"), str(d["probe2"]),
+        "probe2": Job([*_TORCHRUN, *_TM, "-o", "p.jsonl", str(PROGRAMS / "nccl_probe.py"), str(d["probe2"]),
                         "init-first"], d["probe2"]),
-        "fsdp": _Job([*_TORCHRUN, str(PROGRAMS / "fsdp2_ranks.py"), str(d["fsdp"] / "m")], d["fsdp"]),
-        "est": _Job([str(PROGRAMS / "fsdp2_estimate.py"), str(d["est"] / "est.json")], d["est"]),
-        "bs": _Job([*_TORCHRUN, str(PROGRAMS / "ddp_batch_size.py"), str(d["bs"] / "bs")], d["bs"]),
+        "fsdp": Job([*_TORCHRUN, str(PROGRAMS / "fsdp2_ranks.py"), str(d["fsdp"] / "m")], d["fsdp"]),
+        "est": Job([str(PROGRAMS / "fsdp2_estimate.py"), str(d["est"] / "est.json")], d["est"]),
+        "bs": Job([*_TORCHRUN, str(PROGRAMS / "ddp_batch_size.py"), str(d["bs"] / "bs")], d["bs"]),
     }  # fmt: skip
     yield started
     for job in started.values():
-        if job.done is None:
-            job.proc.kill()
-            job.proc.communicate()
+        job.kill()
 
 
-def _report(cwd: Path, *captures: str) -> str:
-    r = subprocess.run(
-        [sys.executable, "-m", "torchmem", "report", *captures], cwd=cwd, env=_env(), capture_output=True,
-        text=True, timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r.stdout
-
-
-def test_ddp_on_nccl_per_rank_captures_and_the_merged_report(jobs: dict[str, _Job]) -> None:
+def test_ddp_on_nccl_per_rank_captures_and_the_mergedreport(jobs: dict[str, Job]) -> None:
     job = jobs["ddp"]
     r = job.result()
     assert r.returncode == 0, r.stderr[-4000:]
@@ -147,12 +82,12 @@ def test_ddp_on_nccl_per_rank_captures_and_the_merged_report(jobs: dict[str, _Jo
     assert rows["rank 0"].contexts == 1 and rows["rank 1"].contexts == 1  # each rank on its own GPU only
     for row in rows.values():  # DDP's constructor created the communicator: measured there
         assert row.nccl_method == "measured" and (row.nccl_measured or 0) > 64 << 20, row
-    text = _report(job.cwd, "run.rank0.jsonl", "run.rank1.jsonl")
+    text = report(job.cwd, "run.rank0.jsonl", "run.rank1.jsonl")
     assert "no leak on cuda:0" in text and rows["rank 1"].leak_text.splitlines()[0] in text
-    _figures("ddp", {"report": text, "rows": [x.to_dict() for x in merged.rows], "seconds": job.seconds})
+    figures("ddp", {"report": text, "rows": [x.to_dict() for x in merged.rows], "seconds": job.seconds})
 
 
-def test_a_context_on_gpu_0_from_torch_load_is_named_with_its_fix(jobs: dict[str, _Job]) -> None:
+def test_a_context_on_gpu_0_from_torch_load_is_named_with_its_fix(jobs: dict[str, Job]) -> None:
     job = jobs["imb"]
     r = job.result()
     assert r.returncode == 0, r.stderr[-4000:]
@@ -161,13 +96,13 @@ def test_a_context_on_gpu_0_from_torch_load_is_named_with_its_fix(jobs: dict[str
     rows = {x.label: x for x in merged.rows}
     assert rows["rank 0"].contexts == 2 and rows["rank 0"].context_of == ("rank 1",)
     assert rows["rank 1"].contexts == 1
-    text = _report(job.cwd, "imb.rank0.jsonl", "imb.rank1.jsonl")
+    text = report(job.cwd, "imb.rank0.jsonl", "imb.rank1.jsonl")
     said = [s for s in merged.imbalance if "contexts of rank 1" in s]
     assert said and "map_location" in said[0], merged.imbalance
-    _figures("imbalance", {"report": text, "imbalance": list(merged.imbalance)})
+    figures("imbalance", {"report": text, "imbalance": list(merged.imbalance)})
 
 
-def test_an_oom_on_rank_1_records_every_rank_s_state_and_the_job_ends(jobs: dict[str, _Job]) -> None:
+def test_an_oom_on_rank_1_records_every_rank_s_state_and_the_job_ends(jobs: dict[str, Job]) -> None:
     job = jobs["oom"]
     r = job.result()
     assert r.returncode != 0
@@ -183,7 +118,7 @@ def test_an_oom_on_rank_1_records_every_rank_s_state_and_the_job_ends(jobs: dict
     # rank 0 waits in the step's all-reduce (NCCL: a C call that never returns) when torchrun's SIGTERM
     # comes: the wake-up helper finishes its capture and it dies of the signal, without waiting for SIGKILL
     assert caps[0].end is not None and caps[0].end.reason == "signal", caps[0].end
-    _figures(
+    figures(
         "oom",
         {
             "seconds": job.seconds,
@@ -200,7 +135,7 @@ def _outside(row: dict[str, Any]) -> int:
 
 
 @pytest.mark.parametrize("which", ["probe", "probe2"])
-def test_nccl_memory_is_measured_within_10_percent_of_nvml(jobs: dict[str, _Job], which: str) -> None:
+def test_nccl_memory_is_measured_within_10_percent_of_nvml(jobs: dict[str, Job], which: str) -> None:
     """The breakdown's NCCL share against NVML: the growth of the process's memory outside the allocator
     across the first all-reduce (and across every collective up to a second group's), read by the program
     itself through NVML, and what torchmem.stats() attributes to NCCL at those moments."""
@@ -224,7 +159,7 @@ def test_nccl_memory_is_measured_within_10_percent_of_nvml(jobs: dict[str, _Job]
                 {"rank": p["rank"], "stage": stage, "nvml": nvml, "torchmem": rows[stage]["tm_nccl"],
                  "method": how, "comms": comms}
             )  # fmt: skip
-    _figures(f"nccl_{mode}", {"figures": figures, "probes": probes, "stdout": r.stdout[-4000:]})
+    figures(f"nccl_{mode}", {"figures": figures, "probes": probes, "stdout": r.stdout[-4000:]})
     for f in figures:
         assert f["method"] == "measured", f
         assert abs(f["torchmem"] - f["nvml"]) <= 0.10 * f["nvml"], f
@@ -237,7 +172,7 @@ def test_nccl_memory_is_measured_within_10_percent_of_nvml(jobs: dict[str, _Job]
     assert "measured through NVML around the calls that created them" in str(merged)
 
 
-def test_fsdp2_per_rank_estimate_against_the_measured_peak(jobs: dict[str, _Job]) -> None:
+def test_fsdp2_per_rank_estimate_against_the_measured_peak(jobs: dict[str, Job]) -> None:
     fs, es = jobs["fsdp"], jobs["est"]
     r = fs.result()
     assert r.returncode == 0, r.stderr[-4000:]
@@ -245,7 +180,7 @@ def test_fsdp2_per_rank_estimate_against_the_measured_peak(jobs: dict[str, _Job]
     assert e.returncode == 0, e.stderr[-4000:]
     ranks = [json.loads((fs.cwd / f"m.{k}.json").read_text()) for k in (0, 1)]
     est = json.loads((es.cwd / "est.json").read_text())
-    _figures("fsdp", {"ranks": ranks, "estimate": est})
+    figures("fsdp", {"ranks": ranks, "estimate": est})
     assert any(n.startswith("FSDP2 ran") for n in est["notes"]), est["notes"]
     for rk in ranks:
         measured = rk["step_peaks"][-1]
@@ -260,12 +195,12 @@ def test_fsdp2_per_rank_estimate_against_the_measured_peak(jobs: dict[str, _Job]
         assert abs((offload["peak"] - offload["before"]) - largest) <= 0.05 * largest, (offload, largest)
 
 
-def test_find_batch_size_under_ddp_both_ranks_agree(jobs: dict[str, _Job]) -> None:
+def test_find_batch_size_under_ddp_both_ranks_agree(jobs: dict[str, Job]) -> None:
     job = jobs["bs"]
     r = job.result()
     assert r.returncode == 0, r.stderr[-4000:]
     res = [json.loads((job.cwd / f"bs.{k}.json").read_text()) for k in (0, 1)]
-    _figures("batch_size", {"ranks": res, "seconds": job.seconds})
+    figures("batch_size", {"ranks": res, "seconds": job.seconds})
     assert res[0]["batch"] == res[1]["batch"] > 8
     assert all(x["ok"] for x in res)
     assert res[0]["replica"] == res[1]["replica"] and len(res[0]["replica"]) > 6  # rank 0's, on both ranks

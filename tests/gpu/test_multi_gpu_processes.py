@@ -18,13 +18,7 @@ go to ``$TORCHMEM_FIGURES/<name>.json`` when set.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,59 +34,13 @@ pytestmark = [
     ),
 ]
 
-PROGRAMS = Path(__file__).parent / "programs" / "multi"
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+from multi_jobs import PROGRAMS, Job, figures, report  # noqa: E402 (tests/gpu is on sys.path)
 
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "TORCHMEM_"))}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT"):
-        env.pop(k, None)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH", "")) if p)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def _figures(name: str, data: dict[str, Any]) -> None:
-    where = os.environ.get("TORCHMEM_FIGURES")
-    if where:
-        Path(where).mkdir(parents=True, exist_ok=True)
-        (Path(where) / f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
-
-
-class _Job:
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
-        self.cwd = cwd
-        self.args = [sys.executable, "-m", "torchmem", "run", "--no-status", *args]
-        self.t0 = time.monotonic()
-        self.proc = subprocess.Popen(
-            self.args,
-            cwd=cwd,
-            env={**_env(), **(env or {})},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.done: subprocess.CompletedProcess[str] | None = None
-        self.seconds = 0.0
-
-    def result(self, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        if self.done is None:
-            try:
-                out, err = self.proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                out, err = self.proc.communicate()
-                pytest.fail(f"job {self.args} still ran after {timeout} s:\n{err[-3000:]}")
-            self.seconds = time.monotonic() - self.t0
-            self.done = subprocess.CompletedProcess(self.args, self.proc.returncode, out, err)
-            (self.cwd / "stdout.txt").write_text(out)
-            (self.cwd / "stderr.txt").write_text(err)
-        return self.done
+_TM = ["-m", "torchmem", "run", "--no-status"]
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Job]]:
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
     names = ("spawn", "fsdp", "fsdp_off", "dp", "dp_in", "sub", "stray", "load", "one")
     d = {n: tmp_path_factory.mktemp(n) for n in names}
     p = PROGRAMS
@@ -107,29 +55,18 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, _Job]]:
         "load": ["-o", "ld.jsonl", str(p / "child_stray.py"), "load"],
         "one": ["-o", "one.jsonl", str(p / "data_parallel.py")],
     }
-    started: dict[str, _Job] = {}
+    started: dict[str, Job] = {}
     for n in names:  # three at a time: they share the two GPUs
-        started[n] = _Job(specs[n], d[n], {"CUDA_VISIBLE_DEVICES": "0"} if n == "one" else None)
+        started[n] = Job([*_TM, *specs[n]], d[n], {"CUDA_VISIBLE_DEVICES": "0"} if n == "one" else None)
         if len(started) % 3 == 0:
             for j in started.values():
                 j.result()
     yield started
     for job in started.values():
-        if job.done is None:
-            job.proc.kill()
-            job.proc.communicate()
+        job.kill()
 
 
-def _report(cwd: Path, *captures: str) -> str:
-    r = subprocess.run(
-        [sys.executable, "-m", "torchmem", "report", *captures], cwd=cwd, env=_env(), capture_output=True,
-        text=True, timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    return r.stdout
-
-
-def test_spawn_children_watch_their_own_gpu_and_no_false_claim(jobs: dict[str, _Job]) -> None:
+def test_spawn_children_watch_their_own_gpu_and_no_false_claim(jobs: dict[str, Job]) -> None:
     job = jobs["spawn"]
     r = job.result()
     assert r.returncode == 0, r.stderr[-4000:]
@@ -148,13 +85,11 @@ def test_spawn_children_watch_their_own_gpu_and_no_false_claim(jobs: dict[str, _
     rows = {x.label: x for x in merged.rows}
     for row in rows.values():
         assert row.nccl_method == "measured", row
-    report = _report(job.cwd, "sp.proc0.jsonl", "sp.proc1.jsonl")
-    _figures(
-        "spawn", {"report": report, "rows": [x.to_dict() for x in merged.rows], "stderr": r.stderr[-3000:]}
-    )
+    text = report(job.cwd, "sp.proc0.jsonl", "sp.proc1.jsonl")
+    figures("spawn", {"report": text, "rows": [x.to_dict() for x in merged.rows], "stderr": r.stderr[-3000:]})
 
 
-def test_a_full_state_dict_on_every_rank_is_named_and_the_offloaded_one_is_not(jobs: dict[str, _Job]) -> None:
+def test_a_full_state_dict_on_every_rank_is_named_and_the_offloaded_one_is_not(jobs: dict[str, Job]) -> None:
     got: dict[str, Any] = {}
     for name, expect in (("fsdp", True), ("fsdp_off", False)):
         job = jobs[name]
@@ -172,10 +107,10 @@ def test_a_full_state_dict_on_every_rank_is_named_and_the_offloaded_one_is_not(j
             else:
                 assert not said, g
             got[f"{name}.proc{k}"] = g.to_dict()
-    _figures("fsdp_state_dict", got)
+    figures("fsdp_state_dict", got)
 
 
-def test_data_parallel_per_gpu_peaks_and_the_gathered_outputs(jobs: dict[str, _Job]) -> None:
+def test_data_parallel_per_gpu_peaks_and_the_gathered_outputs(jobs: dict[str, Job]) -> None:
     job = jobs["dp"]
     r = job.result()
     assert r.returncode == 0, r.stderr[-4000:]
@@ -194,11 +129,11 @@ def test_data_parallel_per_gpu_peaks_and_the_gathered_outputs(jobs: dict[str, _J
     g2 = read_capture(jobs["dp_in"].cwd / "dp.jsonl").gpus_report
     assert g2 is not None and len(g2.rows) == 2
     assert all(f.kind != "data_parallel" for f in g2.findings), g2
-    _figures("data_parallel", {"loss_outside": g.to_dict(), "loss_inside": g2.to_dict(), "printed": printed})
+    figures("data_parallel", {"loss_outside": g.to_dict(), "loss_inside": g2.to_dict(), "printed": printed})
 
 
 def test_a_subprocess_child_is_described_by_its_command_never_as_a_dataloader_worker(
-    jobs: dict[str, _Job],
+    jobs: dict[str, Job],
 ) -> None:
     job = jobs["sub"]
     r = job.result()
@@ -210,10 +145,10 @@ def test_a_subprocess_child_is_described_by_its_command_never_as_a_dataloader_wo
     assert "child_stray.py" in g.children[0] and "started at launch_child.py:" in g.children[0]
     (f,) = [f for f in g.findings if f.kind == "child_context"]
     assert f.device == "cuda:0" and "torchmem run" in f.fix
-    _figures("subprocess_child", {"report": g.to_dict(), "stderr": r.stderr[-3000:]})
+    figures("subprocess_child", {"report": g.to_dict(), "stderr": r.stderr[-3000:]})
 
 
-def test_the_stray_context_is_named_with_the_lines_that_made_it(jobs: dict[str, _Job]) -> None:
+def test_the_stray_context_is_named_with_the_lines_that_made_it(jobs: dict[str, Job]) -> None:
     out: dict[str, Any] = {}
     for name, needle in (
         ("stray", "set_device(1) ran at child_stray.py:"),
@@ -229,10 +164,10 @@ def test_the_stray_context_is_named_with_the_lines_that_made_it(jobs: dict[str, 
         (f,) = [f for f in g.findings if f.kind == "stray_context"]
         assert f.device == "cuda:0" and needle in f.text, f
         out[name] = g.to_dict()
-    _figures("stray_context", out)
+    figures("stray_context", out)
 
 
-def test_a_one_gpu_program_gets_no_gpu_table_and_no_claim(jobs: dict[str, _Job]) -> None:
+def test_a_one_gpu_program_gets_no_gpu_table_and_no_claim(jobs: dict[str, Job]) -> None:
     # data_parallel.py with one visible GPU: DataParallel over one device is a plain one-GPU run
     job = jobs["one"]
     r = job.result()

@@ -654,15 +654,7 @@ class Session:
                     # torchmem's own step work is running on the C heap: not the program's figure
                     self._sampler_s += time.thread_time() - t_s
                     continue
-                r = self._reading()
-                self._write(
-                    "sample",
-                    step=self._steps,
-                    allocated=r.allocated,
-                    reserved=r.reserved,
-                    peak_allocated=r.peak_allocated,
-                    peak_reserved=r.peak_reserved,
-                )
+                r = self._sample()
                 now = time.perf_counter()
                 if r.allocated is not None:
                     self._keep_timeline(now - self._t0, r.allocated)
@@ -697,6 +689,19 @@ class Session:
                 wait = max(self.interval, min(_SAMPLER_MAX_INTERVAL, tick / SAMPLER_SHARE))
             else:
                 wait = self.interval
+
+    def _sample(self) -> Any:
+        """A reading, written as a ``sample`` record; returned."""
+        r = self._reading()
+        self._write(
+            "sample",
+            step=self._steps,
+            allocated=r.allocated,
+            reserved=r.reserved,
+            peak_allocated=r.peak_allocated,
+            peak_reserved=r.peak_reserved,
+        )
+        return r
 
     def _reading(self) -> Any:
         """The session's figure: the allocator's counters, or on the CPU the C heap in use (the exact
@@ -1241,16 +1246,8 @@ class Session:
                 self._note(f"--modules: the profile could not be finished ({type(e).__name__}: {e})")
             self._profiler = None
         w = self._watcher
-        r = self._reading()
         # the end reading is a sample like the others: the run's summary and `torchmem report` read one peak
-        self._write(
-            "sample",
-            step=self._steps,
-            allocated=r.allocated,
-            reserved=r.reserved,
-            peak_allocated=r.peak_allocated,
-            peak_reserved=r.peak_reserved,
-        )
+        r = self._sample()
         self._record_stats("end")
         gpus = None
         if self._gpus is not None:
