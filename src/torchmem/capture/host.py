@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import gc
 import itertools
 import logging
 import math
-import os
 import sys
 import threading
 import time
@@ -58,10 +58,39 @@ from torchmem.analysis.host import (
     object_culprits,
     type_growth,
 )
-from torchmem.analysis.leaks import detect_growth, detect_run_growth
+from torchmem.analysis.host_state import (
+    ANOMALY,
+    CUDNN_BENCHMARK,
+    MEMORY_HISTORY,
+    PROFILER,
+    HostAccount,
+    LineGrowth,
+    ProcessState,
+    StateEvidence,
+    checked_note,
+    closest_line,
+    growing_lines,
+    line_culprits,
+    state_culprits,
+    state_through,
+)
+from torchmem.analysis.leaks import detect_growth, detect_run_growth, holder_name, holder_pattern
+from torchmem.capture.host_objects import (
+    container_lengths,
+    cpu_storage_bytes,
+    creation_line,
+    kept_entries,
+    measure,
+    minus,
+    newest,
+    still_growing,
+    traced_lines,
+    type_label,
+)
+from torchmem.capture.process_state import ShapeWindow, read_state, running_profilers
 from torchmem.devices._host import heap_in_use, process_rss
-from torchmem.devices._ledger import Site, _internal_dirs, birth_site
-from torchmem.results.holders import HolderPath
+from torchmem.devices._ledger import Site, birth_site
+from torchmem.results.holders import HolderPath, HolderStep, StepKind
 from torchmem.results.leaks import Culprit, Growth, LeakReport
 
 _log = logging.getLogger("torchmem")
@@ -76,6 +105,7 @@ a few metrics (~0.6 KiB) stays below it too. Growth of 4 KiB/step is 400 MB over
 STEADY_READINGS = 5  # readings after the warm-up that detect_growth's steady test needs
 _WINDOW = 32  # the detector's window
 _EVAL_EVERY = 16  # readings between two verdicts (sooner when the figure rises)
+_QUICK = 12  # readings the steady test looks at on a rising reading between two verdicts
 _SERIES_MAX = 4096
 _MAX_STRIDE = 1024
 _MAX_HEAP_EVERY = 64
@@ -219,6 +249,29 @@ class _Scan:
         self.watermark = 0
         self.chains: list[ChainGrowth] = []
         self.ids: dict[str, set[int]] = {}  # candidate type -> ids of its instances now
+        self.lens: dict[int, tuple[int, ...]] = {}  # container id -> its lengths at the scans so far
+        self.cpu_bytes = 0  # CPU tensor storages alive
+        self.nodes: int | None = None  # live autograd nodes (None: the count was capped)
+
+
+class _Kept:
+    """A container that grew at every scan: its lengths then, its newest entries (keys and values), their
+    mean size, and where tracemalloc says they were made (a program that traces on its own)."""
+
+    __slots__ = ("cid", "container", "inside", "items", "keys", "lens", "site", "size")
+
+    def __init__(
+        self, container: Any, entries: list[tuple[Any, Any]], lens: tuple[int, ...], site: str | None
+    ) -> None:
+        self.cid, self.container, self.lens, self.site = id(container), container, lens, site
+        self.keys = [k for k, _ in entries]
+        self.items = [v for _, v in entries]
+        sizes = [measure(o) for o in self.items]
+        self.size = sum(b for b, _ in sizes) / len(sizes) if sizes else 0.0
+        inside: collections.Counter[str] = collections.Counter()
+        for _, counts in sizes:
+            inside.update(counts)
+        self.inside = {k: v / len(sizes) for k, v in inside.most_common(3)}  # per entry
 
 
 class HostWatcher:
@@ -245,6 +298,8 @@ class HostWatcher:
             demands, so that they take 0.5 % of the run at most). ``1`` reads both figures at every step.
         boundary: What one step is (``"optimizer step"``...), copied into the report.
         unit: ``"step"``, or ``"s"`` when :meth:`step` is called once per second of a timeline.
+        own_history: torchmem itself turned the CUDA allocator's history recording on (``torchmem run
+            --memory-viz``): when it explains growth, the fix says so.
 
     Example:
         >>> import torch
@@ -277,6 +332,7 @@ class HostWatcher:
         max_stride: int | None = None,
         boundary: str = "",
         unit: str = "step",
+        own_history: bool = False,
     ) -> None:
         if source not in ("auto", "heap", "rss"):
             raise ValueError(f"source must be 'auto', 'heap' or 'rss', not {source!r}")
@@ -377,6 +433,28 @@ class HostWatcher:
         self._nodes_capped = False
         self._next_node_t = 0.0
         self._node_wait = self._node_interval
+        # Host growth of other kinds (one scan sequence's facts): the process's state at each scan, the
+        # lines that keep what they allocate (tracemalloc, on from the first scan to the third), Python
+        # objects found through the containers that keep them, and what the growth is made of.
+        self._own_history = bool(own_history)
+        self._states: list[ProcessState] = []
+        self._lines0: dict[str, tuple[int, int]] = {}  # at the start of tracing (a program that traces)
+        self._lines1: tuple[int, dict[str, tuple[int, int]]] | None = None  # at the first step traced
+        self._line_window = False  # tracing from the first scan to the second, to find growing lines
+        self._line_facts: tuple[LineGrowth, ...] = ()
+        self._state_facts: tuple[ProcessState, StateEvidence, HostAccount] | None = None
+        self._shapes: ShapeWindow | None = None
+        self._traced_from: tuple[int, float, float] | None = None  # step, time, step time before
+        self._trace_notes: list[tuple[float, list[tuple[int, int, float]]]] = []  # step time before, windows
+        self._traced: tuple[float, float] | None = None  # Python allocations kept per step (all, in the heap)
+        self._types_counted = 0
+        self._containers_seen = 0
+        self._account = HostAccount(heap=0.0)
+        self._own_ids: set[int] = set()  # torchmem's objects at the second scan
+        # The containers found growing: id -> (their entries' type, length then, entries per step)
+        self._kept_lens: dict[int, tuple[str, int, float]] = {}
+        self._checked: tuple[ProcessState, HostAccount] | None = None  # the last sequence's, for the notes
+        self._state_notes: tuple[str, ...] = ()
         # notes and errors
         self._notes: list[str] = []
         self._errors: set[str] = set()
@@ -416,6 +494,8 @@ class HostWatcher:
         self._running = False
         try:
             self._close_window()
+            if self._shapes is not None:
+                self._close_shapes()
             self._stop_tracing()
             if self._secondary:
                 self._read_blocks(self.steps)
@@ -459,9 +539,19 @@ class HostWatcher:
         self._spent_n += 1
 
     def _step(self, n: int) -> None:
+        shapes = self._shapes
+        if shapes is not None:
+            shapes.mark()
+        if self._line_window and self._lines1 is None and n < (self._due or 0):
+            self._mid_snapshot(n)
         if self._due is not None and n >= self._due and threading.get_ident() == self._thread:
             self._scan(n)
         if n % self._stride:
+            return
+        if self._tracing == "ours" or self._window is not None or self._shapes is not None:
+            # torchmem's tracing or function mode is on: the figures and the step's time are not the
+            # program's (tracemalloc's tables grow with every allocation): this step is not read.
+            self._last_t = None
             return
         if not self._foreign and threading.get_ident() != self._thread:
             self._foreign = True
@@ -520,11 +610,19 @@ class HostWatcher:
         self._time(n, now)
         if k % _EVAL_EVERY == 0 or k == self._first_post:
             self._choose_stride()
+        # Every 16 readings the full test; on a rising reading in between only the steady one (the last
+        # readings: the robust test's Theil-Sen slope costs ~0.1 ms), which may find growth but never
+        # withdraws a verdict.
+        full = k % _EVAL_EVERY == 0 or k == self._first_post
         if self._secondary:
-            self._read_blocks(n)
-            if len(self._rv) > 1:
-                self._rss_growth = self._python_growth(self._judge(self._rs, self._rv))
-        self._evaluate(n)
+            # Python's allocated blocks (sys.getallocatedblocks walks every arena: ~0.5 ms on a framework's
+            # heap) are read with the full test, and when the RSS grows: what tells Python's growth apart.
+            g = self._judge(self._rs, self._rv, full) if len(self._rv) > 1 else None
+            if full or (g is not None and g.leaking):
+                self._read_blocks(n)
+            if g is not None and (full or g.leaking):
+                self._rss_growth = self._python_growth(g)
+        self._evaluate(n, full)
         if threading.get_ident() != self._thread:
             return
         if now >= self._next_node_t:
@@ -595,11 +693,17 @@ class HostWatcher:
             self._step_times.append((now - self._last_t) / (n - self._last_n))
         self._last_t, self._last_n = now, n
 
-    def _judge(self, xs: Sequence[int], ys: Sequence[int]) -> Growth:
-        return detect_growth(list(xs), list(ys), min_bytes_per_step=self.min_bytes_per_step, explain=False)
+    def _judge(self, xs: Sequence[int], ys: Sequence[int], full: bool = True) -> Growth:
+        tail = 0 if full else -_QUICK
+        return detect_growth(
+            list(xs)[tail:], list(ys)[tail:], min_bytes_per_step=self.min_bytes_per_step, explain=False
+        )
 
-    def _evaluate(self, n: int) -> None:
-        self._growth = g = self._judge(self._ps, self._pv)
+    def _evaluate(self, n: int, full: bool = True) -> None:
+        g = self._judge(self._ps, self._pv, full)
+        if not full and not g.leaking:
+            return  # the steady test alone: it finds growth, the full test withdraws it
+        self._growth = g
         if g.leaking or self._rss_growth.leaking:
             if self._detected_at is None:
                 self._detected_at = n
@@ -711,25 +815,45 @@ class HostWatcher:
         phase = len(self._scans)
         scan = _Scan(n)
         prev = self._scans[-1] if self._scans else None
-        # Where the program allocated what is still alive since the second scan (before this scan allocates).
-        lines = self._traced_lines() if phase == 2 and self._tracing else None
+        # Where the program allocated what is still alive since tracing started (before this scan allocates),
+        # then tracing stops: the scan runs untraced (tracing makes every allocation slow).
+        lines = None
+        self._trace_cost(n)
+        if phase == 1 and self._line_window:
+            lines = self._snapshot_lines()
+            self._stop_tracing()
+        self._states.append(read_state())
         t0 = time.perf_counter()
         objs = gc.get_objects()
         tensors: list[torch.Tensor] = []
         samples: dict[str, list[Any]] = {}
         created: dict[str, str | None] = {}
+        kept: list[_Kept] = []
+        profilers: list[Any] = []
         try:
+            if phase == 2:
+                # New instances of the types that grew, and where they were made, while tracing is on (the
+                # ids of torchmem's objects from the second scan: working them out again would be traced); the
+                # rest of the scan runs without tracing.
+                second = self._scans[1]
+                if second.ids:
+                    samples = _new_instances(objs, second.ids, second.ids, self._own_ids)
+                    created = self._creation_sites(samples)
+                self._stop_tracing()
+                self._own_ids = set()
             own = _own_objects(self)
             if phase == 2:
-                # New instances of the types that grew, and where they were made, while tracing is on; the
-                # rest of the scan runs without tracing (it would slow every allocation).
-                second = self._scans[1]
-                samples = _new_instances(objs, second.ids, second.ids, own) if second.ids else {}
-                created = self._creation_sites(samples, lines)
-                self._stop_tracing()
+                # The newest entries of the containers that grew at every scan, the running profilers.
+                scan.lens, found = still_growing(objs, second.lens)
+                kept = self._kept_items(found, scan.lens, n - self._scans[0].step)
+                if self._states[-1].profiler:
+                    profilers = running_profilers(objs)
             counts = _count_types(objs)
             tensors = _tensors(objs, counts)
-            self._add_nodes(n, *_count_nodes(tensors, budget=max(0.01, self._scan_budget / 4)))
+            scan.cpu_bytes = cpu_storage_bytes(tensors)
+            nodes, capped = _count_nodes(tensors, budget=max(0.01, self._scan_budget / 4))
+            self._add_nodes(n, nodes, capped)
+            scan.nodes = None if capped else nodes
             for o in own:
                 t = type(o)
                 if t in counts:
@@ -741,16 +865,17 @@ class HostWatcher:
                 k = _type_name(t)
                 named[k] = named.get(k, 0) + c
             scan.counts = named
+            self._types_counted = len(named)
             heads, scan.heads, scan.watermark = _heads(tensors, prev, self._scan_budget)
             if prev is not None:
                 scan.chains = chain_growth(heads, n - prev.step)
             if phase == 1:
-                # Types that grew since the first scan: remember which instances exist now.
+                # Types and containers that grew since the first scan: remember which instances exist now.
+                scan.lens, _ = still_growing(objs, prev.lens if prev is not None else {})
                 grew = type_growth([self._scans[0].counts, named], [self._scans[0].step, n])
                 top = sorted(grew, key=lambda k: -grew[k])[: 2 * _MAX_TYPES]
                 if top:
                     scan.ids = _ids_of(objs, {k: grew[k] for k in top}, own)
-                    self._start_tracing()
                 if scan.chains:
                     self._open_window()
             elif phase == 0 and time.perf_counter() - t0 > self._scan_budget * 5:
@@ -762,11 +887,25 @@ class HostWatcher:
                 )
                 self._end_sequence(n, found=False)
                 return
+            elif phase == 0:
+                scan.lens = {k: (v,) for k, v in container_lengths(objs, own).items()}
+                self._containers_seen = len(scan.lens)
         finally:
             del objs
+        if phase == 0:
+            self._begin_tracing(n, lines=True)
+        elif phase == 1:
+            self._line_growth(self._scans[0], scan, lines)
         if phase < 2:
             self._scans.append(scan)
             self._due = n + self._gap
+            if phase == 1:
+                self._watch_shapes()
+                if scan.ids:
+                    # torchmem's objects now (the next scan runs traced until it has sampled), then trace
+                    # where the new instances are made
+                    self._own_ids = {id(o) for o in _own_objects(self)}
+                    self._begin_tracing(n, lines=False)
             return
         # Third scan: confirm, sample, name.
         first, second = self._scans
@@ -778,11 +917,153 @@ class HostWatcher:
         for k in list(samples):
             if k not in grew:
                 del samples[k]
+        self._account_scans(first, second, scan)
+        graphs: list[Any] = []
+        if self._states[-1].anomaly:
+            # Tensors whose graphs were made since the second scan and are still alive (not a chain: a graph
+            # of its own): who keeps them keeps the anomaly stacks.
+            fresh = [h for h in heads if second.watermark < h.seq < _NO_SEQ and not h.reached]
+            fresh.sort(key=lambda h: -h.new_nodes)
+            graphs = [tensors[h.index] for h in fresh[: 2 * _SAMPLES_PER_TYPE]]
         window = self._window
         self._close_window()
+        evidence = self._close_shapes()
         chain_tensors = [tensors[g.index] for g in confirmed]
         tensors.clear()
-        self._name_culprits(n, confirmed, chain_tensors, grew, samples, created, window)
+        self._name_culprits(
+            n, confirmed, chain_tensors, grew, samples, created, window, kept, profilers, graphs, evidence
+        )
+
+    def _watch_shapes(self) -> None:
+        """After the first scan, where ``cudnn.benchmark`` is on in a CUDA process: watch the convolutions'
+        shapes until the third."""
+        if not (self._states and self._states[-1].cudnn_benchmark) or _compiled_program():
+            return
+        shapes = ShapeWindow()
+        try:
+            if shapes.open():
+                self._shapes = shapes
+        except Exception as exc:
+            self._report_error("shape window", exc)
+
+    def _begin_tracing(self, n: int, *, lines: bool) -> None:
+        """Trace Python allocations (tracemalloc) until the next scan: after the first scan to find the lines
+        that keep what they make (``lines``: a snapshot at the next step boundary and one at the second scan
+        tell them from those whose objects are freed), after the second to learn where the new instances of
+        growing types are made. The scans themselves run untraced."""
+        step_time = sorted(self._step_times)[len(self._step_times) // 2] if self._step_times else 0.0
+        self._start_tracing()
+        if self._tracing:
+            if lines or not self._trace_notes:
+                self._trace_notes.append((step_time, []))
+                del self._trace_notes[:-2]
+            self._line_window = lines
+            self._lines0 = (self._snapshot_lines() or {}) if lines and self._tracing == "theirs" else {}
+            self._traced_from = (n, time.perf_counter(), step_time)
+
+    def _mid_snapshot(self, n: int) -> None:
+        """The first step boundary while tracing for lines: what the traced lines keep after one step."""
+        t0 = time.perf_counter()
+        try:
+            with self._own_work():
+                lines = self._snapshot_lines()
+                if lines is not None:
+                    self._lines1 = (n, lines)
+        finally:
+            self._work_seconds += time.perf_counter() - t0
+
+    def _close_shapes(self) -> tuple[int, int, int] | None:
+        shapes, self._shapes = self._shapes, None
+        if shapes is None:
+            return None
+        if threading.get_ident() != self._thread or not shapes.close():
+            self._notes.append(
+                "a function mode of the program was above torchmem's: torchmem's stays, inactive"
+            )
+        if shapes.error is not None:
+            self._report_error("shape window", shapes.error)
+        return shapes.result()
+
+    def _trace_cost(self, n: int) -> None:
+        """The time of the steps traced since ``_begin_tracing`` (with torchmem's own work in them)."""
+        if self._traced_from is None or self._tracing != "ours":
+            return
+        n0, t0, _ = self._traced_from
+        self._traced_from = None
+        if n > n0 and self._trace_notes:
+            self._trace_notes[-1][1].append((n0 + 1, n, (time.perf_counter() - t0) / (n - n0)))
+
+    def _snapshot_lines(self) -> dict[str, tuple[int, int]] | None:
+        try:
+            return traced_lines(tracemalloc.take_snapshot())
+        except Exception as exc:
+            self._report_error("tracemalloc snapshot", exc)
+            return None
+
+    def _line_growth(self, first: _Scan, second: _Scan, lines: dict[str, tuple[int, int]] | None) -> None:
+        """The lines that keep what they make, from the snapshots of the first window (first scan -> second),
+        and the Python allocations kept per step."""
+        mid, self._lines1 = self._lines1, None
+        base, self._lines0 = self._lines0, {}
+        self._line_window = False
+        self._line_facts, self._traced = (), None
+        if lines is None or mid is None or not first.step < mid[0] < second.step:
+            return
+        a, b = minus(mid[1], base), minus(lines, base)
+        gap = second.step - mid[0]
+        self._line_facts = tuple(
+            growing_lines(
+                {k: v[0] for k, v in a.items()},
+                {k: v[0] for k, v in b.items()},
+                mid[0] - first.step,
+                gap,
+                min_bytes_per_step=min(1024.0, self.min_bytes_per_step),
+            )
+        )
+        traced = max(0.0, sum(v[0] for v in b.values()) - sum(v[0] for v in a.values())) / gap
+        traced_heap = max(0.0, sum(v[1] for v in b.values()) - sum(v[1] for v in a.values())) / gap
+        self._traced = (traced, traced_heap)
+
+    def _account_scans(self, first: _Scan, second: _Scan, third: _Scan) -> None:
+        """What the host growth is made of during the sequence."""
+        steps = third.step - first.step
+        # CPU tensor storages kept (rising at each scan: what is alive at a step boundary varies)
+        b0, b1, b2 = first.cpu_bytes, second.cpu_bytes, third.cpu_bytes
+        tensors = (b2 - b0) / steps if steps > 0 and b2 > b1 > b0 else 0.0
+        nodes: float | None = None
+        counts = (first.nodes, second.nodes, third.nodes)
+        if all(c is not None for c in counts) and steps > 0:
+            c0, c1, c2 = (int(c or 0) for c in counts)
+            nodes = (c2 - c0) / steps if c2 > c1 > c0 else 0.0
+        traced, traced_heap = self._traced if self._traced is not None else (None, 0.0)
+        self._account = HostAccount(
+            heap=self._heap_rate(),
+            traced=traced,
+            traced_heap=traced_heap,
+            tensors=tensors,
+            nodes_per_step=nodes,
+        )
+
+    def _kept_items(self, found: dict[int, Any], lens: dict[int, tuple[int, ...]], steps: int) -> list[_Kept]:
+        """The containers that grew at every scan and keep at least 256 B per step (a few, most bytes per step
+        first), with their newest entries (numpy arrays, strings, lists, dicts, ...; tensors are the device
+        report's): instance counts per type cannot see untracked objects, and mix a type's new instances
+        of every holder."""
+        rows: list[_Kept] = []
+        for i, ls in lens.items():
+            if len(ls) < 3 or not ls[2] > ls[1] > ls[0]:
+                continue
+            c = found[i]
+            entries = kept_entries(newest(c, min(ls[-1] - ls[1], _SAMPLES_PER_TYPE)))
+            if not entries:
+                continue
+            exact = [o for _, o in entries if type(o).__module__ != "builtins"]
+            sites = collections.Counter(s for s in map(creation_line, exact) if s)
+            row = _Kept(c, entries, ls, sites.most_common(1)[0][0] if sites else None)
+            if row.size * (ls[-1] - ls[0]) / max(1, steps) >= 256:
+                rows.append(row)
+        rows.sort(key=lambda r: -r.size * (r.lens[-1] - r.lens[0]))
+        return rows[:_MAX_TYPES]
 
     def _name_culprits(
         self,
@@ -793,19 +1074,28 @@ class HostWatcher:
         samples: dict[str, list[Any]],
         created: dict[str, str | None],
         window: _SiteWindow | None,
+        kept: list[_Kept],
+        profilers: list[Any],
+        graphs: list[Any],
+        new_shapes: tuple[int, int, int] | None,
     ) -> None:
         sample_types = list(samples)
         per_type = [len(samples[k]) for k in sample_types]
+        # One holder search for all: the chains' tensors, the new instances of each growing type, the newest
+        # entries of each growing container, the running profilers, the tensors whose graphs stay alive.
         flat: list[Any] = list(chain_tensors)
         for k in sample_types:
             flat.extend(samples[k])
+        flat.extend(row.container for row in kept)
+        flat.extend(profilers)
+        flat.extend(graphs)
         paths: list[tuple[HolderPath, ...]] = []
         if flat:
             search = find_holders(
                 flat,
                 max_paths=3,
                 time_limit=self._holder_time,
-                exclude=[flat, chain_tensors, samples, *samples.values()],
+                exclude=[flat, chain_tensors, samples, *samples.values(), kept, profilers, graphs],
             )
             paths = list(search.paths)
             if search.truncated and not any(paths):
@@ -813,11 +1103,8 @@ class HostWatcher:
                     f"the holder search stopped ({search.reason}) after {search.seconds:.1f} s: holders "
                     "are not named"
                 )
-        sizes = {k: _mean_size(v) for k, v in samples.items()}
+        sizes = {k: [_mean_size([o]) for o in v] for k, v in samples.items()}
         is_tensor = {k: bool(v) and isinstance(v[0], torch.Tensor) for k, v in samples.items()}
-        flat.clear()
-        chain_tensors.clear()
-        samples.clear()
         chain_facts = []
         for i, g in enumerate(confirmed):
             site = window.site_of((g.seq, *g.new_seqs)) if window is not None else None
@@ -826,21 +1113,60 @@ class HostWatcher:
             )
         object_facts = []
         j = len(confirmed)
-        for k, count in zip(sample_types, per_type):
-            ps = [p for group in paths[j : j + count] for p in group if not _through_torchmem(p)]
+
+        def each(count: int) -> list[tuple[HolderPath, ...]]:
+            nonlocal j
+            out = [tuple(p for p in group if not _through_torchmem(p)) for group in paths[j : j + count]]
             j += count
-            object_facts.append(
-                ObjectFact(_short(k), grew[k], sizes.get(k, 0.0), tuple(ps), is_tensor[k], created.get(k))
-            )
+            return out + [()] * (count - len(out))
+
+        def take(count: int) -> tuple[HolderPath, ...]:
+            return tuple(p for group in each(count) for p in group)
+
+        for k, count in zip(sample_types, per_type):
+            ps, size = _majority(each(count), sizes[k])
+            where = created.get(k) or closest_line(self._line_facts, grew[k] * size)
+            object_facts.append(ObjectFact(_short(k), grew[k], size, ps, is_tensor[k], where))
+        first, third = self._scans[0].step if self._scans else n, n
+        self._kept_lens = {}
+        held: list[ObjectFact] = []
+        for row, found in zip(kept, each(len(kept))):
+            per_step = (row.lens[-1] - row.lens[0]) / max(1, third - first)
+            where = row.site or closest_line(self._line_facts, per_step * row.size)
+            label = type_label(row.items)
+            entry_paths = tuple(_entry_path(p, row.container, row.keys[-1]) for p in found)
+            held.append(ObjectFact(label, per_step, row.size, entry_paths, False, where))
+            # what each entry holds: named in the fix (their bytes are in the entry's size)
+            held += [ObjectFact(k, per_step * c, 0.0, entry_paths) for k, c in row.inside.items()]
+            self._kept_lens[row.cid] = (label, row.lens[-1], per_step)
+        # A container found growing names its entries exactly, with what they hold: the new instances of any
+        # type held by the same variable (sampled among every new instance of the type) are left out.
+        names = {holder_name(f.paths[0]) for f in held if f.paths}
+        object_facts = [f for f in object_facts if not (f.paths and holder_name(f.paths[0]) in names)]
+        object_facts += held
+        evidence = StateEvidence(
+            profilers=take(len(profilers)),
+            graph_paths=_majority(each(len(graphs)), [0.0] * len(graphs))[0],
+            new_shapes=new_shapes,
+            history_by_torchmem=self._own_history,
+        )
+        flat.clear()
+        chain_tensors.clear()
+        samples.clear()
+        kept.clear()
+        profilers.clear()
+        graphs.clear()
         if window is not None:
             if window.error is not None:
                 self._report_error("site window", window.error)
             self._release_window(window)
+        self._state_facts = (state_through(self._states), evidence, self._account)
         self._chain_facts, self._object_facts, self._facts_at = tuple(chain_facts), tuple(object_facts), n
         culprits = self._culprits_now()
         self._end_sequence(n, found=bool(culprits))
         if not culprits:
             self._chain_facts, self._object_facts, self._facts_at = (), (), None
+            self._line_facts, self._kept_lens = (), {}
 
     def _culprits_now(self) -> tuple[Culprit, ...]:
         """The culprits from the last scans' facts, with the figures' growth now."""
@@ -849,17 +1175,36 @@ class HostWatcher:
         steps = max(0, self.steps - self.warmup)
         heap = self._heap_rate()
         culprits: list[Culprit] = []
+        chains: tuple[Culprit, ...] = ()
         if self._chain_facts:
             rate, estimated = heap, False
             nodes = sum(f.nodes_per_step for f in self._chain_facts)
             if rate <= 0 or self.source != "heap":
                 rate, estimated = nodes * _NODE_BYTES, True
-            culprits += chain_culprits(
-                self._chain_facts, bytes_per_step=rate, steps=steps, estimated=estimated
-            )
+            chains = chain_culprits(self._chain_facts, bytes_per_step=rate, steps=steps, estimated=estimated)
+            culprits += chains
+        floor = max(256.0, 0.05 * max(heap, self._rss_series.rate()))
+        objects: tuple[Culprit, ...] = ()
         if self._object_facts:
-            floor = max(256.0, 0.05 * max(heap, self._rss_series.rate()))
-            culprits += object_culprits(self._object_facts, min_bytes_per_step=floor, steps=steps)
+            objects = object_culprits(self._object_facts, min_bytes_per_step=floor, steps=steps)
+            culprits += objects
+        self._state_notes = ()
+        if self._state_facts is not None:
+            state, evidence, account = self._state_facts
+            account = dataclasses.replace(
+                account,
+                python_named=sum(c.bytes_per_step for c in objects),
+                native_named=sum(c.bytes_per_step for c in chains),
+            )
+            states, self._state_notes = state_culprits(
+                state, account, evidence, min_bytes_per_step=self.min_bytes_per_step, steps=steps
+            )
+            culprits += states
+            if not any(c.kind == ANOMALY for c in states):  # else the lines are where the stacks were made
+                named = [s for c in culprits for s, _ in c.sites] + [c.site for c in culprits if c.site]
+                culprits += line_culprits(
+                    self._line_facts, named, min_bytes_per_step=max(1024.0, 0.1 * account.growth)
+                )
         culprits.sort(key=lambda c: -c.bytes_per_step)
         return tuple(culprits)
 
@@ -909,7 +1254,13 @@ class HostWatcher:
         self._scans = []
         self._due = None
         self._close_window()
+        if self._shapes is not None:
+            self._close_shapes()
         self._stop_tracing()
+        if self._state_facts is not None:
+            self._checked = (self._state_facts[0], self._account)
+        self._states = []
+        self._lines0, self._lines1, self._traced_from, self._line_window = {}, None, None, False
         # The scans' memory stays resident after it is freed, and the program reuses it before the RSS grows
         # again: the RSS is judged afresh from here.
         self._rs.clear()
@@ -963,42 +1314,18 @@ class HostWatcher:
         if h0 is not None and h1 is not None:
             self._excluded_primary += h1 - h0
 
-    def _creation_sites(
-        self, samples: dict[str, list[Any]], lines: collections.Counter[str] | None
-    ) -> dict[str, str | None]:
-        """For each sampled type, the user's line that created most of its sampled new instances; where
-        tracemalloc has no trace of them (objects reused from a free list: dicts, lists, floats), the line
-        that allocated the most memory still alive since the previous scan."""
+    def _creation_sites(self, samples: dict[str, list[Any]]) -> dict[str, str | None]:
+        """For each sampled type, the user's line that created most of its sampled new instances (``None``
+        where tracemalloc has no exact trace of them: objects reused from a free list, such as dicts, lists
+        and floats, whose line is then the growing line closest to their rate)."""
         if not self._tracing or not samples:
             return {}
-        internal = _internal_dirs()
-        top = lines.most_common(1)[0][0] if lines else None
         out: dict[str, str | None] = {}
         for k, objs in samples.items():
             # Built-in types reuse freed objects (free lists): the trace at their address may be another's.
             exact = [o for o in objs if type(o).__module__ != "builtins"]
-            found = collections.Counter(s for s in (_creation_site(o, internal) for o in exact) if s)
-            out[k] = found.most_common(1)[0][0] if found else top
-        return out
-
-    def _traced_lines(self) -> collections.Counter[str] | None:
-        """Bytes still alive per user line among the allocations traced since tracing started (traces
-        through torchmem's own frames left out)."""
-        try:
-            snapshot = tracemalloc.take_snapshot()
-        except Exception as exc:
-            self._report_error("tracemalloc snapshot", exc)
-            return None
-        internal = _internal_dirs()
-        ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        out: collections.Counter[str] = collections.Counter()
-        for stat in snapshot.statistics("traceback"):
-            frames = list(stat.traceback)
-            if any(f.filename.startswith(ours) for f in frames):
-                continue
-            site = _user_line(frames, internal)
-            if site is not None:
-                out[site] += stat.size
+            found = collections.Counter(s for s in map(creation_line, exact) if s)
+            out[k] = found.most_common(1)[0][0] if found else None
         return out
 
     def _open_window(self) -> None:
@@ -1108,10 +1435,32 @@ class HostWatcher:
                         f"about {fmt_bytes(per_step)}/step from their sizes); the figure shows less of it "
                         f"now: Python reuses memory freed earlier before it takes more ({reason})"
                     )
+            if not leaking and self._facts_at is not None:
+                states = [c for c in self._culprits_now() if c.kind in _STATE_KINDS]
+                still = self._states_still_growing(states, trend)
+                if still:
+                    leaking, verdict = True, "leak"
+                    per_step = sum(c.bytes_per_step for c in states)
+                    reason = (
+                        f"{still} since step {self._facts_at}, as it grew when the scans named "
+                        f"{', '.join(c.kind for c in states)} (about {fmt_bytes(per_step)}/step); the "
+                        f"figure's own test: {reason}"
+                    )
             if leaking:
                 culprits = self._culprits_now()
+                notes.extend(self._state_notes)
                 if not culprits:
-                    if self._scan_steps:
+                    if self._checked is not None:
+                        state, account = self._checked
+                        notes.append(
+                            checked_note(
+                                account,
+                                state,
+                                types_counted=self._types_counted,
+                                containers=self._containers_seen,
+                            )
+                        )
+                    elif self._scan_steps:
                         notes.append(
                             "no growing autograd chain or Python objects explain it: tensor storages on the "
                             "CPU (see the device report), or C/C++ allocations of a library"
@@ -1148,6 +1497,7 @@ class HostWatcher:
         nodes_note = self._nodes_note()
         if nodes_note:
             notes.append(nodes_note)
+        notes.extend(self._trace_text())
         if self._scan_steps:
             notes.append(
                 f"culprit scans at steps {', '.join(map(str, self._scan_steps[:6]))}"
@@ -1174,6 +1524,38 @@ class HostWatcher:
             boundary=self.boundary,
             unit=self.unit,
         )
+
+    def _trace_text(self) -> list[str]:
+        """What tracing cost, per scan sequence: the steps traced and their time against the steps before."""
+        out = []
+        for before, windows in self._trace_notes:
+            steps = sum(b - a + 1 for a, b, _ in windows)
+            if not steps:
+                continue
+            each = sum((b - a + 1) * t for a, b, t in windows) / steps
+            which = ", ".join(f"{a}-{b}" if b > a else str(a) for a, b, _ in windows)
+            compared = f", against {before * 1e3:.2f} ms before" if before > 0 else ""
+            out.append(
+                f"tracemalloc traced Python allocations for {steps} steps (steps {which}) to find what keeps "
+                f"growing: a step took {each * 1e3:.2f} ms with it{compared}"
+            )
+        return out
+
+    def _states_still_growing(self, states: Sequence[Culprit], trend: float) -> str:
+        """Why the growth that ``states`` explained goes on (``""`` when it does not): anomaly mode while the
+        live autograd nodes keep rising; another state while the host figure's trend is still up."""
+        if not states or self.steps - (self._facts_at or self.steps) < 2 * self._gap:
+            return ""
+        kinds = {c.kind for c in states}
+        if kinds == {ANOMALY}:
+            last = self._nodes[-1] if self._nodes else None
+            rate = node_trend(self._nodes)
+            if last is None or last[0] <= (self._facts_at or 0) or rate is None or rate <= 0:
+                return ""
+            return f"live autograd nodes keep rising ({rate:+.1f}/step)"
+        if trend <= 0:
+            return ""
+        return f"host memory keeps growing ({fmt_bytes(int(trend))}/step)"
 
     def _objects_still_growing(self) -> dict[str, float]:
         """The growing types of the last scans whose instances kept growing since (one heap scan, cached
@@ -1203,8 +1585,19 @@ class HostWatcher:
                     named[k] = named.get(k, 0) + c
             for k, c in counts.items():
                 rate = (named.get(k, 0) - c) / (self.steps - at)
-                if rate >= max(1.0, 0.5 * rates.get(k, 0.0)):
+                if rate >= 0.5 * max(1.0, rates.get(k, 0.0)):  # a few transient ones at the scan aside
                     out[k] = rate
+            if self._kept_lens:  # the containers that kept untracked objects: still longer?
+                objs = gc.get_objects()
+                try:
+                    grown, _ = still_growing(objs, {i: (v[1],) for i, v in self._kept_lens.items()})
+                finally:
+                    del objs
+                for i, lens in grown.items():
+                    label, _, per_step = self._kept_lens[i]
+                    rate = (lens[-1] - lens[0]) / (self.steps - at)
+                    if rate >= 0.5 * per_step:
+                        out[label] = max(out.get(label, 0.0), rate)
         except Exception as exc:
             self._report_error("recount", exc)
         self._recount = (self.steps, out)
@@ -1271,9 +1664,64 @@ def _site(site: Site | None) -> str | None:
     return str(site) if site is not None else None
 
 
+_STATE_KINDS = frozenset({ANOMALY, CUDNN_BENCHMARK, MEMORY_HISTORY, PROFILER})
+_OWN_TYPES: list[frozenset[str]] = []
+
+
+def _own_type_names() -> frozenset[str]:
+    """The names of the classes torchmem's capture layer defines (its session, watchers, scans, samplers)."""
+    if not _OWN_TYPES:
+        names = set()
+        for name, mod in list(sys.modules.items()):
+            if name.startswith("torchmem.capture") and mod is not None:
+                for v in list(vars(mod).values()):
+                    if isinstance(v, type) and getattr(v, "__module__", "") == name:
+                        names.add(v.__name__)
+        _OWN_TYPES.append(frozenset(names))
+    return _OWN_TYPES[0]
+
+
 def _through_torchmem(p: HolderPath) -> bool:
-    """A path from torchmem's own state (its session, its watchers) names nothing of the program."""
-    return bool(p.typed_steps) and p.typed_steps[0].name.startswith("torchmem")
+    """A path from torchmem's own state (its session, its watchers, its threads) names nothing of the
+    program."""
+    steps = p.typed_steps
+    if not steps:
+        return False
+    if steps[0].name.startswith("torchmem") or steps[0].text.startswith("thread 'torchmem"):
+        return True
+    own = _own_type_names()
+    return any(s.holder_type in own for s in steps[1:])
+
+
+def _entry_path(path: HolderPath, container: Any, key: Any) -> HolderPath:
+    """``path`` (to a container) and the item ``key`` of it: ``__main__.rows`` -> ``__main__.rows[57]``."""
+    if isinstance(container, dict):
+        text, name = f"[{key!r}]", repr(key)
+    else:
+        text, name = f"[{key}]", str(key)
+    step = HolderStep(StepKind.ITEM, text, name, type(container).__name__, type(key).__name__)
+    return HolderPath.of(path.root, (*path.typed_steps, step), path.depth + 1)
+
+
+def _majority(
+    groups: Sequence[tuple[HolderPath, ...]], sizes: Sequence[float]
+) -> tuple[tuple[HolderPath, ...], float]:
+    """The holder paths and mean size of the sampled instances whose holder most of them share (new
+    instances of a type include a few transient ones held elsewhere, whose sizes say nothing of what
+    grows); all of them where no holder is shared."""
+    keys = []
+    for group in groups:
+        rooted = [p for p in group if p.root not in ("gc-orphan", "cycle")]
+        keys.append(holder_pattern(rooted[0]) if rooted else None)
+    counts = collections.Counter(k for k in keys if k is not None)
+    if not counts:
+        chosen = list(range(len(groups)))
+    else:
+        top = counts.most_common(1)[0][0]
+        chosen = [i for i, k in enumerate(keys) if k == top]
+    paths = tuple(p for i in chosen for p in groups[i])
+    picked = [sizes[i] for i in chosen if i < len(sizes)]
+    return paths, (sum(picked) / len(picked) if picked else 0.0)
 
 
 def _mean_size(objs: Sequence[Any]) -> float:
@@ -1295,21 +1743,6 @@ def _mean_size(objs: Sequence[Any]) -> float:
 def _traces_memory() -> int:
     """Bytes tracemalloc uses for its own tables (0 when not tracing)."""
     return tracemalloc.get_tracemalloc_memory() if tracemalloc.is_tracing() else 0
-
-
-def _creation_site(o: Any, internal: tuple[str, ...]) -> str | None:
-    """The user's line that created ``o``, from tracemalloc (``None`` where it did not trace it)."""
-    tb = tracemalloc.get_object_traceback(o)
-    return None if tb is None else _user_line(list(tb), internal)
-
-
-def _user_line(frames: Sequence[tracemalloc.Frame], internal: tuple[str, ...]) -> str | None:
-    """``file.py:N`` of the most recent frame outside torch, torchmem and the standard library."""
-    for frame in reversed(frames):  # tracemalloc lists the oldest frame first
-        fn = frame.filename
-        if not fn.startswith(internal) and not fn.startswith("<frozen"):
-            return f"{os.path.basename(fn)}:{frame.lineno}"
-    return None
 
 
 def _own_objects(watcher: HostWatcher) -> list[Any]:
@@ -1365,10 +1798,10 @@ def _ids_of(objs: list[Any], types: Collection[str], own: list[Any]) -> dict[str
 
 
 def _new_instances(
-    objs: list[Any], types: Collection[str], old: Mapping[str, set[int]], own: list[Any]
+    objs: list[Any], types: Collection[str], old: Mapping[str, set[int]], mine: Collection[int]
 ) -> dict[str, list[Any]]:
-    """A few instances of each type that did not exist at the previous scan, spread over those found."""
-    mine = {id(o) for o in own}
+    """A few instances of each type that did not exist at the previous scan, spread over those found
+    (``mine``: the ids of torchmem's own objects)."""
     found: dict[str, list[Any]] = {k: [] for k in types}
     present, instances = _of_types(objs, types)
     names = {t: _type_name(t) for t in present}
