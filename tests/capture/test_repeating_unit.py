@@ -89,3 +89,26 @@ def test_a_run_with_no_known_step_counts_the_calls_and_names_the_leak(tmp_path: 
     leak = res.leak
     assert leak is not None and leak.leaking and leak.unit == "step", str(leak)
     assert leak.culprits and "rows" in (leak.culprits[0].holder or ""), str(leak)
+
+
+def test_the_standard_library_s_calls_are_never_the_unit() -> None:
+    """A loop of ``time.sleep``/``join`` calls (a launcher waiting for its children) is no step."""
+    steps: list[int] = []
+    found: list[str] = []
+    f = UnitFinder(lambda: steps.append(1), found.append, found.append, threading.get_ident())
+    stop = threading.Event()
+
+    def sampler() -> None:
+        while not stop.wait(0.005):
+            f.sample()
+
+    t = threading.Thread(target=sampler)
+    t.start()
+    try:
+        for _ in range(40):
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        t.join()
+        f.remove()
+    assert found == [] and steps == []

@@ -660,8 +660,8 @@ class Session:
                     self._keep_timeline(now - self._t0, r.allocated)
                 if self._boundaries is not None:
                     self._boundaries.check_imports()
-                if self._units is not None and self._boundary_kind is None:
-                    self._units.sample()  # no step yet: look for the loop's repeating call
+                if self._units is not None and self._boundary_kind is None and not self._children:
+                    self._units.sample()  # no step yet (and no work in child processes): the loop's call
                 if self._worker_checks is not None:
                     t0 = time.thread_time()
                     self._worker_checks.poll(now)

@@ -40,6 +40,17 @@ def _is_user(frame: FrameType) -> bool:
     return _origin_of(frame) == _USER
 
 
+def _stdlib(filename: str) -> bool:
+    import os
+    import sysconfig
+
+    std = sysconfig.get_paths().get("stdlib") or ""
+    path = os.path.abspath(filename)
+    return filename.startswith("<") or (
+        bool(std) and path.startswith(std + os.sep) and "-packages" not in path
+    )
+
+
 # generators, coroutines, async generators: a return is not the end of an iteration's work
 _GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200
 
@@ -74,8 +85,8 @@ def candidate(
             continue
         from torchmem._warn import _INTERNAL
 
-        if _origin_of(callee) == _INTERNAL:  # torch's and torchmem's own code is never wrapped
-            return None
+        if _origin_of(callee) == _INTERNAL or _stdlib(code.co_filename):
+            return None  # torch's, torchmem's and the standard library's code is never the unit (join, sleep)
         return caller, callee
     return None
 
