@@ -370,3 +370,24 @@ def test_an_oom_in_the_guarded_frame_says_nothing_could_be_freed(capped: torchme
     text = rec.summary()
     assert text.startswith("torchmem: freed nothing on cpu: the error was raised in a frame still running")
     assert "freed 0 B" not in text and "the failed call held" not in text
+
+
+def test_the_guards_diagnosis_names_the_holders_before_freeing_them(capped: torchmem.CpuTracking) -> None:
+    from torchmem.capture import oom as oom_capture
+
+    oom_capture._registry["budget"] = [None, 0.0]  # a full holder-search budget
+    out = io.StringIO()
+    guard = oom_guard(file=out, reraise=False)
+    with guard:
+        forward(20)
+    rec = guard.oom
+    assert rec is not None and rec.diagnosis is not None
+    h = rec.diagnosis.holders
+    assert h is not None  # read while the failed call's frames still held the activations
+    acts = [x for x in h.holders if "forward()" in x.label and "'activations'" in x.label]
+    assert acts and acts[0].bytes >= 24 * MiB and acts[0].kind == "exception", h
+    assert "Who holds the memory on cpu" in out.getvalue()
+    quiet = oom_guard(file=io.StringIO(), reraise=False, diagnose=False)
+    with quiet:
+        forward(20)
+    assert quiet.oom is not None and quiet.oom.diagnosis is None  # no diagnosis, no holder search

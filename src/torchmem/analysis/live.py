@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -251,17 +252,27 @@ class Storage:
 
 
 class Owner:
-    """A root module or an optimizer of a :class:`LiveCensus`: its holder path, type, and for an optimizer
-    whether the parameters it steps belong to no live module any more (its model was deleted)."""
+    """A root module or an optimizer of a :class:`LiveCensus`: its holder path, type, for a module whether it
+    is in training mode, and for an optimizer whether the parameters it steps belong to no live module any
+    more (its model was deleted)."""
 
-    __slots__ = ("kind", "label", "orphaned", "path", "type")
+    __slots__ = ("kind", "label", "orphaned", "path", "training", "type")
 
-    def __init__(self, kind: str, label: str, type_: str, path: HolderPath | None, orphaned: bool) -> None:
+    def __init__(
+        self,
+        kind: str,
+        label: str,
+        type_: str,
+        path: HolderPath | None,
+        orphaned: bool,
+        training: bool | None = None,
+    ) -> None:
         self.kind = kind  # "module" | "optimizer"
         self.label = label
         self.type = type_
         self.path = path
         self.orphaned = orphaned
+        self.training = training
 
 
 class CycleInfo:
@@ -341,11 +352,13 @@ def census(
         device: The device.
         allocated: The allocator's figure at the same moment, to reconcile with (``None``: unknown).
         with_holders: Run the holder search (without it, paths and owners are the modules' and optimizers').
-        time_limit: Seconds the holder search may take; ``truncated``/``reason`` say when it stopped.
+        time_limit: Seconds the census may take, its holder search included (which gets what is left, 50 ms
+            at least); ``truncated``/``reason`` say when the search stopped.
         max_objects: Most objects the holder search explores.
         only: Count only these storage keys (the ones torchmem's CPU ledger counts, for a CPU cap).
         exclude: Objects that are not holders (the caller's own containers).
     """
+    started = time.perf_counter()
     out = LiveCensus(device, allocated)
     tensor_type, module_type, opt_type = torch.Tensor, torch.nn.Module, torch.optim.Optimizer
     tensors: list[torch.Tensor] = []
@@ -499,7 +512,7 @@ def census(
         search = find_holders(
             targets,
             max_paths=1,
-            time_limit=time_limit,
+            time_limit=max(0.05, time_limit - (time.perf_counter() - started)),
             max_objects=max_objects,
             exclude=[tensors, modules, optimizers, store, targets, entries, members, *entries, *exclude],
         )
@@ -529,6 +542,7 @@ def census(
                 type(o).__name__,
                 owner_paths[i],
                 orphaned[i - len(roots)] if is_opt else False,
+                None if is_opt else bool(getattr(o, "training", True)),
             )
         )
     for (ci, x, step), mp in zip(members, member_paths):

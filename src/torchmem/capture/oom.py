@@ -15,6 +15,14 @@ the moment it is raised, including the ones the program catches itself: CUDA's t
 :func:`torchmem.limit` / ``budget(hard=True)`` through the caps' crossing callback. Each event carries the
 user's line, the OOM being handled when it was raised (a retry inside ``except``) and a diagnosis made from
 the state of that moment; :func:`same_event` tells which event an exception that ended the program was.
+
+Who holds the memory (:func:`torchmem.analysis.oom.holders.oom_holders`: a holder search of up to a second) is
+never looked for inside the observer: it reads only what must be read at the moment (figures, the user's
+line, the OOM being handled, autograd's mode) and hands the rest to :mod:`torchmem.capture.oom_defer`, which
+runs it where the error reaches the program (the ``except`` that caught it, a ``with`` block it leaves) while
+the frames it went through are alive; the event is delivered then. :func:`explain_oom` given the exception is
+such a point itself. The searches share a budget (:data:`HOLDER_BUDGET`), so that a loop of OOMs (a batch-size
+search) does not pay one per OOM.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -37,6 +46,7 @@ from torchmem._exceptions import exception_chain
 from torchmem._format import fmt_bytes
 from torchmem._warn import emit_warning
 from torchmem.analysis.oom import diagnose, oom_exception, parse_oom_message
+from torchmem.capture import oom_defer
 from torchmem.devices import DeviceLike, cuda_available, resolve
 from torchmem.devices import _allocator as al
 from torchmem.devices._ledger import birth_site, ledger
@@ -45,6 +55,7 @@ from torchmem.results.oom import (
     MachineMemory,
     OOMDiagnosis,
     OOMEvent,
+    OOMHolders,
     OtherProcess,
     ParsedOOM,
     PinnedTensor,
@@ -169,7 +180,61 @@ _registry: dict[str, Any] = {
     "keys": {},  # event index -> (id of the site's frame, line) for same_event()
     "last": {},  # device index -> AllocatorState
     "reported": set(),
+    "moments": deque(maxlen=_RECENT),  # _Moment of the last OOMs: autograd's mode and figures at the raise
+    "budget": [None, 0.0],  # holder-search seconds left, and when it was last topped up (time.monotonic())
 }
+
+#: Seconds of holder searches (at the OOMs and in explain_oom) the process may spend in a burst; the budget
+#: grows back by :data:`HOLDER_REFILL` seconds per second. ``explain_oom(..., holders=True)`` ignores it.
+HOLDER_BUDGET = 1.0
+HOLDER_REFILL = 0.01
+
+
+@dataclass(eq=False)
+class _Moment:
+    """What an OOM looked like when it was raised: read there because it changes once the error unwinds."""
+
+    index: int
+    device: str
+    requested: int | None
+    grad_enabled: bool
+    allocated: int | None
+    timestamp: float
+
+
+def _remember(index: int, device: str, requested: int | None, allocated: int | None) -> _Moment:
+    m = _Moment(index, device, requested, torch.is_grad_enabled(), allocated, time.time())
+    with _lock:
+        _registry["moments"].append(m)
+    return m
+
+
+def _moment_for(device: str | None, requested: int | None, max_age: float = 600.0) -> _Moment | None:
+    """The latest remembered OOM of ``device`` with this request, raised in the last ``max_age`` seconds."""
+    now = time.time()
+    with _lock:
+        moments: list[_Moment] = list(_registry["moments"])
+    for m in reversed(moments):
+        if now - m.timestamp > max_age:
+            break
+        if (device is None or m.device == device) and _same_request(m.requested, requested):
+            return m
+    return None
+
+
+def _take_budget(force: bool) -> bool:
+    """Whether a holder search may run now (``force``: always)."""
+    with _lock:
+        left, when = _registry["budget"]
+        now = time.monotonic()
+        left = HOLDER_BUDGET if left is None else min(HOLDER_BUDGET, left + (now - when) * HOLDER_REFILL)
+        _registry["budget"] = [left, now]
+        return force or left > 0
+
+
+def _spend(seconds: float) -> None:
+    with _lock:
+        _registry["budget"][0] = (_registry["budget"][0] or 0.0) - seconds
 
 
 @dataclass(eq=False)
@@ -263,8 +328,9 @@ def _capture_brief(device: int, requested: int, limit_or_total: int, device_free
 
 def _on_oom(device: int, requested: int, limit_or_total: int, device_free: int) -> None:
     """torch calls this after an allocation failed, before raising (the allocator lock is released), on the
-    allocating thread. It must never raise: pybind would turn the OOM into another error."""
-    if getattr(_tls, "busy", False):  # an OOM inside our own handling: let torch raise it, record nothing
+    allocating thread. It must never raise: pybind would turn the OOM into another error. Nothing heavy runs
+    here: who holds the memory is looked for where the error reaches the program (:mod:`.oom_defer`)."""
+    if getattr(_tls, "busy", False) or oom_defer.is_busy():  # an OOM inside our own work: record nothing
         return
     _tls.busy = True
     try:
@@ -291,6 +357,7 @@ def _on_oom(device: int, requested: int, limit_or_total: int, device_free: int) 
                 _registry["last"][device] = state
         except Exception as exc:
             _report_once("observer", f"torchmem's OOM observer failed ({type(exc).__name__}: {exc}).")
+        moment = _remember(index, f"cuda:{device}", requested, state.allocated if state is not None else None)
         if state is not None:
             for h in handles:
                 if h.callback is None:
@@ -303,7 +370,7 @@ def _on_oom(device: int, requested: int, limit_or_total: int, device_free: int) 
                     )
         if watchers:
             parsed = _observer_message(device, requested, limit_or_total, device_free, state)
-            _emit(watchers, index, full, torch.device("cuda", device), "allocator", parsed, state)
+            _emit(watchers, index, full, torch.device("cuda", device), "allocator", parsed, state, moment)
     except Exception as exc:  # never let the observer turn an OOM into something else
         _report_once("observer", f"torchmem's OOM observer failed ({type(exc).__name__}: {exc}).")
     finally:
@@ -568,7 +635,10 @@ class OOMWatch:
         return _observer_problem()
 
     def detach(self) -> None:
-        """Deliver no more events to this callback (idempotent)."""
+        """Deliver no more events to this callback (idempotent); an OOM raised while it watched whose event
+        waits for the program's code to run again is delivered first."""
+        if threading.current_thread() is threading.main_thread():
+            oom_defer.run_now()
         with _lock:
             _registry["watchers"][:] = [w for w in _registry["watchers"] if w is not self]
         self.active = False
@@ -661,7 +731,13 @@ def record_cap_oom(cap: Any) -> None:
     """A hard cap of :func:`torchmem.limit` / ``budget(hard=True)`` (a ``devices._ledger.Cap``) refused an op;
     the op raises ``torch.OutOfMemoryError`` next. Called once per refused op (by ``actions/limit.py``), on
     the allocating thread; never raises."""
-    if getattr(_tls, "busy", False):
+    if getattr(_tls, "busy", False) or oom_defer.is_busy():
+        return
+    try:  # autograd's mode at the raise, for explain_oom (cheap; kept whether or not anyone watches)
+        used = ledger().current(cap.device)
+        requested = int(cap.requested)
+        moment = _remember(0, str(torch.device(cap.device)), requested, used)
+    except Exception:
         return
     with _lock:
         watchers = [w for w in _registry["watchers"] if w.active]
@@ -669,14 +745,13 @@ def record_cap_oom(cap: Any) -> None:
             return
         _registry["index"] += 1
         index = _registry["index"]
+        moment.index = index
         full = any(w.seen < w.full for w in watchers)
         for w in watchers:
             w.seen += 1
     _tls.busy = True
     try:
         dev = torch.device(cap.device)
-        used = ledger().current(cap.device)
-        requested = int(cap.requested)
         parsed = ParsedOOM(
             # the words of the error the ledger raises next, with the figures after its outputs were freed
             text=f"{cap.device.upper()} out of memory. Tried to allocate {fmt_bytes(requested)}. Device "
@@ -695,7 +770,7 @@ def record_cap_oom(cap: Any) -> None:
             allocated=used,
             cap_owner=str(cap.owner),
         )
-        _emit(watchers, index, full, dev, "torchmem_cap", parsed, None)
+        _emit(watchers, index, full, dev, "torchmem_cap", parsed, None, moment)
     except Exception as exc:
         _report_once("cap-event", f"torchmem could not record an OOM event ({type(exc).__name__}: {exc}).")
     finally:
@@ -761,78 +836,205 @@ def _emit(
     source: str,
     parsed: ParsedOOM,
     state: AllocatorState | None,
+    moment: _Moment,
 ) -> None:
-    """Build the event of one OOM (site, OOM being handled, diagnosis) and deliver it. Never raises."""
+    """Read what the event of one OOM needs from the moment (the site, the OOM being handled, what its frames
+    hold) and deliver it — where the error reaches the program, with the holders of the memory, when a holder
+    search may run (:mod:`.oom_defer`); at once otherwise. Never raises."""
     site, key = _site()
     handled_exc = sys.exc_info()[1]
     handled = oom_exception(handled_exc) if handled_exc is not None else None
     del handled_exc
-    while_handling = _type_name(handled) if handled is not None else None
-    handling_index: int | None = None
+    delivery = _Delivery(watchers, index, full, device, source, parsed, state, moment, site, key)
     if handled is not None:
+        delivery.while_handling = _type_name(handled)
         with _lock:
             recent = list(_registry["recent"])
         earlier = match_event(recent, handled)
-        handling_index = earlier.index if earlier is not None else None
-    diagnosis: OOMDiagnosis | None = None
+        delivery.handling_index = earlier.index if earlier is not None else None
+        delivery.handled = weakref.ref(handled)
     try:
         pins = _Pins(device if device.type == "cpu" or device.index is not None else None)
         if full:
             _old_exceptions(pins, handled)
         if handled is not None:
             _handled_pins(pins, handled, _stack_ids())
-        notes = []
-        if not full:
-            notes.append(
-                f"Brief diagnosis: OOM #{index} of this process; the first ones were read in full "
-                "(segments, other processes, memory held by old exceptions)."
-            )
-        conf = state.alloc_conf if state is not None else (al.alloc_conf() if source == "allocator" else None)
-        diagnosis = diagnose(
-            parsed,
-            state,
-            alloc_conf=conf,
-            pinned=pins.out,
-            grad_enabled=torch.is_grad_enabled(),
-            notes=notes,
-            while_handling=while_handling,
-        )
+        delivery.pins = pins.out
     except Exception as exc:
-        _report_once("event-diagnosis", f"torchmem could not diagnose an OOM ({type(exc).__name__}: {exc}).")
+        _report_once("event-pins", f"torchmem could not read an OOM's frames ({type(exc).__name__}: {exc}).")
     del handled
-    event = OOMEvent(
-        index=index,
-        device=str(device),
-        requested=parsed.requested,
-        site=str(site) if site is not None else None,
-        function=site.function if site is not None else None,
-        filename=site.filename if site is not None else None,
-        thread=threading.current_thread().name,
-        timestamp=time.time(),
-        while_handling=while_handling,
-        handling_index=handling_index,
-        source=source,
-        detail="full" if full else "brief",
-        diagnosis=diagnosis,
-    )
-    with _lock:
-        _registry["recent"].append(event)
-        keys: dict[int, tuple[int, int] | None] = _registry["keys"]
-        keys[index] = key
-        while len(keys) > 4 * _RECENT:
-            del keys[next(iter(keys))]
-    for w in watchers:
-        if not w.active:
-            continue
+    why: str | None = "a later OOM of a long run of them (the first ones were searched)"
+    if full and _take_budget(False):
+        why = oom_defer.at_catch_point(delivery.at_catch_point)
+        if why is None:
+            return
+    elif full:
+        why = "the holder searches of the last OOMs used up their time budget"
+    if oom_defer.waiting():  # earlier events wait for the program's code: deliver in order, after them
+        reason = why
+        if oom_defer.at_catch_point(lambda: delivery.deliver(None, reason)) is None:
+            return
+    delivery.deliver(None, why)
+
+
+class _Delivery:
+    """One OOM's event, waiting for the point where the error reaches the program (see :func:`_emit`)."""
+
+    def __init__(
+        self,
+        watchers: list[OOMWatch],
+        index: int,
+        full: bool,
+        device: torch.device,
+        source: str,
+        parsed: ParsedOOM,
+        state: AllocatorState | None,
+        moment: _Moment,
+        site: Any,
+        key: tuple[int, int] | None,
+    ) -> None:
+        self.watchers, self.index, self.full, self.device = watchers, index, full, device
+        self.source, self.parsed, self.state, self.moment = source, parsed, state, moment
+        self.site, self.key = site, key
+        self.thread = threading.current_thread().name
+        self.timestamp = time.time()
+        self.while_handling: str | None = None
+        self.handling_index: int | None = None
+        self.handled: weakref.ref[BaseException] | None = None
+        self.pins: list[PinnedTensor] = []
+
+    def at_catch_point(self) -> None:
+        """Called back where the error reached the program: find the holders, then deliver."""
+        holders, why = None, None
         try:
-            w.callback(event)
-        except Exception as exc:
-            if not w.failed:
-                w.failed = True
-                emit_warning(
-                    f"torchmem: an OOM event callback failed ({type(exc).__name__}: {exc}); the "
-                    "out-of-memory error itself goes on unchanged."
+            exc = sys.exc_info()[1]
+            oom = oom_exception(exc) if exc is not None else None
+            mine = oom is not None and self._raised(oom)
+            holders = _holders(
+                self.device,
+                allocated=self.moment.allocated,
+                requested=self.parsed.requested,
+                grad_enabled=self.moment.grad_enabled,
+                exc=oom if mine else None,
+                handled=self.handled() if self.handled is not None else None,
+                source=self.source,
+                exclude=[self],
+            )
+            del exc, oom
+        except Exception as e:
+            why = f"the holder search failed ({type(e).__name__}: {e})"
+        self.deliver(holders, why)
+
+    def _raised(self, oom: BaseException) -> bool:
+        if self.key is None:
+            return False
+        frame_id, line = self.key
+        tb = oom.__traceback__
+        while tb is not None:
+            if id(tb.tb_frame) == frame_id and tb.tb_lineno == line:
+                return True
+            tb = tb.tb_next
+        return False
+
+    def deliver(self, holders: OOMHolders | None, why: str | None) -> None:
+        """Diagnose and hand the event to the watchers that were watching when it was raised."""
+        diagnosis: OOMDiagnosis | None = None
+        try:
+            notes = []
+            if not self.full:
+                notes.append(
+                    f"Brief diagnosis: OOM #{self.index} of this process; the first ones were read in full "
+                    "(segments, other processes, memory held by old exceptions)."
                 )
+            elif holders is None and why:
+                notes.append(f"Who holds the memory was not looked for: {why}.")
+            state = self.state
+            conf = (
+                state.alloc_conf
+                if state is not None
+                else (al.alloc_conf() if self.source == "allocator" else None)
+            )
+            diagnosis = diagnose(
+                self.parsed,
+                state,
+                alloc_conf=conf,
+                pinned=self.pins,
+                grad_enabled=self.moment.grad_enabled,
+                notes=notes,
+                while_handling=self.while_handling,
+                holders=holders,
+            )
+        except Exception as exc:
+            _report_once(
+                "event-diagnosis", f"torchmem could not diagnose an OOM ({type(exc).__name__}: {exc})."
+            )
+        site = self.site
+        event = OOMEvent(
+            index=self.index,
+            device=str(self.device),
+            requested=self.parsed.requested,
+            site=str(site) if site is not None else None,
+            function=site.function if site is not None else None,
+            filename=site.filename if site is not None else None,
+            thread=self.thread,
+            timestamp=self.timestamp,
+            while_handling=self.while_handling,
+            handling_index=self.handling_index,
+            source=self.source,
+            detail="full" if self.full else "brief",
+            diagnosis=diagnosis,
+        )
+        with _lock:
+            _registry["recent"].append(event)
+            keys: dict[int, tuple[int, int] | None] = _registry["keys"]
+            keys[self.index] = self.key
+            while len(keys) > 4 * _RECENT:
+                del keys[next(iter(keys))]
+        for w in self.watchers:  # the ones watching when it was raised, even if one detached since
+            try:
+                w.callback(event)
+            except Exception as exc:
+                if not w.failed:
+                    w.failed = True
+                    emit_warning(
+                        f"torchmem: an OOM event callback failed ({type(exc).__name__}: {exc}); the "
+                        "out-of-memory error itself goes on unchanged."
+                    )
+
+
+def _holders(
+    device: torch.device,
+    *,
+    allocated: int | None,
+    requested: int | None,
+    grad_enabled: bool | None,
+    exc: BaseException | None,
+    handled: BaseException | None,
+    source: str | None,
+    exclude: list[Any],
+    when: str = "at the OOM",
+) -> OOMHolders:
+    """Who holds the memory of ``device`` now (:func:`~torchmem.analysis.oom.holders.oom_holders`), on the
+    CPU under a torchmem cap counting only what its ledger counts; spends the holder budget."""
+    from torchmem.analysis.oom.holders import oom_holders
+
+    only: set[int] | None = None
+    if device.type == "cpu" and source == "torchmem_cap" and ledger().active:
+        only = {st._cdata for st, _ in ledger().largest("cpu", 1 << 62)}
+    with oom_defer.busy():
+        found = oom_holders(
+            device,
+            allocated=allocated,
+            requested=requested,
+            grad_enabled=grad_enabled,
+            exc=exc,
+            handled=handled,
+            only=only,
+            exclude=exclude,
+            when=when,
+        )
+    _spend(found.seconds)
+    return found
 
 
 def _message_device(p: ParsedOOM) -> str | None:
@@ -911,6 +1113,7 @@ def explain_oom(
     batch_size: int | None = None,
     working_set: Sequence[WorkingSetItem] = (),
     alloc_conf: str | None = None,
+    holders: bool | None = None,
 ) -> OOMDiagnosis:
     """Explain an out-of-memory error: ranked causes, each with its evidence and the fixes it supports.
 
@@ -922,6 +1125,15 @@ def explain_oom(
     an OOM raised while an earlier OOM was being handled (its ``__context__``: a retry inside ``except``)
     is ``pinned_by_exception`` by what the earlier one's finished frames hold.
 
+    Given a live exception, it also says who holds the memory of the OOM's device (``diagnosis.holders``:
+    the largest holders — variables, containers, the autograd graphs tensors keep, models, optimizers, the
+    frames of exceptions — with their bytes, what has no holder, what no live tensor explains) and the
+    situations they show, each a cause with its own fix: a training graph kept during evaluation
+    (``del out, loss``), the previous batch's outputs kept, an optimizer of a deleted model, the failed
+    attempt's frames of a retry inside ``except``, a cycle through autograd. The search takes up to a second
+    (bounded by time and objects; what it did not search is said); the one made where the error reached the
+    program, for :func:`watch_ooms`, is reused.
+
     Args:
         exc_or_message: The exception (any exception whose chain holds the OOM) or the message text.
         device: The device of the OOM (default: the one the message names, else the current one).
@@ -932,6 +1144,9 @@ def explain_oom(
         working_set: The step's biggest holders or categories, when known.
         alloc_conf: The allocator settings in effect (default: ``PYTORCH_CUDA_ALLOC_CONF`` and friends from
             the environment).
+        holders: Look for who holds the memory (live exceptions only): ``None`` within the process's budget
+            of holder searches (:data:`HOLDER_BUDGET`, so that a loop of OOMs does not pay one per OOM),
+            ``True`` always, ``False`` never.
 
     Returns:
         An :class:`~torchmem.results.oom.OOMDiagnosis`; ``is_oom`` is ``False`` (and nothing else is set)
@@ -977,6 +1192,7 @@ def explain_oom(
         return diagnose(parsed)
     notes: list[str] = []
     this_process = live_exc is not None or device is not None or state is not None
+    at_oom = state is not None  # a state handed in, or one the observer captured: autograd's mode of the OOM
     if state is None and this_process and parsed.backend in ("cuda", "rocm", None):
         dev = _oom_device(device, parsed.device_index)
         if dev is not None and dev.type == "cuda":
@@ -987,7 +1203,7 @@ def explain_oom(
                 and time.time() - captured.timestamp < 600
                 and _same_request(captured.requested, parsed.requested)
             ):
-                state = captured
+                state, at_oom = captured, True
             elif al.cuda_ready():
                 state = capture_state(dev, requested=parsed.requested)
                 notes.append(
@@ -996,6 +1212,7 @@ def explain_oom(
                 )
     pinned: list[PinnedTensor] = []
     while_handling: str | None = None
+    handled: BaseException | None = None
     if live_exc is not None:
         try:
             # the OOM's device: torchmem's CPU cap counts CPU tensors; elsewhere the accelerators' ones
@@ -1026,6 +1243,23 @@ def explain_oom(
     if parsed.source == "cpu_allocator" and parsed.device_total is None:
         # the CPU allocator's message gives only the request: judge it against this machine's memory
         machine = machine_memory(read_here=not this_process)
+    moment = _moment_for(None if state is None else state.device, parsed.requested) if this_process else None
+    grad_enabled = state.grad_enabled if state is not None and at_oom else None
+    if grad_enabled is None and moment is not None:
+        grad_enabled = moment.grad_enabled
+    found: OOMHolders | None = None
+    if live_exc is not None and holders is not False:
+        try:
+            found = _explained_holders(
+                live_exc, parsed, state, device, moment, grad_enabled, handled, holders
+            )
+        except Exception as exc:
+            notes.append(f"Who holds the memory could not be found ({type(exc).__name__}: {exc}).")
+        if found is None and holders is None and not _registry_budget_left():
+            notes.append(
+                "Who holds the memory was not looked for: the holder searches of the last OOMs used up their "
+                "time budget (explain_oom(..., holders=True) looks anyway)."
+            )
     return diagnose(
         parsed,
         state,
@@ -1034,10 +1268,66 @@ def explain_oom(
         pinned=pinned,
         working_set=working_set,
         batch_size=batch_size,
-        grad_enabled=None if state is None else state.grad_enabled,
+        grad_enabled=grad_enabled,
         notes=notes,
         machine=machine,
         while_handling=while_handling,
+        holders=found,
+    )
+
+
+def _registry_budget_left() -> bool:
+    with _lock:
+        left = _registry["budget"][0]
+    return left is None or left > 0
+
+
+def _explained_holders(
+    exc: BaseException,
+    parsed: ParsedOOM,
+    state: AllocatorState | None,
+    device: DeviceLike,
+    moment: _Moment | None,
+    grad_enabled: bool | None,
+    handled: BaseException | None,
+    force: bool | None,
+) -> OOMHolders | None:
+    """Who holds the memory of ``exc``'s device: the search its event made where the error reached the
+    program, else one now (within the budget unless ``force``); ``None`` where the device is not here."""
+    if threading.current_thread() is threading.main_thread():
+        oom_defer.run_now()  # this OOM's event first: its search ran at the moment the error arrived
+    dev: torch.device | None = None
+    if parsed.backend == "cpu":
+        dev = torch.device("cpu")
+    elif state is not None and state.device and state.device.startswith("cuda"):
+        dev = torch.device(state.device)
+    elif parsed.backend in ("cuda", "rocm", None):
+        d = _oom_device(device, parsed.device_index)
+        dev = d if d is not None and d.type == "cuda" and al.cuda_ready() else None
+    if dev is None:
+        return None
+    with _lock:
+        recent = list(_registry["recent"])
+    event = match_event(recent, exc)
+    if event is not None and event.diagnosis is not None and event.diagnosis.holders is not None:
+        return event.diagnosis.holders
+    if not _take_budget(bool(force)):
+        return None
+    allocated = state.allocated if state is not None else None
+    if allocated is None and parsed.source == "torchmem_cap":
+        allocated = parsed.allocated
+    if allocated is None and moment is not None:
+        allocated = moment.allocated
+    return _holders(
+        dev,
+        allocated=allocated,
+        requested=parsed.requested,
+        grad_enabled=grad_enabled,
+        exc=exc,
+        handled=handled,
+        source=parsed.source,
+        exclude=[],
+        when="when the OOM was explained",
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from torchmem._format import fmt_bytes
 from torchmem.results._dicts import ResultFormatError, from_mapping
+from torchmem.results.oom_holders import HolderFix, MemoryHolder, OOMHolders, Situation
 
 # ---------------------------------------------------------------------------------------------------------
 # the allocator state (torch.cuda.memory_snapshot() as plain data)
@@ -721,6 +722,10 @@ CAUSE_KINDS = (
     "pinned_by_exception",
     "working_set",
     "outside_allocator",
+    "training_graph",
+    "previous_outputs",
+    "orphaned_optimizer",
+    "autograd_cycle",
 )
 
 #: A cause's kind, in words.
@@ -732,6 +737,10 @@ CAUSE_TITLES = {
     "pinned_by_exception": "memory pinned by an exception's frames / notebook output",
     "working_set": "working set",
     "outside_allocator": "memory error outside PyTorch's allocator",
+    "training_graph": "a training graph kept alive during evaluation",
+    "previous_outputs": "the previous batch's outputs kept",
+    "orphaned_optimizer": "an optimizer of a deleted model",
+    "autograd_cycle": "a cycle through autograd",
 }
 
 
@@ -741,7 +750,9 @@ class Cause:
 
     Attributes:
         kind: ``"too_large"``, ``"fragmentation"``, ``"other_processes"``, ``"leak"``,
-            ``"pinned_by_exception"``, ``"working_set"`` or ``"outside_allocator"``.
+            ``"pinned_by_exception"``, ``"working_set"``, ``"outside_allocator"``, or a situation the
+            holders of the memory show (:data:`~torchmem.results.oom_holders.SITUATION_KINDS`):
+            ``"training_graph"``, ``"previous_outputs"``, ``"orphaned_optimizer"``, ``"autograd_cycle"``.
         summary: One sentence.
         evidence: The figures behind it, one per line.
         bytes: The bytes this cause accounts for (shortfall, free cache, other processes' use...).
@@ -992,6 +1003,9 @@ class OOMDiagnosis:
         settings: Allocator settings in effect (parsed ``PYTORCH_CUDA_ALLOC_CONF``).
         notes: What could not be known, and why.
         machine: The host memory a CPU OOM was judged against (``None``: not a CPU OOM, or unknown).
+        holders: Who held the memory of the OOM's device (:class:`~torchmem.results.oom_holders.OOMHolders`:
+            the largest holders with their bytes, what has no holder, what no live tensor explains, and the
+            situations behind them); ``None`` for a pasted message or where they could not be read.
     """
 
     is_oom: bool
@@ -1003,6 +1017,7 @@ class OOMDiagnosis:
     settings: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     machine: MachineMemory | None = None
+    holders: OOMHolders | None = None
 
     @property
     def cause(self) -> Cause | None:
@@ -1028,6 +1043,7 @@ class OOMDiagnosis:
             "settings": dict(self.settings),
             "notes": list(self.notes),
             "machine": None if self.machine is None else self.machine.to_dict(),
+            "holders": None if self.holders is None else self.holders.to_dict(),
         }
 
     @classmethod
@@ -1159,6 +1175,9 @@ def render_diagnosis(d: OOMDiagnosis, fields: bool = False) -> str:
             lines += evidence
     else:
         lines.append("No cause can be judged from what is known.")
+    if d.holders is not None:
+        lines.append("")
+        lines += d.holders.lines()
     if d.fixes:
         lines.append("")
         lines.append("Fixes:")
@@ -1289,17 +1308,21 @@ __all__ = [
     "Cause",
     "Fix",
     "FragmentationReport",
+    "HolderFix",
     "LeakEvidence",
     "LeakSite",
     "MachineMemory",
+    "MemoryHolder",
     "OOMDiagnosis",
     "OOMEvent",
+    "OOMHolders",
     "OOMRecovery",
     "OtherProcess",
     "ParsedOOM",
     "PinnedTensor",
     "PoolFree",
     "Segment",
+    "Situation",
     "WorkingSetItem",
     "field_lines",
     "render_diagnosis",

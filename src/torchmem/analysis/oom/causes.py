@@ -4,7 +4,10 @@
 the fixes those figures support — or ``None`` when the evidence does not point at it.
 
 The kinds: ``too_large``, ``fragmentation``, ``other_processes``, ``working_set``, ``leak``,
-``pinned_by_exception`` and ``outside_allocator`` (:data:`~torchmem.results.oom.CAUSE_KINDS`). Which rules
+``pinned_by_exception`` and ``outside_allocator``, and the situations the holders of the memory show
+(:func:`situation`: ``training_graph``, ``previous_outputs``, ``orphaned_optimizer``, ``autograd_cycle``; a
+retry inside ``except`` is ``pinned_by_exception``) (:data:`~torchmem.results.oom.CAUSE_KINDS`). Where the
+holders are known, the working set's fixes follow from what holds it, not from a generic list. Which rules
 run, and in what order the causes rank, is :func:`~torchmem.analysis.oom.diagnose.diagnose`'s business. Pure
 arithmetic on the figures; the cost is a sort of the evidence lists.
 """
@@ -39,8 +42,10 @@ from torchmem.results.oom import (
     Fix,
     FragmentationReport,
     LeakEvidence,
+    OOMHolders,
     ParsedOOM,
     PinnedTensor,
+    Situation,
     WorkingSetItem,
 )
 
@@ -300,14 +305,85 @@ def other_processes(f: Figures) -> Cause | None:
     return Cause("other_processes", summary, tuple(ev), others, conf, fixes, score=score)
 
 
+_CATEGORY_KIND = {
+    "parameter": "parameter",
+    "gradient": "gradient",
+    "optimizer state": "optimizer_state",
+    "saved for backward": "activation",
+    "buffer": "parameter",
+    "other": "other",
+}
+
+
+def holder_items(holders: OOMHolders, top: int = 8) -> list[WorkingSetItem]:
+    """The working set by category, from the holders of the memory (what ``working_set`` scales the batch
+    by), with the ``top`` holders first as evidence."""
+    return [
+        WorkingSetItem(f"{c} (all holders)", b, _CATEGORY_KIND.get(c, "other"))
+        for c, b in sorted(_categories(holders).items(), key=lambda kv: -kv[1])
+        if b
+    ]
+
+
+def _categories(holders: OOMHolders, rest: bool = False) -> dict[str, int]:
+    """Bytes per tensor category of every holder (what graphs saved as ``saved for backward``); with
+    ``rest``, of what no named situation explains."""
+    if rest and (holders.rest or holders.situations):
+        return dict(holders.rest)
+    cats: dict[str, int] = {}
+    for h in holders.holders:
+        for c, b in h.categories.items():
+            cats[c] = cats.get(c, 0) + b
+        if h.graph:
+            cats["saved for backward"] = cats.get("saved for backward", 0) + h.graph
+    return cats
+
+
+def _holder_fixes(
+    f: Figures, holders: OOMHolders, batch_size: int | None, fraction: float | None, why: str
+) -> list[Fix]:
+    """The working set's fixes as its holders call for them: what the memory no situation explains is
+    decides the lever."""
+    cats = _categories(holders, rest=True)
+    total = max(sum(cats.values()), 1)
+    acts, params = cats.get("saved for backward", 0), cats.get("parameter", 0) + cats.get("buffer", 0)
+    grads, state = cats.get("gradient", 0), cats.get("optimizer state", 0)
+    grad_on = holders.grad_enabled is not False
+    fixes = [batch_fix(batch_size, fraction, why)]
+    if acts >= 0.2 * total and grad_on:
+        fixes.append(CHECKPOINT)
+    if acts >= 0.2 * total or params >= 0.3 * total:
+        fixes.append(autocast_fix(f.backend))
+    if acts and grad_on and holders.training is False:
+        fixes.append(NO_GRAD)  # every model is in eval() mode, yet autograd records: evaluation with a graph
+    if grads >= 0.2 * total:
+        fixes.append(ZERO_GRAD)
+    if state >= 0.3 * total:
+        fixes.append(
+            Fix(
+                "dtype",
+                "Optimizer state is a large share: use an 8-bit or factored optimizer, or shard it "
+                "(ZeRO/FSDP).",
+            )
+        )
+    if any(h.kind == "container" and h.categories.get("saved for backward") for h in holders.holders):
+        fixes.append(ITEM)  # a list or dict of tensors that keep their graphs
+    return fixes
+
+
 def working_set(
     f: Figures,
     items: Sequence[WorkingSetItem],
     batch_size: int | None,
     grad_enabled: bool | None,
+    holders: OOMHolders | None = None,
 ) -> Cause | None:
     """``working_set``: tensors and the request together exceed the room PyTorch has (high), or tensors
-    fill most of the device; the fixes scale the batch by what does scale with it."""
+    fill most of the device; the fixes scale the batch by what does scale with it. With the ``holders``
+    known, the evidence names the largest and the fixes follow from what they hold; when named situations
+    explain most of the memory, the working set is a lesser cause."""
+    if holders is not None and not items:
+        items = holder_items(holders)
     r, alloc, ceiling = f.requested, f.allocated, f.ceiling
     if alloc is None and not items:
         if r is None:
@@ -354,8 +430,11 @@ def working_set(
             f"{fmt_bytes(own_room)}, with the other users as they were: {fmt_bytes(room)}"
         )
     by_kind: dict[str, int] = {}
-    for it in sorted(items, key=lambda i: -i.bytes)[:10]:
-        ev.append(f"  {it.label}: {fmt_bytes(it.bytes)}" + (f" ({it.kind})" if it.kind else ""))
+    if holders is not None:
+        ev.extend(f"  {h.label}: {fmt_bytes(h.bytes)} ({h.kind})" for h in holders.holders[:6])
+    else:
+        for it in sorted(items, key=lambda i: -i.bytes)[:10]:
+            ev.append(f"  {it.label}: {fmt_bytes(it.bytes)}" + (f" ({it.kind})" if it.kind else ""))
     for it in items:
         if it.kind:
             by_kind[it.kind] = by_kind.get(it.kind, 0) + it.bytes
@@ -374,6 +453,11 @@ def working_set(
         + (f" of {fmt_bytes(ceiling)}" if ceiling else "")
         + (f", and the step asked for {fmt_bytes(r)} more." if r is not None else ".")
     )
+    explained = sum(s.bytes for s in holders.situations) if holders is not None else 0
+    if explained and alloc and explained * 2 >= alloc:
+        # named holders that no step needs hold most of it: the working set proper is not the cause
+        conf, score = "medium", min(score, 4.5)
+        ev.append(f"of which {fmt_bytes(explained)} is held by the situations above, not by the step itself")
     if conf == "low":
         summary = f"Tensors hold {fmt_bytes(alloc)}" + (f" of {fmt_bytes(ceiling)}" if ceiling else "") + "."
     fixes: list[Fix] = []
@@ -388,6 +472,15 @@ def working_set(
         if by_kind
         else "assuming all allocated memory scales with the batch, an upper bound"
     )
+    if holders is not None:
+        left = room_left(f)
+        if r is not None and left is not None and explained and explained + left + f.tol >= r:
+            fixes = []  # the situations' own fixes make room for the request: nothing else to change
+        else:
+            fixes = _holder_fixes(f, holders, batch_size, fraction, why)
+        if f.source == "torchmem_cap":
+            fixes.append(limit_fix(f))
+        return Cause("working_set", summary, tuple(ev), alloc, conf, tuple(fixes), score=score)
     fixes.append(batch_fix(batch_size, fraction, why))
     act = by_kind.get("activation")
     if not by_kind or act:
@@ -446,14 +539,28 @@ def leak(trend: LeakEvidence | None) -> Cause | None:
     )
 
 
-def pinned(tensors: Sequence[PinnedTensor], f: Figures, while_handling: str | None = None) -> Cause | None:
+def pinned(
+    tensors: Sequence[PinnedTensor],
+    f: Figures,
+    while_handling: str | None = None,
+    retry: Situation | None = None,
+) -> Cause | None:
     """``pinned_by_exception``: an exception's frames (a finished one's, or — ``while_handling`` — the one
     being handled when this OOM was raised, i.e. a retry inside ``except``) or notebook outputs still hold
-    device memory."""
+    device memory. ``retry``: what the failed attempt's frames hold as the holders of the memory counted it
+    (their tensors' autograd graphs included); a retry whose failed attempt holds most of what is allocated
+    ranks first."""
     held = sum(p.bytes for p in tensors)
+    if retry is not None and while_handling and retry.bytes > held:
+        held = retry.bytes
+        ev = [
+            *retry.evidence,
+            "(with what their tensors' autograd graphs saved, as the holders of the memory counted them)",
+        ]
+    else:
+        ev = [f"{p.where}: {fmt_bytes(p.bytes)}" for p in sorted(tensors, key=lambda p: -p.bytes)[:10]]
     if held <= 0:
         return None
-    ev = [f"{p.where}: {fmt_bytes(p.bytes)}" for p in sorted(tensors, key=lambda p: -p.bytes)[:10]]
     r = f.requested
     if while_handling:
         left = room_left(f)
@@ -483,14 +590,18 @@ def pinned(tensors: Sequence[PinnedTensor], f: Figures, while_handling: str | No
                 "traceback.clear_frames(e.__traceback__)",
             ),
         )
+        most = bool(f.allocated) and held * 2 >= (f.allocated or 0)
+        if most:
+            ev.append(f"that is {held / (f.allocated or 1):.0%} of the {fmt_bytes(f.allocated)} allocated")
         return Cause(
             "pinned_by_exception",
             summary,
             tuple(ev),
             held,
-            "high" if fits else "medium",
+            "high" if fits or most else "medium",
             retry_fixes,
-            score=9.8 if fits else 5.0,
+            # the failed attempt holding most of the memory is the cause, ahead of the working set it is in
+            score=9.9 if most else (9.8 if fits else 5.0),
         )
     big = r is not None and held >= r
     summary = (
@@ -515,6 +626,27 @@ def pinned(tensors: Sequence[PinnedTensor], f: Figures, while_handling: str | No
         fixes,
         score=9.5 if big else 4.5,
     )
+
+
+def situation(s: Situation, f: Figures) -> Cause:
+    """A situation the holders of the memory show (``training_graph``, ``previous_outputs``,
+    ``orphaned_optimizer``, ``autograd_cycle``) as a cause: high when freeing what it holds would make the
+    request fit, or when it holds most of what is allocated; its fixes are its own (``del out, loss``)."""
+    r, left = f.requested, room_left(f)
+    fits = r is not None and (s.bytes >= r or (left is not None and s.bytes + left + f.tol >= r))
+    most = s.share is not None and s.share >= 0.5
+    ev = list(s.evidence)
+    if r is not None and left is not None:
+        ev.append(
+            f"free at the OOM: {fmt_bytes(left)}; with these {fmt_bytes(s.bytes)} freed: "
+            f"{fmt_bytes(left + s.bytes)} for the {fmt_bytes(r)} request"
+        )
+    share = s.share or 0.0
+    conf, score = ("high", 9.6 + 0.2 * share) if fits or most else ("medium", 5.0 + share)
+    fixes = tuple(
+        Fix("no_grad" if "no_grad" in (x.setting or "") else "release", x.text, x.setting) for x in s.fixes
+    )
+    return Cause(s.kind, s.summary, tuple(ev), s.bytes, conf, fixes, score=score)
 
 
 def outside_allocator(parsed: ParsedOOM | None, f: Figures) -> Cause:
@@ -564,10 +696,12 @@ def outside_allocator(parsed: ParsedOOM | None, f: Figures) -> Cause:
 
 __all__ = [
     "fragmentation",
+    "holder_items",
     "leak",
     "other_processes",
     "outside_allocator",
     "pinned",
+    "situation",
     "too_large",
     "working_set",
 ]

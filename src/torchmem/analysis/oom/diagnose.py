@@ -29,6 +29,7 @@ from torchmem.results.oom import (
     LeakSite,
     MachineMemory,
     OOMDiagnosis,
+    OOMHolders,
     ParsedOOM,
     PinnedTensor,
     WorkingSetItem,
@@ -93,6 +94,7 @@ def diagnose(
     notes: Sequence[str] = (),
     machine: MachineMemory | None = None,
     while_handling: str | None = None,
+    holders: OOMHolders | None = None,
 ) -> OOMDiagnosis:
     """Classify an OOM from its parsed message and whatever else is known. Pure: no device is read.
 
@@ -112,6 +114,11 @@ def diagnose(
         while_handling: The type of an earlier OOM that was being handled when this one was raised (a retry
             inside ``except``): ``pinned`` then lists what that exception's frames hold, and the cause is
             ``pinned_by_exception`` with the fix of retrying after the ``except`` block.
+        holders: Who held the memory at the OOM (:func:`torchmem.analysis.oom.holders.oom_holders`): the
+            working set's evidence names the largest and its fixes follow from what they hold; each named
+            situation is a cause of its own (``training_graph``, ``previous_outputs``,
+            ``orphaned_optimizer``, ``autograd_cycle``), and the failed attempt's frames of a retry inside
+            ``except`` are counted with their graphs. Kept in the diagnosis (``diagnosis.holders``).
 
     Example:
         >>> from torchmem.analysis.oom import parse_oom_message
@@ -167,15 +174,22 @@ def diagnose(
             for c in (
                 rules.fragmentation(f, frag, settings, parsed),
                 rules.other_processes(f),
-                rules.working_set(f, working_set, batch_size, grad_enabled),
+                rules.working_set(f, working_set, batch_size, grad_enabled, holders),
             ):
                 if c is not None:
                     causes.append(c)
+            for s in holders.situations if holders is not None else ():
+                if s.kind != "retry_in_except":  # the retry is pinned_by_exception's, below
+                    causes.append(rules.situation(s, f))
     if not any(c.kind == "too_large" for c in causes):
         lc = rules.leak(leak_evidence)
         if lc is not None:
             causes.append(lc)
-        pc = rules.pinned(pinned, f, while_handling)
+        retry = next(
+            (s for s in (holders.situations if holders is not None else ()) if s.kind == "retry_in_except"),
+            None,
+        )
+        pc = rules.pinned(pinned, f, while_handling, retry)
         if pc is not None:
             causes.append(pc)
         elif while_handling:
@@ -219,6 +233,7 @@ def diagnose(
         settings=settings,
         notes=tuple(dict.fromkeys(out_notes)),
         machine=f.machine,
+        holders=holders,
     )
 
 
