@@ -6,14 +6,12 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import torch
 
 import torchmem
 from torchmem.capture import oom as oom_capture
-from torchmem.capture import oom_defer
 from torchmem.capture.oom import explain_oom, watch_ooms
 from torchmem.results.oom import OOMEvent
 
@@ -34,25 +32,23 @@ def _attempt(n: int) -> torch.Tensor:
     return kept + torch.ones(2 * n, 1024)
 
 
-def test_an_event_is_delivered_where_the_program_caught_the_oom_with_its_holders() -> None:
-    seen: list[tuple[OOMEvent, Any, bool]] = []
+def test_the_holders_complete_the_event_where_the_program_caught_the_oom() -> None:
+    seen: list[tuple[OOMEvent, bool]] = []
 
     def on_event(e: OOMEvent) -> None:
-        # where the callback runs: inside the except block (the OOM is being handled), not inside the cap
-        seen.append((e, sys.exc_info()[1], oom_defer.is_busy()))
+        # at the moment of the OOM, inside the cap's check: only what the moment shows, no holder search
+        seen.append((e, e.diagnosis is not None and e.diagnosis.holders is not None))
 
     with watch_ooms(on_event), torchmem.limit(10 * MiB, "cpu"):
         try:
             _attempt(1024)  # 4 MiB kept, 8 MiB more: over the cap
         except torch.OutOfMemoryError as e:
-            caught = e
+            ((event, searched),) = seen  # delivered before the program could catch it
+            assert not searched
             sys.getrecursionlimit()  # any call: the interpreter runs pending calls when one returns
-            assert len(seen) == 1  # delivered by now, by the pending call alone
+            d = event.diagnosis  # completed in place by now, by the pending call alone
+            assert d is not None and d.holders is not None, str(event)
             explained = explain_oom(e)
-    ((event, handling, busy),) = seen
-    assert handling is caught and busy
-    d = event.diagnosis
-    assert d is not None and d.holders is not None, str(event)
     assert d.holders.when == "at the OOM" and d.holders.complete
     # `kept`, a local of the frame the error left (found while the error unwinds, or in the except block)
     kept = [h for h in d.holders.holders if "_attempt()" in h.label and h.label.endswith("local 'kept'")]

@@ -18,11 +18,11 @@ the state of that moment; :func:`same_event` tells which event an exception that
 
 Who holds the memory (:func:`torchmem.analysis.oom.holders.oom_holders`: a holder search of up to a second) is
 never looked for inside the observer: it reads only what must be read at the moment (figures, the user's
-line, the OOM being handled, autograd's mode) and hands the rest to :mod:`torchmem.capture.oom_defer`, which
-runs it where the error reaches the program (the ``except`` that caught it, a ``with`` block it leaves) while
-the frames it went through are alive; the event is delivered then. :func:`explain_oom` given the exception is
-such a point itself. The searches share a budget (:data:`HOLDER_BUDGET`), so that a loop of OOMs (a batch-size
-search) does not pay one per OOM.
+line, the OOM being handled, autograd's mode), delivers the event, and hands the search to
+:mod:`torchmem.capture.oom_defer`, which runs it where the error reaches the program (the ``except`` that
+caught it, a ``with`` block it leaves) while the frames it went through are alive, and completes the event's
+diagnosis with it. :func:`explain_oom` given the exception is such a point itself. The searches share a
+budget (:data:`HOLDER_BUDGET`), so that a loop of OOMs (a batch-size search) does not pay one per OOM.
 """
 
 from __future__ import annotations
@@ -333,6 +333,8 @@ def _on_oom(device: int, requested: int, limit_or_total: int, device_free: int) 
     if getattr(_tls, "busy", False) or oom_defer.is_busy():  # an OOM inside our own work: record nothing
         return
     _tls.busy = True
+    quiet = oom_defer.busy()  # what this schedules waits until the observer has returned
+    quiet.__enter__()
     try:
         with _lock:
             handles = list(_registry["callbacks"])
@@ -375,6 +377,7 @@ def _on_oom(device: int, requested: int, limit_or_total: int, device_free: int) 
         _report_once("observer", f"torchmem's OOM observer failed ({type(exc).__name__}: {exc}).")
     finally:
         _tls.busy = False
+        quiet.__exit__()
 
 
 def attach_oom_observer(
@@ -635,8 +638,8 @@ class OOMWatch:
         return _observer_problem()
 
     def detach(self) -> None:
-        """Deliver no more events to this callback (idempotent); an OOM raised while it watched whose event
-        waits for the program's code to run again is delivered first."""
+        """Deliver no more events to this callback (idempotent); an event whose holder search waits for the
+        program's code to run again is completed first."""
         if threading.current_thread() is threading.main_thread():
             oom_defer.run_now()
         with _lock:
@@ -685,6 +688,12 @@ def watch_ooms(callback: EventCallback, *, full: int = FULL_EVENTS) -> OOMWatch:
     brief one from the figures of the moment, so a retry loop that raises hundreds stays cheap. The
     callback runs on the allocating thread; an error in it is reported once and the OOM goes on unchanged.
     :func:`same_event` tells whether an exception (one that ended the program) is an event's.
+
+    Who held the memory (``event.diagnosis.holders``: variables, containers, graphs, models, optimizers,
+    with bytes, and the situations they show) is looked for where the error reaches the program, on the main
+    thread — never inside the allocator's callback — and completes the event's diagnosis in place then,
+    within the holder-search budget (:data:`HOLDER_BUDGET`); an OOM on another thread, or past the budget,
+    keeps the diagnosis of the moment with a note saying why.
 
     Args:
         callback: Called with each event.
@@ -750,6 +759,8 @@ def record_cap_oom(cap: Any) -> None:
         for w in watchers:
             w.seen += 1
     _tls.busy = True
+    quiet = oom_defer.busy()  # what this schedules waits until the cap's check has returned
+    quiet.__enter__()
     try:
         dev = torch.device(cap.device)
         parsed = ParsedOOM(
@@ -775,6 +786,7 @@ def record_cap_oom(cap: Any) -> None:
         _report_once("cap-event", f"torchmem could not record an OOM event ({type(exc).__name__}: {exc}).")
     finally:
         _tls.busy = False
+        quiet.__exit__()
 
 
 def _observer_message(
@@ -838,9 +850,9 @@ def _emit(
     state: AllocatorState | None,
     moment: _Moment,
 ) -> None:
-    """Read what the event of one OOM needs from the moment (the site, the OOM being handled, what its frames
-    hold) and deliver it — where the error reaches the program, with the holders of the memory, when a holder
-    search may run (:mod:`.oom_defer`); at once otherwise. Never raises."""
+    """Build the event of one OOM from what the moment shows (the site, the OOM being handled, what its frames
+    hold) and deliver it now; the holders of the memory complete its diagnosis where the error reaches the
+    program (:mod:`.oom_defer`), when a holder search may run. Never raises."""
     site, key = _site()
     handled_exc = sys.exc_info()[1]
     handled = oom_exception(handled_exc) if handled_exc is not None else None
@@ -865,20 +877,15 @@ def _emit(
     del handled
     why: str | None = "a later OOM of a long run of them (the first ones were searched)"
     if full and _take_budget(False):
-        why = oom_defer.at_catch_point(delivery.at_catch_point)
-        if why is None:
-            return
+        why = oom_defer.at_catch_point(delivery.complete)
     elif full:
         why = "the holder searches of the last OOMs used up their time budget"
-    if oom_defer.waiting():  # earlier events wait for the program's code: deliver in order, after them
-        reason = why
-        if oom_defer.at_catch_point(lambda: delivery.deliver(None, reason)) is None:
-            return
-    delivery.deliver(None, why)
+    delivery.deliver(why)
 
 
 class _Delivery:
-    """One OOM's event, waiting for the point where the error reaches the program (see :func:`_emit`)."""
+    """One OOM's event: delivered at the moment, its diagnosis completed with the holders of the memory where
+    the error reaches the program (see :func:`_emit`)."""
 
     def __init__(
         self,
@@ -902,9 +909,14 @@ class _Delivery:
         self.handling_index: int | None = None
         self.handled: weakref.ref[BaseException] | None = None
         self.pins: list[PinnedTensor] = []
+        self.event: OOMEvent | None = None
 
-    def at_catch_point(self) -> None:
-        """Called back where the error reached the program: find the holders, then deliver."""
+    def complete(self) -> None:
+        """Called back where the error reached the program: find the holders and complete the event's
+        diagnosis with them (the event the watchers got is updated in place)."""
+        event = self.event
+        if event is None:
+            return
         holders, why = None, None
         try:
             exc = sys.exc_info()[1]
@@ -923,7 +935,9 @@ class _Delivery:
             del exc, oom
         except Exception as e:
             why = f"the holder search failed ({type(e).__name__}: {e})"
-        self.deliver(holders, why)
+        diagnosis = self._diagnose(holders, why)
+        if diagnosis is not None:
+            event._complete(diagnosis)
 
     def _raised(self, oom: BaseException) -> bool:
         if self.key is None:
@@ -936,9 +950,7 @@ class _Delivery:
             tb = tb.tb_next
         return False
 
-    def deliver(self, holders: OOMHolders | None, why: str | None) -> None:
-        """Diagnose and hand the event to the watchers that were watching when it was raised."""
-        diagnosis: OOMDiagnosis | None = None
+    def _diagnose(self, holders: OOMHolders | None, why: str | None) -> OOMDiagnosis | None:
         try:
             notes = []
             if not self.full:
@@ -954,7 +966,7 @@ class _Delivery:
                 if state is not None
                 else (al.alloc_conf() if self.source == "allocator" else None)
             )
-            diagnosis = diagnose(
+            return diagnose(
                 self.parsed,
                 state,
                 alloc_conf=conf,
@@ -968,6 +980,11 @@ class _Delivery:
             _report_once(
                 "event-diagnosis", f"torchmem could not diagnose an OOM ({type(exc).__name__}: {exc})."
             )
+            return None
+
+    def deliver(self, why: str | None) -> None:
+        """Diagnose from the moment and hand the event to the watchers (``why``: why no holder search will
+        complete it; ``None`` when one will)."""
         site = self.site
         event = OOMEvent(
             index=self.index,
@@ -982,15 +999,18 @@ class _Delivery:
             handling_index=self.handling_index,
             source=self.source,
             detail="full" if self.full else "brief",
-            diagnosis=diagnosis,
+            diagnosis=self._diagnose(None, why),
         )
+        self.event = event
         with _lock:
             _registry["recent"].append(event)
             keys: dict[int, tuple[int, int] | None] = _registry["keys"]
             keys[self.index] = self.key
             while len(keys) > 4 * _RECENT:
                 del keys[next(iter(keys))]
-        for w in self.watchers:  # the ones watching when it was raised, even if one detached since
+        for w in self.watchers:
+            if not w.active:
+                continue
             try:
                 w.callback(event)
             except Exception as exc:

@@ -10,16 +10,17 @@ callback runs within a few instructions of the raise: in the ``except`` block th
 ``with`` block's ``__exit__`` the error passes through, or in the first line after an ``except: pass`` —
 while the frames the error went through are still alive.
 
-The callback waits (re-schedules itself) while it would run inside torchmem's own code or inside the observer
-that scheduled it (``busy``), so it never runs where torchmem holds a lock; after :data:`GIVE_UP_AFTER`
-seconds of waiting it stops asking, and runs at the next OOM's scheduling, the next :func:`run_now`
-(``explain_oom``, a watcher's ``detach()``). The interpreter runs a pending call that re-schedules itself
-again at once (up to 32 times per check), so after :data:`EAGER` such waits it re-schedules from a timer,
-every :data:`WAIT` seconds: code of torchmem's that catches an OOM and works on (a runner ending the program)
-is not slowed down meanwhile. Where it cannot be scheduled (another thread: pending calls run on the
-main thread only; an interpreter without ``Py_AddPendingCall``), :func:`at_catch_point` says so and the caller
-does without. :func:`run_now` runs what is waiting at once (a public call such as ``explain_oom`` is a catch
-point of its own). Never raises into the program.
+The callback waits while it would run inside the observer that scheduled it or inside the work it runs
+(``busy``: leaving that block schedules the callback again) or inside torchmem's own code (it re-schedules
+itself), so it never runs where torchmem holds a lock. The interpreter runs a pending call that re-schedules
+itself again at once (up to 32 times per check: those cost nothing but the call), so after :data:`EAGER`
+checks waited through it re-schedules from a timer, every :data:`WAIT` seconds: code of torchmem's that
+catches an OOM and works on (a runner ending the program) is not slowed down meanwhile. After
+:data:`GIVE_UP_AFTER` seconds it stops asking; it runs at the next OOM's scheduling or the next
+:func:`run_now` (``explain_oom``, a watcher's ``detach()``). Where it cannot be scheduled (another thread:
+pending calls run on the main thread only; an interpreter without ``Py_AddPendingCall``),
+:func:`at_catch_point` says so and the caller does without. :func:`run_now` runs what is waiting at once (a
+public call such as ``explain_oom`` is a catch point of its own). Never raises into the program.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from typing import Any
 
 #: Seconds a scheduled callback keeps asking to run once the program's own code runs again.
 GIVE_UP_AFTER = 2.0
-#: Waits re-scheduled at once; later ones from a timer, every :data:`WAIT` seconds.
-EAGER = 256
+#: Checks waited through re-scheduled at once; later ones from a timer, every :data:`WAIT` seconds.
+EAGER = 64
 WAIT = 0.002
 
 _lock = threading.RLock()  # a pending call runs on the thread it interrupts: it may hold this lock already
@@ -45,7 +46,8 @@ _state: dict[str, Any] = {
     "callback": None,
     "add": None,
     "problem": None,
-    "waits": 0,  # re-schedules since the last run
+    "waits": 0,  # checks waited through since the last run
+    "at": None,  # (id of the frame, offset) of the last check waited through
     "timer": False,  # a timer will re-schedule
 }
 _tls = threading.local()
@@ -58,7 +60,8 @@ def is_busy() -> bool:
 
 class busy:
     """A block during which scheduled work must not run on this thread (the observer that schedules it, the
-    work itself)."""
+    work itself): a pending call meanwhile does nothing, and leaving the outermost block schedules again
+    what waits."""
 
     def __enter__(self) -> busy:
         _tls.busy = getattr(_tls, "busy", 0) + 1
@@ -66,6 +69,8 @@ class busy:
 
     def __exit__(self, *exc: object) -> None:
         _tls.busy -= 1
+        if not _tls.busy and _waiting:
+            _schedule()
 
 
 _STDLIB = tuple(
@@ -105,22 +110,34 @@ def _pending(_arg: Any) -> int:
             _state["scheduled"] = False
             if not _waiting:
                 return 0
-            oldest = _waiting[0][0]
+            newest = _waiting[-1][0]
         if sys.is_finalizing():
             with _lock:
                 _waiting.clear()
             return 0
-        if is_busy() or _own_code_on_top():
-            if time.monotonic() - oldest >= GIVE_UP_AFTER:
+        here = sys._getframe(1)
+        at = (id(here), here.f_lasti)
+        del here
+        if at == _state["at"]:
+            # the same check again: the interpreter pops calls re-scheduled from a pending call in the same
+            # loop (up to 32). Stay scheduled for the next check, at no cost.
+            _schedule()
+            return 0
+        if is_busy():
+            return 0  # leaving the busy block schedules it again
+        if _own_code_on_top():
+            if time.monotonic() - newest >= GIVE_UP_AFTER:
                 return 0  # stop asking: the next OOM, explain_oom() or a watcher's detach() runs it
             with _lock:
+                _state["at"] = at
                 _state["waits"] += 1
-                eager = _state["waits"] <= EAGER or is_busy()
+                eager = _state["waits"] <= EAGER
             if eager:
                 _schedule()
             else:
                 _schedule_later()
             return 0
+        _state["at"] = None
         run_now()
     except BaseException:  # a pending call that raises would raise into whatever code is running
         pass

@@ -1076,7 +1076,11 @@ class OOMEvent:
         source: Who raised it: ``"allocator"`` (PyTorch's caching allocator) or ``"torchmem_cap"``.
         detail: ``"full"`` (allocator segments, other processes and pinned memory were read) or ``"brief"``
             (a later OOM of a long run of them: the figures of the moment only, to keep each one cheap).
-        diagnosis: The :class:`OOMDiagnosis` made at that moment (``None`` if it could not be made).
+        diagnosis: The :class:`OOMDiagnosis` made at that moment (``None`` if it could not be made). Who held
+            the memory is looked for where the error reached the program (the ``except`` that caught it), not
+            at the moment, inside the allocator: the diagnosis is then completed with
+            :attr:`OOMDiagnosis.holders` and the causes they show — on this event object, in place (the one
+            update a frozen event gets), shortly after its callback ran.
     """
 
     index: int
@@ -1092,6 +1096,11 @@ class OOMEvent:
     source: str | None = None
     detail: str = "full"
     diagnosis: OOMDiagnosis | None = None
+
+    def _complete(self, diagnosis: OOMDiagnosis) -> None:
+        """Replace the diagnosis made at the moment by the one completed with the holders of the memory (see
+        ``diagnosis``); only :mod:`torchmem.capture.oom` calls this."""
+        object.__setattr__(self, "diagnosis", diagnosis)
 
     @property
     def kind(self) -> str | None:

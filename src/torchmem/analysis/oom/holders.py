@@ -50,6 +50,8 @@ from torchmem.results.oom_holders import HolderFix, MemoryHolder, OOMHolders, Si
 TIME_LIMIT = 1.0
 #: Most objects the holder search explores for one OOM.
 MAX_OBJECTS = 200_000
+#: Most holders listed; the smallest beyond are summed in one.
+MAX_HOLDERS = 40
 
 _NAME_STEPS = (StepKind.MODULE_GLOBAL, StepKind.FRAME_LOCAL, StepKind.CLASS_ATTRIBUTE)
 _ITEM_STEPS = (StepKind.ITEM, StepKind.DICT_KEY, StepKind.SET_MEMBER)
@@ -214,6 +216,22 @@ def _group(c: LiveCensus) -> tuple[list[MemoryHolder], int]:
             kind = "graph"  # mostly what its autograd graph saved
         out.append(MemoryHolder(label, kind, nbytes, n, dict(cats), typ, path, graph))
     out.sort(key=lambda h: -h.bytes)
+    if len(out) > MAX_HOLDERS:  # the smallest as one line: a diagnosis stays small, the sums still add up
+        rest = out[MAX_HOLDERS - 1 :]
+        merged: dict[str, int] = {}
+        for h in rest:
+            for k, b in h.categories.items():
+                merged[k] = merged.get(k, 0) + b
+        out[MAX_HOLDERS - 1 :] = [
+            MemoryHolder(
+                f"{len(rest)} smaller holders",
+                "other",
+                sum(h.bytes for h in rest),
+                sum(h.tensors for h in rest),
+                merged,
+                graph=sum(h.graph for h in rest),
+            )
+        ]
     return out, unnamed
 
 
@@ -627,4 +645,4 @@ def _running_ids(exc: BaseException | None, handled: BaseException) -> set[int]:
     return ids
 
 
-__all__ = ["MAX_OBJECTS", "TIME_LIMIT", "oom_frames", "oom_holders"]
+__all__ = ["MAX_HOLDERS", "MAX_OBJECTS", "TIME_LIMIT", "oom_frames", "oom_holders"]
