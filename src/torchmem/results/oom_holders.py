@@ -182,8 +182,9 @@ class OOMHolders:
         visited: Objects the holder search explored.
         complete: The search ran to its end (``False``: it stopped at a limit; ``not_searched`` says which).
         not_searched: What was not searched and why, in words.
-        when: When the holders were read: ``"at the OOM"`` (where the program caught it or the error
-            left the call) or ``"after the OOM"`` (an explanation asked for later).
+        when: When the holders were read: ``"at the OOM"`` (where the error reached the program: the
+            ``except`` that caught it, a ``with`` block it left) or ``"when the OOM was explained"``
+            (``explain_oom`` with the exception, later).
         notes: What else could not be known.
     """
 

@@ -545,7 +545,7 @@ def oom_holders(
         exclude: Objects that are not holders (the caller's own containers).
         time_limit: Seconds it may take; the holder search stops there and ``not_searched`` says so.
         max_objects: Most objects the holder search explores.
-        when: ``"at the OOM"`` or ``"after the OOM"``, for the text.
+        when: ``"at the OOM"`` or ``"when the OOM was explained"``, for the text.
 
     Example:
         >>> import torch
