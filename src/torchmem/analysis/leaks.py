@@ -979,9 +979,22 @@ def _module_level_container(path: HolderPath, steps: Sequence[HolderStep]) -> bo
     return False
 
 
+def _cycle_fix() -> str:
+    from torchmem.analysis.holders.cycles import grad_cycle_fix
+
+    return grad_cycle_fix()
+
+
+def _autograd_cycle(paths: Sequence[HolderPath]) -> bool:
+    """A holder path round a ``.grad`` cycle (a create_graph=True gradient whose graph keeps its tensor)."""
+    from torchmem.analysis.holders.cycles import AUTOGRAD, classify_cycle
+
+    return any(p.root == "cycle" and classify_cycle(p)[0] == AUTOGRAD for p in paths)
+
+
 def _kind(g: SiteGrowth) -> str:
     paths = g.paths
-    if g.in_cycle:
+    if g.in_cycle or _autograd_cycle(paths):
         return CYCLE
     if any(_through_exception(p) for p in paths):
         return EXCEPTION
@@ -1193,6 +1206,8 @@ def attribute(
                 graph_bytes=graph,
                 fix=_grad_graph_fix(holder, per_step, unit)
                 if kind in (GRAPH_CHAIN, RETAINED_GRAPH) and holder is not None and _grad_graph(holder)
+                else _cycle_fix()
+                if kind == CYCLE and _autograd_cycle(merged.paths)
                 else fix_for(kind, name, per_step, merged.cycle_types, unit=unit, device=device),
             )
         )

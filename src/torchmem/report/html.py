@@ -431,6 +431,8 @@ def _ooms(cap: Capture) -> str:
                     + "</li>"
                 )
             out.append("</ol>")
+        if d.holders is not None:
+            out.append(f'<pre class="holders">{_e(chr(10).join(d.holders.lines()))}</pre>')
         if d.fixes:
             out.append('<h4>Fixes</h4><ul class="fixes">')
             for f in d.fixes:

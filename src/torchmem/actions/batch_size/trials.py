@@ -49,7 +49,9 @@ def diagnose_oom(exc: BaseException, device: torch.device, batch_size: int) -> O
     from torchmem.capture.oom import explain_oom
 
     try:
-        return explain_oom(exc, device=device, batch_size=batch_size)
+        return explain_oom(
+            exc, device=device, batch_size=batch_size, holders=False
+        )  # a trial needs no holders
     except Exception:
         return None
 
