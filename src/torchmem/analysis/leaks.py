@@ -1141,12 +1141,16 @@ def fix_for(
 
 
 def _main_pattern(paths: Sequence[HolderPath]) -> str:
-    """The holder most sampled storages share (a container beats the loop variable of the last step)."""
+    """The holder most sampled storages share (a container beats the loop variable of the last step; of
+    holders equally shared, the one with the shortest path: the variable that carries a graph from step to
+    step, not the step's output whose graph reaches it one node later)."""
     counts: dict[str, int] = {}
+    hops: dict[str, int] = {}
     for p in paths:
         k = holder_pattern(p)
         counts[k] = counts.get(k, 0) + 1
-    return max(counts, key=lambda k: (counts[k], "[*]" in k))
+        hops[k] = min(hops.get(k, len(p.steps)), len(p.steps))
+    return max(counts, key=lambda k: (counts[k], "[*]" in k, -hops[k]))
 
 
 def attribute(
