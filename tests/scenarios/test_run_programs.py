@@ -53,7 +53,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 # names `logits`, the step's output, where `hidden`, the state carried from token to token, is the holder to
 # fix. Strict: this fails once `hidden` is named again.
 _KNOWN = {
-    "autoregressive_hidden": "the carried state `hidden` and the step's output `logits` tie; `logits` is named",
+    "autoregressive_hidden": "the carried `hidden` and the step's output `logits` tie; `logits` is named",
 }
 
 
