@@ -448,6 +448,7 @@ def state_culprits(
                 bytes_per_step=share,
                 graph_bytes=0.0,
                 fix=fix + shared,
+                origin=_ORIGIN[kind],
             )
         )
     return tuple(out), tuple(notes)

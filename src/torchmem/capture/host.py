@@ -34,6 +34,7 @@ import gc
 import itertools
 import logging
 import math
+import os
 import sys
 import threading
 import time
@@ -155,6 +156,32 @@ def _no_torch_function() -> Any:
 
 def _seq(node: Any) -> int:
     return int(node._sequence_nr())
+
+
+def _pop_mode(mode: Any) -> bool:
+    """Pop ``mode`` off the torch function mode stack if it is on top; ``False`` when it is not (another mode
+    is above it, or this runs inside its own handler, which takes it off the stack meanwhile)."""
+    ours = True
+    try:
+        n = torch._C._len_torch_function_stack()
+        ours = n > 0 and torch._C._get_function_stack_at(n - 1) is mode
+    except Exception:  # private reads: if they fail, trust the order
+        pass
+    if ours:
+        mode.__exit__(None, None, None)
+    return ours
+
+
+def _inside_backward() -> bool:
+    """This call runs inside ``Tensor.backward`` or ``torch.autograd.backward`` (a backward step boundary)."""
+    torch_dir = os.path.dirname(torch.__file__)
+    f: Any = sys._getframe(1)
+    while f is not None:
+        code = f.f_code
+        if code.co_name == "backward" and code.co_filename.startswith(torch_dir):
+            return True
+        f = f.f_back
+    return False
 
 
 def _compiled_program() -> bool:
@@ -450,6 +477,7 @@ class HostWatcher:
         self._types_counted = 0
         self._containers_seen = 0
         self._account = HostAccount(heap=0.0)
+        self._stale_modes: list[Any] = []  # torchmem's function modes left on the stack, inactive
         self._own_ids: set[int] = set()  # torchmem's objects at the second scan
         # The containers found growing: id -> (their entries' type, length then, entries per step)
         self._kept_lens: dict[int, tuple[str, int, float]] = {}
@@ -494,6 +522,8 @@ class HostWatcher:
         self._running = False
         try:
             self._close_window()
+            if self._stale_modes and threading.get_ident() == self._thread:
+                self._pop_stale_modes()
             if self._shapes is not None:
                 self._close_shapes()
             self._stop_tracing()
@@ -542,6 +572,8 @@ class HostWatcher:
         shapes = self._shapes
         if shapes is not None:
             shapes.mark()
+        if self._stale_modes and threading.get_ident() == self._thread:
+            self._pop_stale_modes()
         if self._line_window and self._lines1 is None and n < (self._due or 0):
             self._mid_snapshot(n)
         if self._due is not None and n >= self._due and threading.get_ident() == self._thread:
@@ -976,10 +1008,7 @@ class HostWatcher:
         shapes, self._shapes = self._shapes, None
         if shapes is None:
             return None
-        if threading.get_ident() != self._thread or not shapes.close():
-            self._notes.append(
-                "a function mode of the program was above torchmem's: torchmem's stays, inactive"
-            )
+        shapes.close()
         if shapes.error is not None:
             self._report_error("shape window", shapes.error)
         return shapes.result()
@@ -1183,7 +1212,7 @@ class HostWatcher:
                 rate, estimated = nodes * _NODE_BYTES, True
             chains = chain_culprits(self._chain_facts, bytes_per_step=rate, steps=steps, estimated=estimated)
             culprits += chains
-        floor = max(256.0, 0.05 * max(heap, self._rss_series.rate()))
+        floor = max(256.0, 0.02 * max(heap, self._rss_series.rate()))  # 2 %: the RSS moves with the scans
         objects: tuple[Culprit, ...] = ()
         if self._object_facts:
             objects = object_culprits(self._object_facts, min_bytes_per_step=floor, steps=steps)
@@ -1193,6 +1222,7 @@ class HostWatcher:
             state, evidence, account = self._state_facts
             account = dataclasses.replace(
                 account,
+                heap=heap if heap > 0 else account.heap,  # the figure's growth now, as for the chains
                 python_named=sum(c.bytes_per_step for c in objects),
                 native_named=sum(c.bytes_per_step for c in chains),
             )
@@ -1337,6 +1367,14 @@ class HostWatcher:
                 "torch.compile (a function mode would make its compiled code recompile)"
             )
             return
+        if _inside_backward():
+            # The steps end inside Tensor.backward(): with a function mode on, that call runs in the mode's
+            # handler, which takes the mode off the stack meanwhile, so no step boundary could remove it.
+            self._notes.append(
+                "the line that extends an autograd chain is not recorded when the steps end inside "
+                "backward() (a function mode could not be removed at a step boundary)"
+            )
+            return
         w = _SiteWindow()
         w.mode = _SiteMode(w)
         w.mode.__enter__()
@@ -1352,19 +1390,19 @@ class HostWatcher:
         if threading.get_ident() != self._thread:
             self._notes.append("a site window stayed on the program's thread (stopped from another thread)")
             return
-        try:
-            n = torch._C._len_torch_function_stack()
-            top = torch._C._get_function_stack_at(n - 1) if n else None
-        except Exception:  # private reads: if they fail, trust the order
-            top = mode
-        ours = top is mode
-        if ours:
-            mode.__exit__(None, None, None)
-        else:
-            # The program pushed a mode of its own and has not popped it yet: ours stays, inactive.
+        if not _pop_mode(mode):
+            # The program pushed a mode of its own and has not popped it yet (or this step ends inside a
+            # torch call): ours stays, inactive, and is removed at the first step boundary where it can be.
+            self._stale_modes.append(mode)
             self._notes.append(
-                "a function mode of the program was above torchmem's: torchmem's stays, inactive"
+                "a function mode of the program was above torchmem's when its window closed: torchmem's "
+                "stayed, inactive, until it could be removed"
             )
+
+    def _pop_stale_modes(self) -> None:
+        """Remove torchmem's inactive function modes that could not be removed before (newest first)."""
+        while self._stale_modes and _pop_mode(self._stale_modes[-1]):
+            self._stale_modes.pop()
 
     # -- the report ----------------------------------------------------------------------------------
     def report(self) -> LeakReport:

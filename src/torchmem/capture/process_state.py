@@ -3,8 +3,9 @@
 :func:`read_state` reads the switches (~2 µs: a recording profiler, anomaly mode, and through the devices
 layer the CUDA allocator's history recording and ``cudnn.benchmark``); :func:`running_profilers` picks the
 profiler objects that are recording out of the heap's objects, so that their holder (``prof``) can be named;
-:class:`ShapeWindow` watches the shapes of convolutions for a few steps (a function mode, on only while
-``cudnn.benchmark`` is on in a CUDA process and the host grows) to tell whether new shapes keep coming.
+:class:`ShapeWindow` watches the shapes the convolution modules run for a few steps (a global module forward
+pre-hook, on only while ``cudnn.benchmark`` is on in a CUDA process and the host grows) to tell whether new
+shapes keep coming.
 """
 
 from __future__ import annotations
@@ -88,37 +89,38 @@ def running_profilers(objs: Sequence[Any]) -> list[Any]:
     return [p for p in found if id(p) not in inner][:4]
 
 
-_CONV = ("conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
-_CONV_ALL = (*_CONV, "convolution", "_convolution")
-
-
-def _signature(args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    if len(args) < 2:
+def _signature(module: Any, args: tuple[Any, ...], devices: tuple[str, ...]) -> tuple[Any, ...] | None:
+    x = args[0] if args else None
+    if not isinstance(x, torch.Tensor) or x.device.type not in devices:
         return None
-    x, w = args[0], args[1]
-    if not isinstance(x, torch.Tensor) or not isinstance(w, torch.Tensor) or not x.is_cuda:
-        return None
-    return (tuple(x.shape), tuple(w.shape), x.dtype, tuple(x.stride()))
+    weight = getattr(module, "weight", None)
+    w = tuple(weight.shape) if isinstance(weight, torch.Tensor) else ()
+    return (type(module).__name__, tuple(x.shape), tuple(x.stride()), w, x.dtype)
 
 
 class ShapeWindow:
-    """The convolution shapes run during a few steps: :meth:`open` pushes a function mode, :meth:`mark`
-    ends a step, :meth:`close` pops it, :meth:`result` says how many steps ran a shape not seen before in the
-    window. Cost while open: one Python call per torch op."""
+    """The shapes the convolution modules run during a few steps: :meth:`open` registers a global module
+    forward pre-hook (removed by :meth:`close` at any time, also from inside a torch call), :meth:`mark` ends
+    a step, :meth:`result` says how many steps ran a shape not seen before in the window. Cost while open:
+    torch's slower module-call path with one hook, a few microseconds per convolution.
 
-    def __init__(self) -> None:
+    Args:
+        devices: The device types whose convolutions count (cuDNN's: ``("cuda",)``).
+    """
+
+    def __init__(self, devices: tuple[str, ...] = ("cuda",)) -> None:
+        self.devices = devices
         self.seen: set[tuple[Any, ...]] = set()
         self.steps = 0
         self.new_steps = 0
         self._new_now = False
-        self.mode: Any = None
+        self._handle: Any = None
         self.error: BaseException | None = None
 
-    def note(self, func: Any, args: tuple[Any, ...]) -> None:
-        name = getattr(func, "__name__", "")
-        if name not in _CONV_ALL:
+    def note(self, module: Any, args: tuple[Any, ...]) -> None:
+        if not isinstance(module, torch.nn.modules.conv._ConvNd):
             return
-        sig = _signature(args)
+        sig = _signature(module, args, self.devices)
         if sig is None or sig in self.seen:
             return
         if self.steps > 0:  # the first (partial) step only fills the set
@@ -127,7 +129,7 @@ class ShapeWindow:
 
     def mark(self) -> None:
         """A step ended."""
-        if self.mode is None:
+        if self._handle is None:
             return
         if self._new_now:
             self.new_steps += 1
@@ -135,66 +137,32 @@ class ShapeWindow:
         self.steps += 1
 
     def open(self) -> bool:
-        mode_cls = _mode_class()
-        if mode_cls is None:
+        def hook(module: Any, args: tuple[Any, ...]) -> None:
+            if self._handle is None:
+                return
+            try:
+                self.note(module, args)
+            except Exception as exc:  # never break the user's forward
+                self.error = exc
+                self.close()
+
+        try:
+            from torch.nn.modules.module import register_module_forward_pre_hook
+        except ImportError:  # pragma: no cover - every torch this supports has it
             return False
-        self.mode = mode_cls(self)
-        self.mode.__enter__()
+        self._handle = register_module_forward_pre_hook(hook)
         return True
 
     def close(self) -> bool:
-        """Pop the mode when it is on top of the stack (``False``: the program's mode was above it: it stays,
-        inactive)."""
-        mode: Any = self.mode
-        self.mode = None
-        if mode is None:
-            return True
-        mode.active = False
-        ours = True
-        try:
-            n = torch._C._len_torch_function_stack()
-            ours = n > 0 and torch._C._get_function_stack_at(n - 1) is mode
-        except Exception:  # private reads: if they fail, trust the order
-            pass
-        if ours:
-            mode.__exit__(None, None, None)
-        return ours
+        """Remove the hook (idempotent)."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.remove()
+        return True
 
     def result(self) -> tuple[int, int, int]:
         """``(steps watched after the first, steps that ran a new shape, distinct shapes)``."""
         return max(self.steps - 1, 0), self.new_steps, len(self.seen)
-
-
-_MODE: list[Any] = []
-
-
-def _mode_class() -> Any:
-    if _MODE:
-        return _MODE[0]
-    try:
-        from torch.overrides import TorchFunctionMode
-    except ImportError:  # pragma: no cover
-        return None
-
-    class _ShapeMode(TorchFunctionMode):
-        def __init__(self, window: ShapeWindow) -> None:
-            super().__init__()
-            self.window = window
-            self.active = True
-
-        def __torch_function__(
-            self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-        ) -> Any:
-            if self.active:
-                try:
-                    self.window.note(func, args)
-                except Exception as exc:  # never break the user's op
-                    self.window.error = exc
-                    self.active = False
-            return func(*args, **(kwargs or {}))
-
-    _MODE.append(_ShapeMode)
-    return _ShapeMode
 
 
 __all__ = ["ShapeWindow", "read_state", "running_profilers"]

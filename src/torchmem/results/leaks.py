@@ -109,6 +109,8 @@ class Culprit:
         bytes_per_step: Growth per step attributed to it.
         graph_bytes: Bytes of autograd-saved tensors among them (retained graphs), per step.
         fix: The one-line fix.
+        origin: What makes the memory grow where no allocation site does: a process state, such as ``"a
+            torch.profiler that is recording"`` (the host watcher's state culprits); ``""`` otherwise.
 
     Example:
         >>> c = Culprit("cache", "train.py:12", (("train.py:12", 2.0**20),), "__main__.cache['k3']", 2**23,
@@ -127,6 +129,7 @@ class Culprit:
     bytes_per_step: float
     graph_bytes: float
     fix: str
+    origin: str = ""
 
     def lines(self, unit: str = "step") -> list[str]:
         """Its lines: what and where, then (indented by two) holder, graph bytes, other sites and fix
@@ -140,6 +143,8 @@ class Culprit:
         if len(self.sites) > 1:
             first_site, first_share = self.sites[0]
             out = [f"{self.kind}: {total} in all; {_rate(first_share, unit)} born at {first_site}"]
+        elif self.origin and not self.site:
+            out = [f"{self.kind}: {total} from {self.origin}"]
         else:
             out = [f"{self.kind}: {total} born at {where}"]
         if self.holder:
