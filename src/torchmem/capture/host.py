@@ -14,15 +14,24 @@ kept per step (a ``history`` of dicts). The watcher reads cheap figures at step 
 What readings cost is measured as they run; when it would be more than 0.5 % of a step, only every k-th
 step is read. Growth is judged with :func:`torchmem.analysis.leaks.detect_growth`. Once it has lasted a
 few readings, three scans a few steps apart (on the thread that started the watch) compare the live
-tensors' autograd graphs (by the sequence numbers of their nodes, so no graph is kept alive between scans)
-and the Python objects' counts per type; meanwhile a function mode records the user's line of each op
-that makes an autograd node (the line that extends a chain) and tracemalloc where new objects are made;
-the holders of a growing chain's tensor and of a few new instances of growing types are then searched
-(:func:`torchmem.analysis.holders.find_holders`). What torchmem's own work leaves in memory is subtracted
-from later readings. The live autograd nodes are counted at each scan, at :meth:`HostWatcher.stop`, and
+tensors' autograd graphs (by the sequence numbers of their nodes, so no graph is kept alive between scans),
+the Python objects' counts per type and the lengths of the program's lists, dicts and deques
+(:mod:`torchmem.capture.host_objects`: a container that grows at every scan keeps what instance counts
+cannot see, numpy arrays and strings), and read the process's state (:mod:`torchmem.capture.process_state`:
+a recording profiler, anomaly mode, the CUDA allocator's history, ``cudnn.benchmark``). Between the first
+two scans tracemalloc traces Python allocations (the lines that keep what they allocate); between the last
+two a function mode records the user's line of each op that makes an autograd node (the line that extends a
+chain), tracemalloc where new objects are made, and a module hook the convolutions' shapes where
+``cudnn.benchmark`` is on; the scans themselves run untraced. The holders of a growing chain's tensor, of a
+few new instances of growing types and of the growing containers are then searched
+(:func:`torchmem.analysis.holders.find_holders`), and the growth nothing names is explained by the state
+that was on (:func:`torchmem.analysis.host_state.state_culprits`) or said to be unexplained with what was
+checked. What torchmem's own work leaves in memory is subtracted from later readings, and no figure is read
+while torchmem traces. The live autograd nodes are counted at each scan, at :meth:`HostWatcher.stop`, and
 otherwise rarely (the first after 10 s, then spaced so that counting takes under 0.5 % of the run).
 
-Nothing here touches ``torch.cuda``: the same watcher serves CUDA programs, whose host memory it watches.
+Nothing here touches ``torch.cuda``: the same watcher serves CUDA programs, whose host memory it watches (the
+CUDA state is read through :mod:`torchmem.devices._state`).
 """
 
 from __future__ import annotations
