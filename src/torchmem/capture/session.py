@@ -380,7 +380,13 @@ class Session:
             # budget is shared with the device readings, the sampler and the loop survivors. The first
             # count after 30 s (a count walks the whole heap: ~0.1 s with a framework imported), so a short
             # run pays none; a scan for growing host memory counts them anyway.
-            host = HostWatcher(warmup=self.warmup, boundary=boundary, node_interval=6.0, node_overhead=0.002)
+            host = HostWatcher(
+                warmup=self.warmup,
+                boundary=boundary,
+                node_interval=6.0,
+                node_overhead=0.002,
+                own_history=bool(self.memory_viz),  # --memory-viz turned the allocator's history on
+            )
             host._share = 0.002
             return host.start()
         except Exception as exc:
@@ -1353,6 +1359,7 @@ class Session:
                     and self.device.type == "cpu"
                     and leak is not None
                     and (leak.leaking or inner)
+                    and not (host.culprits and not leak.culprits)  # the host names what the device cannot
                 ):
                     # On the CPU the device figure is the C heap: the device report already is this growth.
                     import dataclasses
