@@ -8,7 +8,7 @@ model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.L
 prof = torch.profiler.profile()
 prof.start()  # never stopped while the loop runs
 losses = []
-for _step in range(300):
+for _step in range(500):  # enough host readings under load
     loss = model(torch.randn(16, 64)).square().mean()
     loss.backward()
     with torch.no_grad():  # plain SGD (no optimizer: no torch._dynamo import)
