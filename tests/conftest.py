@@ -49,3 +49,14 @@ _LAST = (
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.nodeid.split("::")[0].endswith(_LAST))  # a stable sort
+
+
+@pytest.fixture
+def unhurried_oom_holders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An OOM's holder search with a time limit no loaded machine reaches and a full shared budget (what
+    earlier tests' OOMs spent is theirs): for tests that check what the search finds, not its bounds."""
+    from torchmem.analysis.oom import holders
+    from torchmem.capture import oom
+
+    monkeypatch.setattr(holders, "TIME_LIMIT", 30.0)
+    monkeypatch.setitem(oom._registry, "budget", [None, 0.0])

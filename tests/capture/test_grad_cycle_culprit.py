@@ -38,6 +38,7 @@ def test_a_plain_backward_loop_has_no_cycle() -> None:
     assert rep.leaking and all(c.kind != "cycle" for c in rep.culprits), str(rep)
 
 
+@pytest.mark.usefixtures("unhurried_oom_holders")
 def test_an_oom_s_holders_are_on_the_html_page(tmp_path: Path) -> None:
     path = tmp_path / "run.jsonl"
     s = Session(str(path), device="cpu", status=False).start()

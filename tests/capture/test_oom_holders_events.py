@@ -32,6 +32,7 @@ def _attempt(n: int) -> torch.Tensor:
     return kept + torch.ones(2 * n, 1024)
 
 
+@pytest.mark.usefixtures("unhurried_oom_holders")
 def test_the_holders_complete_the_event_where_the_program_caught_the_oom() -> None:
     seen: list[tuple[OOMEvent, bool]] = []
 

@@ -527,7 +527,7 @@ def oom_holders(
     handled: BaseException | None = None,
     only: set[int] | None = None,
     exclude: Iterable[Any] = (),
-    time_limit: float = TIME_LIMIT,
+    time_limit: float | None = None,
     max_objects: int = MAX_OBJECTS,
     when: str = "at the OOM",
 ) -> OOMHolders:
@@ -543,7 +543,8 @@ def oom_holders(
         handled: An earlier OOM that was being handled when this one was raised (a retry inside ``except``).
         only: Count only these storage keys (on the CPU, the storages torchmem's ledger counts under a cap).
         exclude: Objects that are not holders (the caller's own containers).
-        time_limit: Seconds it may take; the holder search stops there and ``not_searched`` says so.
+        time_limit: Seconds it may take (``None``: :data:`TIME_LIMIT`, read at the call); the holder search
+            stops there and ``not_searched`` says so.
         max_objects: Most objects the holder search explores.
         when: ``"at the OOM"`` or ``"when the OOM was explained"``, for the text.
 
@@ -554,6 +555,8 @@ def oom_holders(
         >>> any(x.label.endswith(".keep") or x.label.endswith("'keep'") for x in h.holders)   # doctest: +SKIP
         True
     """
+    if time_limit is None:
+        time_limit = TIME_LIMIT
     started = time.perf_counter()
     snaps = FrameSnapshots()
     notes: list[str] = []
