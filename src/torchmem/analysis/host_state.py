@@ -265,10 +265,16 @@ def _rate(b: float) -> str:
 
 
 def _first_name(paths: Sequence[HolderPath], default: str) -> tuple[str, HolderPath | None]:
-    for p in paths:
-        if p.root not in ("gc-orphan", "cycle"):
-            return holder_name(p), p
-    return default, None
+    """The holder the sampled paths share most (a container beats the loop variable that holds only the
+    last step's object: the device culprits' rule), ``(default, None)`` where no path is rooted."""
+    from torchmem.analysis.leaks import _main_pattern, holder_pattern
+
+    rooted = [p for p in paths if p.root not in ("gc-orphan", "cycle")]
+    if not rooted:
+        return default, None
+    key = _main_pattern(rooted)
+    p = next(p for p in rooted if holder_pattern(p) == key)
+    return holder_name(p), p
 
 
 def profiler_fix(name: str, bytes_per_step: float) -> str:

@@ -1370,8 +1370,8 @@ class Session:
                         verdict="flat" if not host.culprits else host.verdict,
                         notes=(*host.notes, "on the CPU the device report covers this growth"),
                     )
-                if host.leaking:
-                    host = _host_inner(host)
+                if host.leaking and leak is not None and leak.verdict == "inner_growth":
+                    host = _host_inner(host)  # the device saw growth inside each call: the host's is the same
                 self._write("host_leak", report=host.to_dict(), final=True)
             except Exception as e:
                 self._note(f"the host memory verdict could not be made ({type(e).__name__}: {e})")
