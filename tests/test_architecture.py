@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "torchmem._warn",
             "torchmem._outputs",
             "torchmem._decorate",
+            "torchmem._patch",
         ),
     ),
     ("devices", ("torchmem.devices",)),

@@ -129,18 +129,14 @@ class StepBoundaries:
             )
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-        wrapper = make(original)
-        wrapper.__wrapped__ = original
-        wrapper.__torchmem_boundary__ = True
-        setattr(owner, name, wrapper)
+        from torchmem._patch import wrap_attribute
 
-        def undo() -> None:
-            current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-            if current is wrapper:
-                setattr(owner, name, original)
+        def flagged(original: Any) -> Any:
+            wrapper = make(original)
+            wrapper.__torchmem_boundary__ = True
+            return wrapper
 
-        self._undo.append(undo)
+        self._undo.append(wrap_attribute(owner, name, flagged))
 
     # -- events ------------------------------------------------------------------------------------
     def _event(self, kind: str) -> None:

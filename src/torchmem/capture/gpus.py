@@ -182,16 +182,9 @@ class GpuWatch:
                 pass
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
-        original = owner.__dict__[name] if name in getattr(owner, "__dict__", {}) else getattr(owner, name)
-        wrapper = make(original)
-        wrapper.__wrapped__ = original
-        setattr(owner, name, wrapper)
+        from torchmem._patch import wrap_attribute
 
-        def undo() -> None:
-            if owner.__dict__.get(name) is wrapper:
-                setattr(owner, name, original)
-
-        self._undo.append(undo)
+        self._undo.append(wrap_attribute(owner, name, make))
 
     def _patch_dcp(self) -> None:
         """Wrap DCP's full-state-dict functions. The program binds them by name (``from ... import

@@ -110,16 +110,9 @@ def device_now() -> int | None:
 def wrap_cuda_function(name: str, make: Callable[[Any], Any]) -> Callable[[], None]:
     """Replace ``torch.cuda.<name>`` by ``make(original)``; returns the undo, which puts the original back
     only where the program did not replace it meanwhile."""
-    original = getattr(torch.cuda, name)
-    wrapper = make(original)
-    wrapper.__wrapped__ = original
-    setattr(torch.cuda, name, wrapper)
+    from torchmem._patch import wrap_attribute
 
-    def undo() -> None:
-        if getattr(torch.cuda, name, None) is wrapper:
-            setattr(torch.cuda, name, original)
-
-    return undo
+    return wrap_attribute(torch.cuda, name, make)
 
 
 def platform() -> str:
