@@ -65,6 +65,7 @@ class Case:
     bs: int
     checkpoint: bool = False  # activation checkpointing of every repeated block (non-reentrant)
     key: str = ""  # for --only
+    generate: int = 0  # also a greedy generate() of this many new tokens after the prompt (inference)
 
 
 class RNNLM(torch.nn.Module):
@@ -205,6 +206,7 @@ def _cases(small: bool) -> list[Case]:
             tokens(lseq, llama.vocab_size),
             4 if small else 8,
             key="llama",
+            generate=32 if small else 256,
         ),
         Case(
             "GPT-2",
@@ -212,6 +214,7 @@ def _cases(small: bool) -> list[Case]:
             tokens(lseq, gpt2.vocab_size),
             4 if small else 8,
             key="gpt2",
+            generate=32 if small else 256,
         ),
         Case(
             "GPT-2 checkpointed",
@@ -390,6 +393,62 @@ def _measured(case: Case, dev: torch.device) -> dict[str, Any]:
     return out
 
 
+def _measured_generate(case: Case, dev: torch.device) -> int:
+    """The allocated peak of one greedy ``generate()`` of ``case.generate`` new tokens (exactly that many)
+    after the example's prompt, on a fresh model in eval mode under ``inference_mode``, after one
+    warm-up call: the CUDA allocator's peak or the CPU ledger's."""
+    gc.collect()
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    with ledger().enabled() if not cuda else _null() as led:
+        torch.manual_seed(0)
+        model = case.factory().to(dev).eval()
+        # no token equals the pad id: generate() would read those as padding and mask them
+        ids = case.batch(case.bs, dev.type)["input_ids"].clamp_min(1)
+        kw = {
+            "max_new_tokens": case.generate,
+            "min_new_tokens": case.generate,
+            "do_sample": False,
+            "pad_token_id": 0,
+        }
+        with torch.inference_mode():
+            if cuda:
+                model.generate(ids, **{**kw, "max_new_tokens": 2, "min_new_tokens": 2})  # warm-up
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats(dev)
+            else:
+                led.reset_peak("cpu")
+            out = model.generate(ids, **kw)
+            _sync(dev)
+            peak = int(torch.cuda.max_memory_allocated(dev) if cuda else led.peak("cpu"))
+        assert out.shape[1] == ids.shape[1] + case.generate, out.shape
+        del model, out, ids
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return peak
+
+
+def _fake_generate(case: Case, tgt: Target) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    fk = estimate_fake(
+        case.factory,
+        lambda b, batch=case.batch: {"input_ids": batch(b, "cpu")["input_ids"]},
+        batch_sizes=[case.bs],
+        training=False,
+        target=tgt,
+        generate_tokens=case.generate,
+        suggest=False,
+    )
+    return {
+        "generate": fk.allocated_peak,
+        "kv_cache": fk.kv_cache,
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+
+
 class _null:
     def __enter__(self) -> None:
         return None
@@ -547,12 +606,15 @@ def _print_table(rows: list[dict[str, Any]], dev: torch.device) -> None:
         if "error" in r:
             print(f"| {r['model']} | {r.get('batch', '')} | error | {r['error'][:120]} | | | | |")
             continue
-        for mode in ("training", "inference"):
+        for mode in ("training", "inference", "generate"):
+            if mode not in r["measured"]:
+                continue
             meas = r["measured"][mode]
+            label = mode if mode != "generate" else f"generate {r['generate_tokens']} tokens"
             fake = r["fake"].get(mode)
             est = (r.get("estimate") or {}).get(mode)
             print(
-                f"| {r['model']} | {r['batch']} | {mode} | {meas / _MiB:.1f} | "
+                f"| {r['model']} | {r['batch']} | {label} | {meas / _MiB:.1f} | "
                 f"{(fake or 0) / _MiB:.1f} | {_pct(fake, meas)} | "
                 f"{'n/a' if est is None else f'{est / _MiB:.1f}'} | {_pct(est, meas)} |"
             )
@@ -617,6 +679,11 @@ def main() -> None:
             row["fake"] = _fake(case, tgt)
             if args.with_estimate:
                 row["estimate"] = _measured_estimate(case, dev)
+            if case.generate:
+                row["measured"]["generate"] = _measured_generate(case, dev)
+                g = _fake_generate(case, tgt)
+                row["fake"]["generate"], row["fake"]["kv_cache"] = g["generate"], g["kv_cache"]
+                row["generate_tokens"] = case.generate
         except Exception as exc:  # one case never stops the others
             row["error"] = f"{type(exc).__name__}: {exc}"[:2000]
             row["traceback"] = traceback.format_exc()[-4000:]
@@ -631,7 +698,8 @@ def main() -> None:
             took = time.perf_counter() - t0
             print(
                 f"{case.name}: {took:.1f} s; training {_pct(f['training'], m['training'])}, "
-                f"inference {_pct(f['inference'], m['inference'])}",
+                f"inference {_pct(f['inference'], m['inference'])}"
+                + (f", generate {_pct(f['generate'], m['generate'])}" if "generate" in m else ""),
                 flush=True,
             )
     if dev.type == "cuda" and (not only or "rnn-probe" in only or "lstm" in only or "gru" in only):

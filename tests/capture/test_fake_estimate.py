@@ -203,6 +203,36 @@ def test_kv_cache_of_a_generate_call() -> None:
     assert est.allocated_peak >= est.parameters + est.kv_cache
 
 
+def test_generate_peak_is_the_prefill_or_the_last_token_not_their_sum() -> None:
+    """The prefill's temporaries are freed before the cache grows: the call's peak, as the CPU ledger
+    measures a real greedy ``generate()``, is the larger of the prefill's and the last token's (within 3 %),
+    not the prefill's peak plus the cache's growth."""
+    transformers = pytest.importorskip("transformers")
+    from torchmem.devices import ledger
+
+    cfg = transformers.GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=512, n_positions=512)
+    cfg.attn_implementation = "sdpa"
+    bs, prompt, new = 4, 96, 160
+    torch.manual_seed(0)
+    ids = torch.randint(1, 512, (bs, prompt))
+    with ledger().enabled() as led:
+        model = transformers.GPT2LMHeadModel(cfg).eval()
+        led.reset_peak("cpu")
+        with torch.inference_mode():
+            out = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+        measured = led.peak("cpu")
+    assert out.shape[1] == prompt + new
+    est = estimate_fake(
+        lambda: transformers.GPT2LMHeadModel(cfg),
+        lambda b: {"input_ids": torch.randint(1, 512, (b, prompt))},
+        batch_sizes=[bs],
+        training=False,
+        generate_tokens=new,
+        target=BARE,
+    )
+    assert est.allocated_peak == pytest.approx(measured, rel=0.03), (est.allocated_peak, measured)
+
+
 class _DataDependent(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -1277,7 +1277,15 @@ def _run_plan_on(plan: _Plan, sizes: Sequence[int], mesh: Any) -> list[_Run]:
                         seq = _seq_len(batch)
                         full = cache_now if not seq else int(cache_now * (seq + plan.generate_tokens) / seq)
                         kv = full
-                        gen = prefill_peak + (full - cache_now) + ws
+                        # The prefill's temporaries are gone before the cache grows: the call's peak is the
+                        # prefill's or the last token's (all held now, the cache grown to its full length,
+                        # and one decode step's temporaries, which grow with the cache they copy).
+                        resident = led.current
+                        step = _decode_step_bytes(twin, batch, out, led, extra)
+                        grown = full / cache_now if cache_now else 1.0
+                        gen = max(prefill_peak, resident + (full - cache_now) + int(step * grown)) + ws
+                        led.reset_peak()
+                        led.peak = max(led.peak, prefill_peak)
                         del out
                     else:
                         _call(twin, batch)
@@ -1415,6 +1423,36 @@ def _no_cache(batch: Any) -> dict[str, Any]:
     ``use_cache`` (unless the batch sets it), as Hugging Face's gradient checkpointing does: a KV cache that
     grows in forward makes the recompute run other ops, and checkpoint raises (T5's decoder)."""
     return {} if isinstance(batch, Mapping) and "use_cache" in batch else {"use_cache": False}
+
+
+def _decode_step_bytes(twin: torch.nn.Module, batch: Any, out: Any, led: Any, extra: Mapping[str, Any]) -> int:
+    """The bytes one decode step of a generate call holds above what it starts with (its temporaries, the
+    next token's logits, the cache's copies): the prompt's last token fed again with the prefill's cache.
+    0 where the model's output has no cache or the step cannot run (the prefill's figures stand)."""
+    past = out.get("cache") if isinstance(out, Mapping) else None  # transformers >= 5.x names it so
+    if past is None:
+        past = getattr(out, "past_key_values", None)
+    ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
+    if past is None or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return 0
+    step: dict[str, Any] = {"input_ids": ids[:, -1:]}
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+        step["attention_mask"] = torch.cat([mask, mask[:, -1:]], dim=1)
+    before = led.current
+    led.reset_peak()
+    try:
+        named = inspect.signature(twin.forward).parameters
+    except (TypeError, ValueError):
+        named = {}  # type: ignore[assignment]
+    name = "cache" if "cache" in named else "past_key_values"
+    try:
+        res = twin(**step, **{name: past}, **extra)
+    except Exception:  # a model whose decode step needs more than ids and the cache
+        return 0
+    peak = led.peak
+    del res
+    return max(int(peak) - int(before), 0)
 
 
 def _seq_len(batch: Any) -> int | None:
