@@ -10,6 +10,7 @@ import gc
 import os
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -804,3 +805,79 @@ def test_a_dtensor_is_counted_by_its_local_shard() -> None:
             assert led.current("cpu") == base
     finally:
         dist.destroy_process_group()
+
+
+# -- the program's other threads ------------------------------------------------------------------------
+_FOLLOWS = sys.version_info >= (3, 12)
+
+
+def _worker(go: threading.Event, done: threading.Event, out: list[torch.Tensor], n: int) -> None:
+    while not done.is_set():
+        if go.wait(0.005):
+            go.clear()
+            for _ in range(n):
+                out.append(torch.empty(4096, dtype=torch.uint8))  # the worker's birth site
+
+
+@pytest.mark.skipif(not _FOLLOWS, reason="threads are followed from Python 3.12 (setprofile_all_threads)")
+def test_births_on_another_thread_are_counted_at_that_threads_site() -> None:
+    led = ledger()
+    go, done, out = threading.Event(), threading.Event(), []
+    t = threading.Thread(target=_worker, args=(go, done, out, 4), name="producer", daemon=True)
+    t.start()
+    try:
+        with led.enabled():
+            assert led.follow_threads()
+            cohort = led.open_cohort("cpu", sites=True)
+            try:
+                for _ in range(3):
+                    go.set()
+                    deadline = time.monotonic() + 5
+                    while go.is_set() and time.monotonic() < deadline:
+                        time.sleep(0.001)
+                    time.sleep(0.02)
+                sites = led.cohort_site_bytes(cohort)
+            finally:
+                led.close_cohort(cohort)
+                led.unfollow_threads()
+        worker = [(s, v) for s, v in sites.items() if s is not None and s.function == "_worker"]
+        assert worker, sites
+        site, (nbytes, count) = worker[0]
+        assert site.filename.endswith("test_ledger.py") and nbytes >= 4096 * 4 and count >= 4
+        # after unfollow: the thread turns recording off at its next Python event
+        go.set()
+        deadline = time.monotonic() + 5
+        while led.active and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert not led.active
+    finally:
+        done.set()
+        t.join(5)
+
+
+@pytest.mark.skipif(not _FOLLOWS, reason="threads are followed from Python 3.12 (setprofile_all_threads)")
+def test_following_threads_leaves_a_profiler_alone_and_a_thread_that_ended_is_released() -> None:
+    led = ledger()
+    sys.setprofile(lambda *a: None)
+    try:
+        assert not led.follow_threads()  # the program's own profile function: not replaced
+    finally:
+        sys.setprofile(None)
+    go, done, out = threading.Event(), threading.Event(), []
+    t = threading.Thread(target=_worker, args=(go, done, out, 1), daemon=True)
+    t.start()
+    with led.enabled():
+        assert led.follow_threads()
+        go.set()
+        deadline = time.monotonic() + 5
+        while go.is_set() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        done.set()
+        t.join(5)  # it ends with its recording on
+        led.unfollow_threads()
+    assert not led.active and not led._followed
+
+
+@pytest.mark.skipif(_FOLLOWS, reason="before Python 3.12 only")
+def test_before_312_other_threads_are_not_followed() -> None:
+    assert not ledger().follow_threads()

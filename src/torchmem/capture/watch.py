@@ -98,6 +98,9 @@ class _AttributionWindow:
         self.stack = ExitStack()
         led = ledger()
         self.stack.enter_context(led.enabled())
+        # Births on the program's other threads (a producer filling a queue) are counted too, at their sites.
+        if led.follow_threads():
+            self.stack.callback(led.unfollow_threads)
         self.cohort: Cohort = led.open_cohort(device, sites=True)
         self.opened_at = opened_at
         self.maps: collections.deque[dict[Site | None, tuple[int, int]]] = collections.deque(maxlen=keep)

@@ -152,6 +152,15 @@ _DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _internal_code: dict[Any, int] = {}
 
 
+def _dispatch_depth() -> int:
+    """How many dispatch modes the calling thread has on (0 where torch cannot say)."""
+    fn = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    try:
+        return int(fn()) if fn is not None else 0
+    except Exception:
+        return 0
+
+
 def birth_site(skip: int = 1) -> Site | None:
     """The user's frame that caused the current allocation (None when every frame is internal).
 
@@ -330,6 +339,8 @@ class Ledger:
         # The program's call into an engine that allocates on its own threads (CUDA's backward runs on the
         # autograd engine's device threads, which have no program frame): (caller's thread, its site).
         self._engine_caller: tuple[int, Site] | None = None
+        self._following = 0  # follow_threads() users
+        self._followed: dict[int, Any] = {}  # thread ident -> its enabled() context, while followed
 
     # -- births on engine threads ----------------------------------------------------------------
     @property
@@ -470,6 +481,79 @@ class Ledger:
 
     def on_this_thread(self) -> bool:
         return getattr(self._tls, "depth", 0) > 0
+
+    # -- the program's other threads -------------------------------------------------------------
+    def follow_threads(self) -> bool:
+        """Turn recording on in the program's other Python threads too (a producer thread filling a queue),
+        until :meth:`unfollow_threads`: each thread turns it on itself at its next Python call or return
+        (a one-shot profile function, ``threading.setprofile_all_threads``), where no dispatch mode of its
+        own is on. Returns whether it did: not before Python 3.12 (no way to reach a running thread), and
+        not while any profile function is set (``cProfile``, ``torch.profiler``'s Python tracer: replacing
+        it would change what the program measures) — births on other threads then stay unrecorded."""
+        set_all = getattr(threading, "setprofile_all_threads", None)
+        if set_all is None or sys.getprofile() is not None or threading.getprofile() is not None:
+            return False
+        with self._lock:
+            if self._following:
+                self._following += 1
+                return True
+            self._following = 1
+        main = threading.get_ident()
+        set_all(lambda frame, event, arg: self._follow_here(main))
+        threading.setprofile(None)  # threads started from now on: not followed (a new thread gets nothing)
+        return True
+
+    def unfollow_threads(self) -> None:
+        """Undo :meth:`follow_threads`: each followed thread turns recording off at its next Python event
+        (or now, for threads that ended)."""
+        with self._lock:
+            if self._following == 0:
+                return
+            self._following -= 1
+            if self._following:
+                return
+            followed = list(self._followed.items())
+        set_all = getattr(threading, "setprofile_all_threads", None)
+        alive = {t.ident for t in threading.enumerate()}
+        for ident, _ in followed:
+            if ident not in alive:  # ended with its recording on: its thread-local state is gone
+                with self._lock:
+                    if self._followed.pop(ident, None) is not None:
+                        self._users -= 1
+                        if self._users == 0:
+                            self._forget()
+        if set_all is not None and any(ident in alive for ident, _ in followed):
+            set_all(lambda frame, event, arg: self._unfollow_here())
+            threading.setprofile(None)
+        elif set_all is not None:
+            set_all(None)
+
+    def _follow_here(self, main: int) -> None:
+        """On a thread, at its first Python event after :meth:`follow_threads`: turn recording on here."""
+        sys.setprofile(None)  # one-shot, this thread only
+        try:
+            ident = threading.get_ident()
+            name = threading.current_thread().name
+            if ident == main or name.startswith("torchmem") or not self._following or self.on_this_thread():
+                return
+            if _dispatch_depth() != 0:  # the thread's own mode (fake tensors, a profiler): leave it alone
+                return
+            cm = self.enabled()
+            cm.__enter__()
+            with self._lock:
+                self._followed[ident] = cm
+        except Exception:  # never break the program's thread
+            return
+
+    def _unfollow_here(self) -> None:
+        sys.setprofile(None)
+        try:
+            with self._lock:
+                cm = self._followed.pop(threading.get_ident(), None)
+            if cm is not None:
+                cm.__exit__(None, None, None)
+        except Exception:
+            return
 
     def _forget(self) -> None:
         # Last user gone: forget every entry; a late callback finds its entry gone and does nothing.
