@@ -15,253 +15,239 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from torchmem._version import __version__
+from torchmem._version import __version__ as __version__
 
-if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they load on first use
-    from torchmem._errors import (
-        DeviceError,
-        DeviceIndexError,
-        DeviceUnavailableError,
-        TorchmemError,
-        TrackingError,
-        UnknownDeviceError,
-        UnsupportedDeviceError,
-    )
-    from torchmem.actions.batch_size import (
-        BatchSizeError,
-        BatchSizeResult,
-        DistributedTrialError,
-        Trial,
-        find_batch_size,
-    )
-    from torchmem.actions.guard import OOMGuard, oom_guard
-    from torchmem.actions.limit import (
-        Budget,
-        BudgetExceededError,
-        Limit,
-        LimitError,
-        WorkingSetEntry,
-        budget,
-        limit,
-    )
-    from torchmem.actions.release import (
-        ReleasedError,
-        ReleaseError,
-        release,
-    )
-    from torchmem.actions.scope import Scope, scope
-    from torchmem.analysis.estimate import FitArgumentError
-    from torchmem.analysis.holders import find_holders, holders
-    from torchmem.analysis.lint import LintFinding, lint_paths, lint_source
-    from torchmem.analysis.oom import is_oom
-    from torchmem.capture.cpu import CpuTracking, cpu_tracking
-    from torchmem.capture.file import Capture, CaptureError, read_capture
-    from torchmem.capture.measure import estimate
-    from torchmem.capture.ondemand import survivors
-    from torchmem.capture.oom import OOMInputError, OOMObserver, attach_oom_observer, explain_oom
-    from torchmem.capture.profile import ProfileError, Profiler, profile
-    from torchmem.capture.read import counters, live_tensors, reset_peak, stats
-    from torchmem.capture.track import Tracker, track
-    from torchmem.capture.watch import LeakWarning, Watcher, WatchError, watch
-    from torchmem.capture.workers import WorkerWarning
-    from torchmem.devices import HotReading
-    from torchmem.integrations import distributed
-    from torchmem.integrations.excepthook import install, uninstall
-    from torchmem.results.fit import EstimateRow, MemoryEstimate
-    from torchmem.results.holders import HolderPath, HolderSearch
-    from torchmem.results.leaks import Culprit, LeakReport
-    from torchmem.results.live import LiveTensor, LiveTensorReport
-    from torchmem.results.oom import Cause, Fix, OOMDiagnosis, OOMRecovery
-    from torchmem.results.profile import ModuleProfile, ProfileReconciliation, ProfileReport
-    from torchmem.results.release import DeviceFigures, ReleaseReport, Remaining, ScopeReport
-    from torchmem.results.stats import Breakdown, BreakdownRow, MemoryStats, ProcessMemory
-    from torchmem.results.survivors import SurvivorGroup, SurvivorReport
-    from torchmem.results.track import TrackResult
-
-# Public name -> the module that defines it. ``import torchmem`` imports none of them (nor torch): each loads
-# the first time it is used (PEP 562), so importing torchmem costs nothing and does nothing.
-_EXPORTS: dict[str, str] = {
-    "BatchSizeError": "torchmem.actions.batch_size",
-    "BatchSizeResult": "torchmem.actions.batch_size",
-    "Breakdown": "torchmem.results.stats",
-    "BreakdownRow": "torchmem.results.stats",
-    "Budget": "torchmem.actions.limit",
-    "BudgetExceededError": "torchmem.actions.limit",
-    "Capture": "torchmem.capture.file",
-    "CaptureError": "torchmem.capture.file",
-    "Cause": "torchmem.results.oom",
-    "CpuTracking": "torchmem.capture.cpu",
-    "Culprit": "torchmem.results.leaks",
-    "DeviceError": "torchmem._errors",
-    "DeviceFigures": "torchmem.results.release",
-    "DeviceIndexError": "torchmem._errors",
-    "DeviceUnavailableError": "torchmem._errors",
-    "DistributedTrialError": "torchmem.actions.batch_size",
-    "EstimateRow": "torchmem.results.fit",
-    "FitArgumentError": "torchmem.analysis.estimate",
-    "Fix": "torchmem.results.oom",
-    "HolderPath": "torchmem.results.holders",
-    "HolderSearch": "torchmem.results.holders",
-    "HotReading": "torchmem.devices",
-    "LeakReport": "torchmem.results.leaks",
-    "LeakWarning": "torchmem.capture.watch",
-    "Limit": "torchmem.actions.limit",
-    "LimitError": "torchmem.actions.limit",
-    "LiveTensor": "torchmem.results.live",
-    "LiveTensorReport": "torchmem.results.live",
-    "MemoryEstimate": "torchmem.results.fit",
-    "MemoryStats": "torchmem.results.stats",
-    "ModuleProfile": "torchmem.results.profile",
-    "OOMDiagnosis": "torchmem.results.oom",
-    "OOMGuard": "torchmem.actions.guard",
-    "OOMInputError": "torchmem.capture.oom",
-    "OOMObserver": "torchmem.capture.oom",
-    "OOMRecovery": "torchmem.results.oom",
-    "ProcessMemory": "torchmem.results.stats",
-    "ProfileError": "torchmem.capture.profile",
-    "ProfileReconciliation": "torchmem.results.profile",
-    "ProfileReport": "torchmem.results.profile",
-    "Profiler": "torchmem.capture.profile",
-    "ReleaseError": "torchmem.actions.release",
-    "ReleaseReport": "torchmem.results.release",
-    "ReleasedError": "torchmem.actions.release",
-    "Remaining": "torchmem.results.release",
-    "Scope": "torchmem.actions.scope",
-    "ScopeReport": "torchmem.results.release",
-    "TorchmemError": "torchmem._errors",
-    "TrackResult": "torchmem.results.track",
-    "Tracker": "torchmem.capture.track",
-    "TrackingError": "torchmem._errors",
-    "Trial": "torchmem.actions.batch_size",
-    "UnknownDeviceError": "torchmem._errors",
-    "UnsupportedDeviceError": "torchmem._errors",
-    "WatchError": "torchmem.capture.watch",
-    "Watcher": "torchmem.capture.watch",
-    "WorkingSetEntry": "torchmem.actions.limit",
-    "attach_oom_observer": "torchmem.capture.oom",
-    "budget": "torchmem.actions.limit",
-    "counters": "torchmem.capture.read",
-    "cpu_tracking": "torchmem.capture.cpu",
-    "estimate": "torchmem.capture.measure",
-    "explain_oom": "torchmem.capture.oom",
-    "find_batch_size": "torchmem.actions.batch_size",
-    "find_holders": "torchmem.analysis.holders",
-    "holders": "torchmem.analysis.holders",
-    "install": "torchmem.integrations.excepthook",
-    "is_oom": "torchmem.analysis.oom",
-    "limit": "torchmem.actions.limit",
-    "live_tensors": "torchmem.capture.read",
-    "oom_guard": "torchmem.actions.guard",
-    "profile": "torchmem.capture.profile",
-    "read_capture": "torchmem.capture.file",
-    "release": "torchmem.actions.release",
-    "reset_peak": "torchmem.capture.read",
-    "scope": "torchmem.actions.scope",
-    "stats": "torchmem.capture.read",
-    "survivors": "torchmem.capture.ondemand",
-    "SurvivorGroup": "torchmem.results.survivors",
-    "SurvivorReport": "torchmem.results.survivors",
-    "track": "torchmem.capture.track",
-    "uninstall": "torchmem.integrations.excepthook",
-    "watch": "torchmem.capture.watch",
-    "WorkerWarning": "torchmem.capture.workers",
-    "LintFinding": "torchmem.analysis.lint",
-    "lint_paths": "torchmem.analysis.lint",
-    "lint_source": "torchmem.analysis.lint",
-    "distributed": "torchmem.integrations",
+# The public surface, written once: each module and the public names it defines. ``__all__`` and the lazy
+# loading below come from this table; the ``TYPE_CHECKING`` imports are generated from it (run
+# ``python tests/test_public_surface.py`` after editing it; tests/test_public_surface.py checks they agree).
+# ``import torchmem`` imports none of these modules (nor torch): each name loads its module the first time it
+# is used (PEP 562), so importing torchmem costs nothing and does nothing.
+_EXPORTS: dict[str, tuple[str, ...]] = {
+    "torchmem._errors": (
+        "DeviceError",
+        "DeviceIndexError",
+        "DeviceUnavailableError",
+        "TorchmemError",
+        "TrackingError",
+        "UnknownDeviceError",
+        "UnsupportedDeviceError",
+    ),
+    "torchmem._outputs": ("OutputError", "OutputExistsError"),
+    "torchmem.actions.batch_size": (
+        "BatchSizeError",
+        "BatchSizeResult",
+        "DistributedTrialError",
+        "Trial",
+        "find_batch_size",
+    ),
+    "torchmem.actions.guard": ("OOMGuard", "oom_guard"),
+    "torchmem.actions.limit": (
+        "Budget",
+        "BudgetExceededError",
+        "Limit",
+        "LimitError",
+        "WorkingSetEntry",
+        "budget",
+        "limit",
+    ),
+    "torchmem.actions.release": ("ReleaseFailedError", "ReleasedError", "release"),
+    "torchmem.actions.scope": ("Scope", "scope"),
+    "torchmem.analysis.estimate": ("FitArgumentError",),
+    "torchmem.analysis.holders": ("HoldersTargetError", "find_holders", "holders"),
+    "torchmem.analysis.lint": ("LintConfigError", "LintFinding", "lint_paths", "lint_source"),
+    "torchmem.analysis.oom": ("is_oom",),
+    "torchmem.analysis.targets": ("UnknownTargetError",),
+    "torchmem.capture.cpu": ("CpuTracking", "cpu_tracking"),
+    "torchmem.capture.fake": ("FakeTensorError",),
+    "torchmem.capture.file": (
+        "Capture",
+        "CaptureError",
+        "CaptureFormatError",
+        "CaptureVersionError",
+        "CaptureWriteError",
+        "read_capture",
+    ),
+    "torchmem.capture.measure": ("estimate",),
+    "torchmem.capture.ondemand": ("survivors",),
+    "torchmem.capture.oom": ("OOMInputError", "OOMObserver", "attach_oom_observer", "explain_oom"),
+    "torchmem.capture.profile": ("ProfileError", "Profiler", "profile"),
+    "torchmem.capture.read": ("counters", "live_tensors", "reset_peak", "stats"),
+    "torchmem.capture.track": ("Tracker", "track"),
+    "torchmem.capture.watch": ("LeakWarning", "WatchError", "Watcher", "watch"),
+    "torchmem.capture.workers": ("WorkerWarning",),
+    "torchmem.devices": ("HotReading",),
+    "torchmem.integrations": ("distributed",),  # a module: torchmem.distributed.gather_stats(), local_stats()
+    "torchmem.integrations.distributed": ("DistributedError",),
+    "torchmem.integrations.excepthook": ("install", "uninstall"),
+    "torchmem.report.plot": ("PlotUnavailableError",),
+    "torchmem.results._dicts": ("ResultFormatError",),
+    "torchmem.results.fit": ("EstimateRow", "MemoryEstimate", "TargetEstimate"),
+    "torchmem.results.gpus": ("GpuRow", "GpusReport"),
+    "torchmem.results.holders": ("HolderPath", "HolderPaths", "HolderSearch", "StepKind"),
+    "torchmem.results.leaks": ("Culprit", "LeakReport"),
+    "torchmem.results.live": ("LiveTensor", "LiveTensorReport"),
+    "torchmem.results.oom": ("Cause", "Fix", "OOMDiagnosis", "OOMRecovery"),
+    "torchmem.results.profile": ("ModuleProfile", "ProfileReconciliation", "ProfileReport"),
+    "torchmem.results.ranks": ("DistributedStats", "RankStats"),
+    "torchmem.results.release": ("DeviceFigures", "ReleaseReport", "Remaining", "ScopeReport"),
+    "torchmem.results.stats": ("Breakdown", "BreakdownRow", "MemoryStats", "ProcessMemory"),
+    "torchmem.results.survivors": ("SurvivorGroup", "SurvivorReport"),
+    "torchmem.results.track": ("TrackResult",),
 }
 
-__all__ = [
-    "BatchSizeError",
-    "BatchSizeResult",
-    "Breakdown",
-    "BreakdownRow",
-    "Budget",
-    "BudgetExceededError",
-    "Capture",
-    "CaptureError",
-    "Cause",
-    "CpuTracking",
-    "Culprit",
-    "DeviceError",
-    "DeviceFigures",
-    "DeviceIndexError",
-    "DeviceUnavailableError",
-    "DistributedTrialError",
-    "EstimateRow",
-    "FitArgumentError",
-    "Fix",
-    "HolderPath",
-    "HolderSearch",
-    "HotReading",
-    "LeakReport",
-    "LeakWarning",
-    "Limit",
-    "LimitError",
-    "LintFinding",
-    "LiveTensor",
-    "LiveTensorReport",
-    "MemoryEstimate",
-    "MemoryStats",
-    "ModuleProfile",
-    "OOMDiagnosis",
-    "OOMGuard",
-    "OOMInputError",
-    "OOMObserver",
-    "OOMRecovery",
-    "ProcessMemory",
-    "ProfileError",
-    "ProfileReconciliation",
-    "ProfileReport",
-    "Profiler",
-    "ReleaseError",
-    "ReleaseReport",
-    "ReleasedError",
-    "Remaining",
-    "Scope",
-    "ScopeReport",
-    "SurvivorGroup",
-    "SurvivorReport",
-    "TorchmemError",
-    "TrackResult",
-    "Tracker",
-    "TrackingError",
-    "Trial",
-    "UnknownDeviceError",
-    "UnsupportedDeviceError",
-    "WatchError",
-    "Watcher",
-    "WorkerWarning",
-    "WorkingSetEntry",
-    "__version__",
-    "attach_oom_observer",
-    "budget",
-    "counters",
-    "cpu_tracking",
-    "distributed",
-    "estimate",
-    "explain_oom",
-    "find_batch_size",
-    "find_holders",
-    "holders",
-    "install",
-    "is_oom",
-    "limit",
-    "lint_paths",
-    "lint_source",
-    "live_tensors",
-    "oom_guard",
-    "profile",
-    "read_capture",
-    "release",
-    "reset_peak",
-    "scope",
-    "stats",
-    "survivors",
-    "track",
-    "uninstall",
-    "watch",
-]
+if TYPE_CHECKING:
+    # BEGIN generated from _EXPORTS by `python tests/test_public_surface.py`: do not edit by hand
+    # isort: off
+    from torchmem._errors import (
+        DeviceError as DeviceError,
+        DeviceIndexError as DeviceIndexError,
+        DeviceUnavailableError as DeviceUnavailableError,
+        TorchmemError as TorchmemError,
+        TrackingError as TrackingError,
+        UnknownDeviceError as UnknownDeviceError,
+        UnsupportedDeviceError as UnsupportedDeviceError,
+    )
+    from torchmem._outputs import OutputError as OutputError, OutputExistsError as OutputExistsError
+    from torchmem.actions.batch_size import (
+        BatchSizeError as BatchSizeError,
+        BatchSizeResult as BatchSizeResult,
+        DistributedTrialError as DistributedTrialError,
+        Trial as Trial,
+        find_batch_size as find_batch_size,
+    )
+    from torchmem.actions.guard import OOMGuard as OOMGuard, oom_guard as oom_guard
+    from torchmem.actions.limit import (
+        Budget as Budget,
+        BudgetExceededError as BudgetExceededError,
+        Limit as Limit,
+        LimitError as LimitError,
+        WorkingSetEntry as WorkingSetEntry,
+        budget as budget,
+        limit as limit,
+    )
+    from torchmem.actions.release import (
+        ReleaseFailedError as ReleaseFailedError,
+        ReleasedError as ReleasedError,
+        release as release,
+    )
+    from torchmem.actions.scope import Scope as Scope, scope as scope
+    from torchmem.analysis.estimate import FitArgumentError as FitArgumentError
+    from torchmem.analysis.holders import (
+        HoldersTargetError as HoldersTargetError,
+        find_holders as find_holders,
+        holders as holders,
+    )
+    from torchmem.analysis.lint import (
+        LintConfigError as LintConfigError,
+        LintFinding as LintFinding,
+        lint_paths as lint_paths,
+        lint_source as lint_source,
+    )
+    from torchmem.analysis.oom import is_oom as is_oom
+    from torchmem.analysis.targets import UnknownTargetError as UnknownTargetError
+    from torchmem.capture.cpu import CpuTracking as CpuTracking, cpu_tracking as cpu_tracking
+    from torchmem.capture.fake import FakeTensorError as FakeTensorError
+    from torchmem.capture.file import (
+        Capture as Capture,
+        CaptureError as CaptureError,
+        CaptureFormatError as CaptureFormatError,
+        CaptureVersionError as CaptureVersionError,
+        CaptureWriteError as CaptureWriteError,
+        read_capture as read_capture,
+    )
+    from torchmem.capture.measure import estimate as estimate
+    from torchmem.capture.ondemand import survivors as survivors
+    from torchmem.capture.oom import (
+        OOMInputError as OOMInputError,
+        OOMObserver as OOMObserver,
+        attach_oom_observer as attach_oom_observer,
+        explain_oom as explain_oom,
+    )
+    from torchmem.capture.profile import (
+        ProfileError as ProfileError,
+        Profiler as Profiler,
+        profile as profile,
+    )
+    from torchmem.capture.read import (
+        counters as counters,
+        live_tensors as live_tensors,
+        reset_peak as reset_peak,
+        stats as stats,
+    )
+    from torchmem.capture.track import Tracker as Tracker, track as track
+    from torchmem.capture.watch import (
+        LeakWarning as LeakWarning,
+        WatchError as WatchError,
+        Watcher as Watcher,
+        watch as watch,
+    )
+    from torchmem.capture.workers import WorkerWarning as WorkerWarning
+    from torchmem.devices import HotReading as HotReading
+    from torchmem.integrations import distributed as distributed
+    from torchmem.integrations.distributed import DistributedError as DistributedError
+    from torchmem.integrations.excepthook import install as install, uninstall as uninstall
+    from torchmem.report.plot import PlotUnavailableError as PlotUnavailableError
+    from torchmem.results._dicts import ResultFormatError as ResultFormatError
+    from torchmem.results.fit import (
+        EstimateRow as EstimateRow,
+        MemoryEstimate as MemoryEstimate,
+        TargetEstimate as TargetEstimate,
+    )
+    from torchmem.results.gpus import GpuRow as GpuRow, GpusReport as GpusReport
+    from torchmem.results.holders import (
+        HolderPath as HolderPath,
+        HolderPaths as HolderPaths,
+        HolderSearch as HolderSearch,
+        StepKind as StepKind,
+    )
+    from torchmem.results.leaks import Culprit as Culprit, LeakReport as LeakReport
+    from torchmem.results.live import LiveTensor as LiveTensor, LiveTensorReport as LiveTensorReport
+    from torchmem.results.oom import (
+        Cause as Cause,
+        Fix as Fix,
+        OOMDiagnosis as OOMDiagnosis,
+        OOMRecovery as OOMRecovery,
+    )
+    from torchmem.results.profile import (
+        ModuleProfile as ModuleProfile,
+        ProfileReconciliation as ProfileReconciliation,
+        ProfileReport as ProfileReport,
+    )
+    from torchmem.results.ranks import DistributedStats as DistributedStats, RankStats as RankStats
+    from torchmem.results.release import (
+        DeviceFigures as DeviceFigures,
+        ReleaseReport as ReleaseReport,
+        Remaining as Remaining,
+        ScopeReport as ScopeReport,
+    )
+    from torchmem.results.stats import (
+        Breakdown as Breakdown,
+        BreakdownRow as BreakdownRow,
+        MemoryStats as MemoryStats,
+        ProcessMemory as ProcessMemory,
+    )
+    from torchmem.results.survivors import SurvivorGroup as SurvivorGroup, SurvivorReport as SurvivorReport
+    from torchmem.results.track import TrackResult as TrackResult
+    # isort: on
+    # END generated
+else:
+    _MODULE_OF: dict[str, str] = {name: module for module, names in _EXPORTS.items() for name in names}
+    __all__ = sorted([*_MODULE_OF, "__version__"])
+
+    def __getattr__(name: str) -> Any:
+        module = _MODULE_OF.get(name)
+        if module is None:
+            raise AttributeError(f"module 'torchmem' has no attribute {name!r}")
+        parent = importlib.import_module(module)
+        try:
+            value = getattr(parent, name)
+        except AttributeError:  # a submodule its package does not import (torchmem.distributed)
+            value = importlib.import_module(f"{module}.{name}")
+        globals()[name] = value  # the next access is a plain attribute read
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -270,19 +256,3 @@ def load_ipython_extension(ipython: Any) -> None:
     from torchmem.integrations.notebook import load
 
     load(ipython)
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'torchmem' has no attribute {name!r}")
-    if name == "distributed":  # a module: torchmem.distributed.gather_stats(), local_stats()
-        value = importlib.import_module("torchmem.integrations.distributed")
-    else:
-        value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next access is a plain attribute read
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))

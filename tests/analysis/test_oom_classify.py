@@ -16,7 +16,7 @@ from torchmem.analysis.fragmentation import AllocatorState, analyze_fragmentatio
 from torchmem.analysis.oom import (
     PinnedTensor,
     WorkingSetItem,
-    as_leak_trend,
+    as_leak_evidence,
     diagnose,
     parse_alloc_conf,
     parse_oom_message,
@@ -196,13 +196,13 @@ def test_leak_trend_from_dict_and_object() -> None:
         leaking = True
 
     for leak in (Report(), {"bytes_per_step": 4 * MiB, "culprits": [vars(Culprit) | {}], "leaking": True}):
-        trend = as_leak_trend(leak)
+        trend = as_leak_evidence(leak)
         assert trend is not None and trend.bytes_per_step == 4 * MiB
         d = diagnose(None, fragmented_state(), leak=leak)
         leak_cause = next(c for c in d.causes if c.kind == "leak")
         assert leak_cause.confidence == "high"
         assert any("train.py:42" in e for e in leak_cause.evidence)
-    assert as_leak_trend({"nothing": 1}) is None
+    assert as_leak_evidence({"nothing": 1}) is None
 
 
 def test_pinned_by_exception_ranks_first_when_it_covers_the_request() -> None:

@@ -37,15 +37,20 @@ from torchmem.results.release import DeviceFigures, ReleaseReport, Remaining
 
 
 class ReleasedError(TorchmemError):
-    """A module or optimizer was used after :func:`torchmem.release` emptied it.
+    """A module or optimizer was used after :func:`torchmem.release` emptied it (``release()`` itself
+    worked; compare :class:`ReleaseFailedError`).
 
     Also raised by the ``step()`` of an optimizer that was not passed to ``release()`` but trains parameters
     it emptied: such a step would otherwise silently skip them.
     """
 
 
-class ReleaseError(TorchmemError):
-    """``release()`` could not start (nothing was changed)."""
+class ReleaseFailedError(TorchmemError):
+    """:func:`torchmem.release` could not start (nothing was changed): the ``offload`` copies failed.
+
+    Not to be confused with :class:`ReleasedError`, which is raised when something release() emptied is
+    used after it.
+    """
 
 
 _RELEASED_ATTR = "_torchmem_released"
@@ -307,7 +312,7 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
         A :class:`ReleaseReport`.
 
     Raises:
-        ReleaseError: ``offload`` copies failed (for example out of host memory); nothing was changed.
+        ReleaseFailedError: ``offload`` copies failed (for example out of host memory); nothing was changed.
 
     Example:
         >>> import torch, torchmem
@@ -380,7 +385,7 @@ def release(*objs: Any, offload: bool | DeviceLike = False, device: DeviceLike =
                 offloaded += pt.tensor.nbytes
         except Exception as exc:
             copies.clear()
-            raise ReleaseError(
+            raise ReleaseFailedError(
                 f"Copying to {off_dev} failed after {offloaded} bytes ({type(exc).__name__}: {exc}); "
                 "nothing was released.",
                 "Free host memory, or release without offload.",

@@ -400,6 +400,9 @@ def estimate(
 
     Raises:
         FitArgumentError: no batch dimension in the inputs, non-positive sizes, an unknown optimizer.
+        UnknownTargetError: ``target`` names no GPU torchmem knows (a :class:`FitArgumentError`).
+        FakeTensorError: the device-free estimate (``target=``, a meta model, a model factory) cannot run the
+            model under fake tensors (data-dependent shapes, an op with no fake kernel); ``.op`` names it.
 
     Example:
         >>> import torch, torchmem

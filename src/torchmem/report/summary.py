@@ -8,7 +8,6 @@ The text itself is the capture's plain-text rendering (:func:`torchmem.results.c
 from __future__ import annotations
 
 from torchmem.results.capture import (
-    MODULE_LABELS,
     RunFacts,
     final_leak,
     fmt_seconds,
@@ -21,11 +20,7 @@ from torchmem.results.capture import (
     write_summary,
 )
 
-MODULE_COLUMNS = MODULE_LABELS
-"""(key, label) of the module table's byte columns."""
-
 __all__ = [
-    "MODULE_COLUMNS",
     "RunFacts",
     "final_leak",
     "fmt_seconds",

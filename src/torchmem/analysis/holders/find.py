@@ -15,7 +15,7 @@ from typing import overload
 
 from torchmem._errors import TorchmemError
 from torchmem.analysis.holders.search import _BackwardSearch
-from torchmem.results.holders import HolderPath, HolderPaths, HolderSearch
+from torchmem.results.holders import HolderPaths, HolderSearch
 
 _log = logging.getLogger("torchmem")
 
@@ -30,18 +30,18 @@ class HoldersTargetError(TorchmemError, ValueError):
 
 
 @overload
-def holders(obj: object, /, *, max_paths: int = 8, time_limit: float = 5.0) -> list[HolderPath]: ...
+def holders(obj: object, /, *, max_paths: int = 8, time_limit: float = 5.0) -> HolderPaths: ...
 
 
 @overload
 def holders(
     obj: object, obj2: object, /, *more: object, max_paths: int = 8, time_limit: float = 5.0
-) -> list[list[HolderPath]]: ...
+) -> list[HolderPaths]: ...
 
 
 def holders(
     obj: object, *more: object, max_paths: int = 8, time_limit: float = 5.0
-) -> list[HolderPath] | list[list[HolderPath]]:
+) -> HolderPaths | list[HolderPaths]:
     """Who keeps ``obj`` alive: referrer paths from roots a person understands, shortest first.
 
     Several objects share one search: ``holders(a, b, c)`` returns one list per object. Use
@@ -80,8 +80,7 @@ def holders(
         _log.debug("holders(): search truncated (%s)", search.reason)
     if not more:
         return HolderPaths(search.paths[0])
-    each: list[list[HolderPath]] = [HolderPaths(p) for p in search.paths]
-    return each
+    return [HolderPaths(p) for p in search.paths]
 
 
 # Values the interpreter shares between all code: their holders are everything, which says nothing.

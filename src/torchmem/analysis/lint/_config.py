@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchmem._errors import TorchmemError
 from torchmem.analysis.lint._rules import RULES
 
 _KEYS = ("select", "ignore", "exclude", "extend-exclude")
 
 
-class LintConfigError(ValueError):
-    """A ``[tool.torchmem.lint]`` table or a ``--select``/``--ignore`` code that cannot be used."""
+class LintConfigError(TorchmemError, ValueError):
+    """A ``[tool.torchmem.lint]`` table or a ``--select``/``--ignore`` code that cannot be used (also a
+    ``ValueError``)."""
 
 
 @dataclass(frozen=True)

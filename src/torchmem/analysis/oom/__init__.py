@@ -25,7 +25,7 @@ in as data. Importing this package costs the compilation of the message tables' 
 from __future__ import annotations
 
 from torchmem.analysis.oom.detect import is_oom, oom_exception
-from torchmem.analysis.oom.diagnose import as_leak_evidence, as_leak_trend, diagnose
+from torchmem.analysis.oom.diagnose import as_leak_evidence, diagnose
 from torchmem.analysis.oom.figures import parse_alloc_conf
 from torchmem.analysis.oom.messages import find_oom_message, parse_oom_message, parse_size
 from torchmem.results.oom import (
@@ -41,26 +41,18 @@ from torchmem.results.oom import (
     WorkingSetItem,
 )
 
-#: The old names of :class:`LeakEvidence` and :class:`LeakSite` (the diagnosis's own evidence of a leak,
-#: not a second leak report).
-LeakTrend = LeakEvidence
-LeakCulprit = LeakSite
-
 __all__ = [
     "CAUSE_KINDS",
     "Cause",
     "Fix",
-    "LeakCulprit",
     "LeakEvidence",
     "LeakSite",
-    "LeakTrend",
     "MachineMemory",
     "OOMDiagnosis",
     "ParsedOOM",
     "PinnedTensor",
     "WorkingSetItem",
     "as_leak_evidence",
-    "as_leak_trend",
     "diagnose",
     "find_oom_message",
     "is_oom",

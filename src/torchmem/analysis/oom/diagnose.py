@@ -77,10 +77,6 @@ def as_leak_evidence(obj: Any) -> LeakEvidence | None:
     )
 
 
-#: The old name of :func:`as_leak_evidence`.
-as_leak_trend = as_leak_evidence
-
-
 def diagnose(
     parsed: ParsedOOM | None,
     state: AllocatorState | None = None,
@@ -237,4 +233,4 @@ def diagnose(
     )
 
 
-__all__ = ["as_leak_evidence", "as_leak_trend", "diagnose"]
+__all__ = ["as_leak_evidence", "diagnose"]
