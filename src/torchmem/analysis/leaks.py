@@ -1142,15 +1142,28 @@ def fix_for(
 
 def _main_pattern(paths: Sequence[HolderPath]) -> str:
     """The holder most sampled storages share (a container beats the loop variable of the last step; of
-    holders equally shared, the one with the shortest path: the variable that carries a graph from step to
-    step, not the step's output whose graph reaches it one node later)."""
+    holders equally shared, one that reaches them through a list of per-step objects — ``outputs[2]`` over
+    the loop variable ``out`` holding the same last output — then the one with the shortest path: the
+    variable that carries a graph from step to step, not the step's output whose graph reaches it one node
+    later)."""
     counts: dict[str, int] = {}
     hops: dict[str, int] = {}
+    seq: dict[str, bool] = {}
     for p in paths:
         k = holder_pattern(p)
         counts[k] = counts.get(k, 0) + 1
         hops[k] = min(hops.get(k, len(p.steps)), len(p.steps))
-    return max(counts, key=lambda k: (counts[k], "[*]" in k, -hops[k]))
+        seq[k] = seq.get(k, False) or _through_a_sequence(p)
+    return max(counts, key=lambda k: (counts[k], "[*]" in k, seq[k], -hops[k]))
+
+
+def _through_a_sequence(path: HolderPath) -> bool:
+    """Whether the path's first container step is an index into a list, deque or tuple (``outputs[2]...``):
+    a collection of per-step objects, where a variable (``out['cache']...``) holds one step's object."""
+    for s in path.typed_steps:
+        if s.kind in _CONTAINER_ITEMS:
+            return s.key_type == "int" and s.holder_type in ("list", "deque", "tuple")
+    return False
 
 
 def attribute(

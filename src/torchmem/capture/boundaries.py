@@ -55,7 +55,8 @@ class StepBoundaries:
     """Counts candidate step boundaries on one thread and reports the chosen kind's to ``on_step``.
 
     ``on_step()`` is called at each boundary of the chosen kind; ``on_switch(kind, label)`` when a kind is
-    chosen or a better one takes over (the caller restarts its per-step state).
+    chosen or a better one takes over (the caller restarts its per-step state); ``on_first(kind)`` at the
+    first event of a kind while none is chosen (it ends the first step if the kind is chosen later).
     """
 
     def __init__(
@@ -65,8 +66,10 @@ class StepBoundaries:
         *,
         thread: int | None = None,
         on_error: Callable[[str], None] | None = None,
+        on_first: Callable[[str], None] | None = None,
     ) -> None:
         self._on_step = on_step
+        self._on_first = on_first
         self._on_switch = on_switch
         self._on_error = on_error
         self.thread = thread if thread is not None else threading.get_ident()
@@ -151,6 +154,10 @@ class StepBoundaries:
             if self.counts[kind] >= REPEAT[kind] and (chosen is None or _RANK[kind] < _RANK[chosen]):
                 self._choose(kind)
                 self._on_step()  # this boundary ends a step of the new kind
+            elif chosen is None and self.counts[kind] == 1 and self._on_first is not None:
+                # Not a loop yet; if the kind is chosen at its next event, this one ended its first step
+                # (3 generate() calls are 3 steps, not 2).
+                self._on_first(kind)
         except Exception as exc:
             self._error("counting a step", exc)
 

@@ -1425,7 +1425,9 @@ def _no_cache(batch: Any) -> dict[str, Any]:
     return {} if isinstance(batch, Mapping) and "use_cache" in batch else {"use_cache": False}
 
 
-def _decode_step_bytes(twin: torch.nn.Module, batch: Any, out: Any, led: Any, extra: Mapping[str, Any]) -> int:
+def _decode_step_bytes(
+    twin: torch.nn.Module, batch: Any, out: Any, led: Any, extra: Mapping[str, Any]
+) -> int:
     """The bytes one decode step of a generate call holds above what it starts with (its temporaries, the
     next token's logits, the cache's copies): the prompt's last token fed again with the prefill's cache.
     0 where the model's output has no cache or the step cannot run (the prefill's figures stand)."""

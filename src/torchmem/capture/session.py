@@ -153,6 +153,8 @@ class Session:
         self._main = threading.get_ident()
         self._pid = os.getpid()
         self._steps = 0
+        self._first_readings: dict[str, int] = {}  # boundary kind -> the figure at its first event
+        self._replay: int | None = None  # the next step's figure, read earlier (StepBoundaries on_first)
         self._leak_written = False
         self._observer: Any = None
         self._status_len = 0
@@ -255,7 +257,11 @@ class Session:
         from torchmem.capture.boundaries import StepBoundaries
 
         self._boundaries = StepBoundaries(
-            self._on_boundary, self._on_switch, thread=self._main, on_error=self._note
+            self._on_boundary,
+            self._on_switch,
+            thread=self._main,
+            on_error=self._note,
+            on_first=self._on_first,
         )
         if self.step_marker:
             # The user said what a step is: only optimizer steps are counted (for the 0-step advice).
@@ -412,6 +418,17 @@ class Session:
         if not self._disabled and not self.step_marker:
             self.step()
 
+    def _on_first(self, kind: str) -> None:
+        """The first event of a kind while none is chosen: its reading, for the step it ends if the kind is
+        chosen at its next event (a boundary is recognised at its second occurrence)."""
+        w = self._watcher
+        if self._disabled or self.step_marker or w is None or w.steps:
+            return
+        try:
+            self._first_readings[kind] = w._reader()
+        except Exception as exc:
+            self._note(f"step detection: a first reading failed ({type(exc).__name__}: {exc})")
+
     def _unit_found(self, label: str) -> None:
         """The program's repeating unit was found (no other boundary): its calls are the steps from now."""
         if self._boundary_kind is None:
@@ -454,6 +471,12 @@ class Session:
                 self._steps = 0
                 self._leak_written = False
             self._write("boundary", kind=kind, label=label, count=0)
+            first = self._first_readings.pop(kind, None) if previous is None else None
+            self._first_readings.clear()
+            w = self._watcher
+            if first is not None and w is not None and not w.steps:
+                self._replay = first
+                self.step()  # the first event of the kind ended the first step, at the figure read then
         except Exception as exc:
             self._note(f"step detection: switching boundaries failed ({type(exc).__name__}: {exc})")
 
@@ -568,7 +591,11 @@ class Session:
                 return
             pc = time.perf_counter
             t0 = pc()
-            w.step()
+            replay, self._replay = self._replay, None
+            if replay is None:
+                w.step()
+            else:
+                w.step_at(replay)
             self._steps = n = w.steps
             series = w._series
             if self.device.type == "cpu" and series and series[-1][0] == n:
@@ -576,10 +603,12 @@ class Session:
                 if v is not None and v > self._peak_seen:
                     self._peak_seen = int(v)
             t1 = pc()
-            if self._survivors is not None:
+            # (A replayed first step: the loop survivors and the host watcher saw nothing of it; their first
+            # boundary is the next one.)
+            if self._survivors is not None and replay is None:
                 self._survivors.boundary(n)
             t2 = pc()
-            if self._host is not None:
+            if self._host is not None and replay is None:
                 self._host.step()
             t3 = pc()
             parts = self._step_parts

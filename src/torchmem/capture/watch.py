@@ -406,6 +406,16 @@ class Watcher(Generic[T]):
         except Exception as exc:  # never break the user's loop
             self._report_error("step", exc)
 
+    def step_at(self, value: int) -> None:
+        """:meth:`step` with the figure read earlier (``value``, as the reader returns it): a step whose end
+        is known only afterwards (a boundary recognised at its second occurrence ended its first step too)."""
+        reader = self._reader
+        self._reader = lambda: value
+        try:
+            self.step()
+        finally:
+            self._reader = reader
+
     def _step(self) -> None:
         n = self.steps
         if n <= self.warmup + 1:  # step durations matter only to choose the stride, at the warm-up's end
