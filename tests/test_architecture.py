@@ -215,3 +215,125 @@ def test_the_checker_sees_function_level_and_type_checking_imports(tmp_path: Pat
     )
     found = {t for t, _, _ in _imports("torchmem.devices.m", src, set(_modules()))}
     assert {"torchmem.cli.run", "torchmem.report.html", "torchmem.actions.release"} <= found
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the capture's record schema: one table (results.capture.RECORDS) that the writers, the reader and
+# `torchmem report --json` agree with
+
+# Keys of `report --json` besides one per record kind.
+_JSON_KEYS = {"path", "header", "summary", "truncated", "unknown", "lines"}
+# Calls that write a record: Session._write(kind, ...), CaptureWriter.record(kind, ...).
+_WRITER_CALLS = {"_write", "record"}
+
+
+def _record_writes() -> list[tuple[str, str, set[str], bool]]:
+    """(where, kind, field names, whether some fields come from ``**``) for every call in the package that
+    writes a capture record with a literal kind, found by parsing the source."""
+    found = []
+    for path in sorted(_modules().values()):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _WRITER_CALLS
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                continue
+            names = {k.arg for k in node.keywords if k.arg is not None} - {"t"}
+            star = any(k.arg is None for k in node.keywords)
+            found.append((f"{path.relative_to(PKG.parent)}:{node.lineno}", node.args[0].value, names, star))
+    return found
+
+
+def test_every_record_the_code_writes_is_in_the_record_table() -> None:
+    import dataclasses
+
+    from torchmem.results.capture import RECORDS
+
+    writes = _record_writes()
+    written = {kind for _, kind, _, _ in writes}
+    # the scan sees the writers (not vacuous): the session's records and CaptureWriter's typed ones
+    assert {"sample", "step", "end", "host_leak", "survivors", "overhead", "oom", "forecast"} <= written
+    bad = [f"{where}: {kind!r} is not in RECORDS" for where, kind, _, _ in writes if kind not in RECORDS]
+    assert not bad, "records written of kinds the table does not have:\n" + "\n".join(bad)
+    lost = []
+    for where, kind, names, _ in writes:
+        fields = {f.name for f in dataclasses.fields(RECORDS[kind].type)}
+        lost += [f"{where}: {kind}.{n} is written but {RECORDS[kind].type.__name__} has no such field"
+                 for n in sorted(names - fields)]  # fmt: skip
+    assert not lost, "fields the reader would drop:\n" + "\n".join(lost)
+    unwritten = set(RECORDS) - written
+    assert not unwritten, f"kinds in the table that nothing writes: {sorted(unwritten)}"
+
+
+def _example(tp: object, name: str) -> object:
+    """A value of the annotation ``tp`` for a record's field ``name`` (as it reads back from JSON)."""
+    import types
+    import typing
+    from collections.abc import Mapping
+
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    origin, args = typing.get_origin(tp) or tp, typing.get_args(tp)
+    if tp is bool:
+        return True
+    if tp is int:
+        return 7
+    if tp is float:
+        return 1.5
+    if tp is str:
+        return f"{name}-text"
+    if origin in (Mapping, dict):
+        return {"a": 0.25} if args == (str, float) else {"key": name, "n": [1, 2]}
+    if origin is tuple:
+        return ("n1",) if args[0] is str else ({"module": "m", "params": 1},)
+    raise AssertionError(f"no example value for {name}: {tp!r}")
+
+
+def test_the_record_table_the_reader_and_report_json_agree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dataclasses
+    import json
+    import os
+    import typing
+
+    from torchmem.capture.file import CaptureWriter, read_capture
+    from torchmem.cli import main
+    from torchmem.results.capture import RECORDS, Capture
+
+    # every Capture attribute but the file's own facts is one kind's group, and the other way round
+    groups = {r.group for r in RECORDS.values()}
+    assert len(groups) == len(RECORDS)
+    assert set(Capture.__dataclass_fields__) - _JSON_KEYS == groups
+
+    examples = {}
+    for i, (kind, r) in enumerate(RECORDS.items()):
+        hints = typing.get_type_hints(r.type)
+        values = {f.name: _example(hints[f.name], f.name) for f in dataclasses.fields(r.type)}
+        values["t"] = 1.0 + i
+        examples[kind] = r.type(**values)
+    p = tmp_path / "every-kind.jsonl"
+    w = CaptureWriter(p, argv=["every-kind.py"])
+    for kind, rec in examples.items():
+        w.record(kind, **rec.to_dict())  # the writer takes every kind (the end record too)
+    fd, w._fd = w._fd, None  # closed without close(): the file ends with the example's end record
+    assert fd is not None
+    os.close(fd)
+    cap = read_capture(p)
+    assert cap.truncated is None and not cap.unknown
+    for kind, rec in examples.items():
+        assert cap.records(kind) == (rec,), f"the reader did not read the {kind} record back"
+
+    assert main(["report", str(p), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == _JSON_KEYS | groups
+    for kind, rec in examples.items():
+        r = RECORDS[kind]
+        want = json.loads(json.dumps(rec.to_dict()))
+        assert data[r.group] == ([want] if r.many else want), f"report --json: {kind} as {r.group}"
+    assert Capture.from_dict(data) == dataclasses.replace(cap, path=data["path"])

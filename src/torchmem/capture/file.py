@@ -8,7 +8,9 @@ maybe a partial last one. The reader keeps everything up to a partial or corrupt
 file stops. See docs/report.md for every record type and the compatibility rules.
 
 Nothing here touches a device: the writer takes figures (or report objects with ``to_dict()``) from the
-caller, and the reader returns plain frozen data.
+caller, and the reader returns plain frozen data. Both go through the one table of record kinds,
+:data:`torchmem.results.capture.RECORDS`: the writer writes only its kinds, the reader reads every line of
+them with its type's ``from_dict()``.
 """
 
 from __future__ import annotations
@@ -27,32 +29,24 @@ from typing import Any
 from torchmem._errors import TorchmemError
 from torchmem._outputs import OutputError, OutputExistsError, check_output, describe
 from torchmem._warn import emit_warning
+from torchmem.results._dicts import ResultFormatError
 from torchmem.results.capture import (
     END_REASONS,
     FORMAT,
     MODULE_COLUMNS,
     RECORD_TYPES,
+    RECORDS,
     VERSION,
-    BoundaryRecord,
     Capture,
-    DeviceRecord,
     End,
-    ForecastRecord,
-    GpusRecord,
-    HostLeakRecord,
     LeakRecord,
     ModulesRecord,
     Note,
     OOMRecord,
-    OverheadRecord,
-    RankRecord,
-    RankStateRecord,
     Sample,
     StatsRecord,
     StepMark,
-    SurvivorsRecord,
     _float,
-    _int,
 )
 
 _FSYNC_EVERY = 1.0  # seconds between forced writes to disk
@@ -175,6 +169,7 @@ class CaptureWriter:
         self._closed = False
         self._last_sync = 0.0
         self._max_step: int | None = None
+        self._refused: set[str] = set()
         self._t0 = time.monotonic()
         started = time.time()
         try:
@@ -252,6 +247,17 @@ class CaptureWriter:
             except OSError:
                 pass
 
+    def _refuse(self, kind: str) -> None:
+        with self._lock:
+            if kind in self._refused:
+                return
+            self._refused.add(kind)
+        emit_warning(
+            f"torchmem: a capture record of type {kind!r} was not written to {str(self.path)!r}: the capture "
+            f"format has no such record (its types: {', '.join(RECORDS)})",
+            stacklevel=4,
+        )
+
     @property
     def recording(self) -> bool:
         """Lines are still being written (not closed, no write error)."""
@@ -264,8 +270,12 @@ class CaptureWriter:
     def record(self, type: str, *, t: float | None = None, **fields: Any) -> None:
         """Append one record of ``type`` with ``fields`` (report objects are stored as their ``to_dict()``).
 
+        Only the kinds of :data:`~torchmem.results.capture.RECORDS` are written: a record of any other type
+        is dropped and said once per type (a warning; the program under watch goes on), since no reader of
+        this version could read it.
+
         Args:
-            type: The record type (see :data:`RECORD_TYPES`; other names are kept by readers as unknown).
+            type: The record type, a key of :data:`~torchmem.results.capture.RECORDS`.
             t: Seconds since the start (default: now).
             **fields: The record's fields.
 
@@ -273,6 +283,9 @@ class CaptureWriter:
             >>> w.record("note", text="warm-up done")  # doctest: +SKIP
         """
         if not self.recording:
+            return
+        if type not in RECORDS:
+            self._refuse(type)
             return
         try:
             line: dict[str, Any] = {"type": type, "t": round(self.elapsed() if t is None else float(t), 6)}
@@ -419,12 +432,6 @@ class _Bad(Exception):
     pass
 
 
-def _mapping(v: Any) -> Mapping[str, Any]:
-    if not isinstance(v, dict):
-        raise _Bad("a field that should be an object is not")
-    return v
-
-
 def _parse_header(line: bytes, path: str) -> dict[str, Any]:
     what = describe(line)
     try:
@@ -523,9 +530,8 @@ def read_capture(path: str | os.PathLike[str]) -> Capture:
             lines=1,
         )
 
-    groups: dict[str, list[Any]] = {k: [] for k in RECORD_TYPES if k != "end"}
+    records: list[Any] = []
     unknown: list[Mapping[str, Any]] = []
-    end: End | None = None
     truncated: str | None = None
     offset = first_end + 1
     lineno = 1
@@ -538,192 +544,47 @@ def read_capture(path: str | os.PathLike[str]) -> Capture:
                 raise _Bad("partial line")
             if raw.strip():
                 rec = _parse_record(raw)
-                if rec is None:
-                    pass
-                elif isinstance(rec, End):
-                    end = rec
-                elif isinstance(rec, dict):
-                    unknown.append(rec)
-                else:
-                    groups[_KIND[type(rec)]].append(rec)
+                (unknown if isinstance(rec, dict) else records).append(rec)
         except _Bad:
             truncated = _stops(lineno, offset)
             break
         offset = nl + 1
 
-    return Capture(
-        path=name,
-        header=head,
-        samples=tuple(groups["sample"]),
-        steps=tuple(groups["step"]),
-        stats=tuple(groups["stats"]),
-        leaks=tuple(groups["leak"]),
-        ooms=tuple(groups["oom"]),
-        modules=tuple(groups["modules"]),
-        notes=tuple(groups["note"]),
-        boundaries=tuple(groups["boundary"]),
-        host_leaks=tuple(groups["host_leak"]),
-        survivors=tuple(groups["survivors"]),
-        overheads=tuple(groups["overhead"]),
-        ranks=tuple(groups["rank"]),
-        rank_states=tuple(groups["rank_state"]),
-        devices=tuple(groups["device"]),
-        gpus=tuple(groups["gpus"]),
-        forecasts=tuple(groups["forecast"]),
-        end=end,
-        truncated=truncated,
-        unknown=tuple(unknown),
-        lines=lineno - (1 if truncated else 0),
+    return Capture.from_records(
+        name, head, records, unknown=unknown, truncated=truncated, lines=lineno - (1 if truncated else 0)
     )
 
 
-_KIND: dict[type, str] = {
-    Sample: "sample",
-    StepMark: "step",
-    StatsRecord: "stats",
-    LeakRecord: "leak",
-    OOMRecord: "oom",
-    ModulesRecord: "modules",
-    Note: "note",
-    BoundaryRecord: "boundary",
-    HostLeakRecord: "host_leak",
-    SurvivorsRecord: "survivors",
-    OverheadRecord: "overhead",
-    RankRecord: "rank",
-    RankStateRecord: "rank_state",
-    DeviceRecord: "device",
-    GpusRecord: "gpus",
-    ForecastRecord: "forecast",
-}
-
-
 def _parse_record(raw: bytes) -> Any:
+    """One record line, read through :data:`~torchmem.results.capture.RECORDS`: an instance of its kind's
+    record type, or the line's dict for a kind this version does not know (kept, otherwise ignored).
+
+    Raises:
+        _Bad: the line is not a record (not JSON, no ``type``, no ``t``), or a record of a known kind that
+            cannot be read (:meth:`~torchmem.results.capture._Record.from_dict`).
+    """
     try:
         obj = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise _Bad("not JSON") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("type"), str):
         raise _Bad("not a record")
-    kind = obj["type"]
-    t = _float(obj.get("t"))
-    if t is None:
+    if _float(obj.get("t")) is None:
         raise _Bad("no time")
+    kind = RECORDS.get(obj["type"])
+    if kind is None:
+        return obj  # a type this version does not know: kept, otherwise ignored
     try:
-        if kind == "sample":
-            return Sample(
-                t,
-                _int(obj.get("step")),
-                _int(obj.get("allocated")),
-                _int(obj.get("reserved")),
-                _int(obj.get("peak_allocated")),
-                _int(obj.get("peak_reserved")),
-            )
-        if kind == "step":
-            step = _int(obj.get("step"))
-            if step is None:
-                raise _Bad("step without a number")
-            return StepMark(t, step, _int(obj.get("allocated")))
-        if kind == "stats":
-            bd = obj.get("breakdown")
-            return StatsRecord(
-                t,
-                str(obj.get("when", "")),
-                _mapping(obj.get("stats")),
-                None if bd is None else _mapping(bd),
-            )
-        if kind == "leak":
-            return LeakRecord(t, _mapping(obj.get("report")))
-        if kind == "oom":
-            caught = obj.get("caught")
-            site = obj.get("site")
-            return OOMRecord(
-                t,
-                _mapping(obj.get("diagnosis")),
-                _int(obj.get("step")),
-                caught if isinstance(caught, bool) else None,
-                site if isinstance(site, str) else None,
-            )
-        if kind == "boundary":
-            return BoundaryRecord(
-                t, str(obj.get("kind", "")), str(obj.get("label", "")), _int(obj.get("count"))
-            )
-        if kind == "host_leak":
-            return HostLeakRecord(t, _mapping(obj.get("report")))
-        if kind == "survivors":
-            return SurvivorsRecord(t, _mapping(obj.get("report")))
-        if kind == "overhead":
-            parts = _mapping(obj.get("parts"))
-            wall, own, ratio = _float(obj.get("wall_s")), _float(obj.get("own_s")), _float(obj.get("ratio"))
-            if wall is None or own is None or ratio is None:
-                raise _Bad("overhead without its figures")
-            return OverheadRecord(
-                t,
-                wall,
-                own,
-                ratio,
-                {str(k): float(v) for k, v in parts.items() if isinstance(v, (int, float))},
-            )
-        if kind == "rank":
-            nccl = obj.get("nccl")
-            return RankRecord(
-                t,
-                _int(obj.get("rank")),
-                _int(obj.get("world_size")),
-                str(obj.get("backend", "")),
-                _int(obj.get("nccl_communicators")),
-                None if nccl is None else _mapping(nccl),
-            )
-        if kind == "rank_state":
-            stats = obj.get("stats")
-            return RankStateRecord(
-                t,
-                _mapping(obj.get("trigger") or {}),
-                _float(obj.get("wall")),
-                _int(obj.get("step")),
-                _int(obj.get("allocated")),
-                _int(obj.get("reserved")),
-                _int(obj.get("peak_allocated")),
-                _int(obj.get("peak_reserved")),
-                None if stats is None else _mapping(stats),
-            )
-        if kind == "device":
-            name, previous = obj.get("name"), obj.get("previous")
-            return DeviceRecord(
-                t,
-                str(obj.get("device", "")),
-                name if isinstance(name, str) else None,
-                previous if isinstance(previous, str) else None,
-                str(obj.get("reason", "")),
-            )
-        if kind == "gpus":
-            return GpusRecord(t, _mapping(obj.get("report")))
-        if kind == "forecast":
-            return ForecastRecord(t, _mapping(obj.get("forecast")))
-        if kind == "modules":
-            rows = obj.get("rows")
-            if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-                raise _Bad("modules rows are not a list of objects")
-            notes = obj.get("notes") or []
-            return ModulesRecord(t, tuple(rows), tuple(str(n) for n in notes))
-        if kind == "note":
-            return Note(t, str(obj.get("text", "")))
-        if kind == "end":
-            return End(
-                t,
-                _int(obj.get("exit_code")),
-                str(obj.get("reason", "exit")),
-                _int(obj.get("steps")),
-                _float(obj.get("seconds")),
-            )
-    except (TypeError, AttributeError):
-        raise _Bad(f"malformed {kind} record") from None
-    return obj  # a type this version does not know: kept, otherwise ignored
+        return kind.type.from_dict(obj)
+    except ResultFormatError:
+        raise _Bad(f"malformed {kind.kind} record") from None
 
 
 __all__ = [
     "END_REASONS",
     "FORMAT",
     "MODULE_COLUMNS",
+    "RECORDS",
     "RECORD_TYPES",
     "VERSION",
     "Capture",

@@ -5,19 +5,25 @@ The capture is the contract between recording (``torchmem run``) and reporting: 
 :mod:`torchmem.capture.file`; the records here keep each stored result as the dict its ``to_dict()`` wrote,
 and turn it back into the result type with ``from_dict()`` on demand (``as_stats()``, ``as_report()``,
 ``as_diagnosis()``), so a record written by another torchmem version is kept even when it cannot be read.
+
+:data:`RECORDS` is the one table of record kinds: each kind's ``"type"``, its record type (``to_dict()`` /
+``from_dict()``) and its :class:`Capture` attribute, which is also its key in ``torchmem report --json``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import os
-from collections.abc import Mapping, Sequence
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar, Union
 
 from torchmem._format import fmt_bytes, text_table
-from torchmem.results._dicts import ResultFormatError, from_mapping
+from torchmem.results._dicts import ResultFormatError
 from torchmem.results.forecast import Forecast
 from torchmem.results.gpus import GpusReport
 from torchmem.results.stats import Breakdown, MemoryStats
@@ -33,31 +39,6 @@ FORMAT = "torchmem-capture"
 
 VERSION = 1
 """The capture version this torchmem writes and the newest it reads."""
-
-RECORD_TYPES = (
-    "sample",
-    "step",
-    "stats",
-    "leak",
-    "oom",
-    "modules",
-    "note",
-    "boundary",
-    "host_leak",
-    "survivors",
-    "overhead",
-    "rank",
-    "rank_state",
-    "device",
-    "gpus",
-    "forecast",
-    "end",
-)
-"""Record types of version 1. A reader skips types it does not know (later minor additions: ``boundary``,
-``host_leak``, ``survivors`` and ``overhead`` came with torchmem 0.1's zero-config runs; older readers keep
-them as unknown; ``rank`` and ``rank_state`` came with distributed runs; ``device`` (the run began watching
-the GPU the program works on) and ``gpus`` (every GPU the process used) with multi-GPU runs; ``forecast``
-(when the memory runs out at the leak's rate) with the leak's forecast)."""
 
 END_REASONS = ("exit", "exception", "keyboard_interrupt", "oom", "signal")
 
@@ -109,8 +90,129 @@ def _int_or_none(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+# ---------------------------------------------------------------------------------------------------------
+# records: one (de)serialisation for every kind, driven by the record type's annotations
+
+_R = TypeVar("_R", bound="_Record")
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _split_optional(tp: Any) -> tuple[Any, bool]:
+    """``(X, True)`` for ``X | None``, ``(tp, False)`` otherwise."""
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        args = typing.get_args(tp)
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0], len(rest) < len(args)
+    return tp, False
+
+
+def _record_field(cls: type, f: dataclasses.Field[Any], tp: Any, d: Mapping[str, Any]) -> Any:
+    """One field of a stored record, read leniently (as the reader always has):
+
+    - a missing or ``null`` value takes the field's ``metadata["missing"]``, else its default, else ``None``
+      where the type allows it, ``""`` for text and ``()`` for a list; a required number or object that is
+      missing makes the record unreadable;
+    - an optional figure (``int | None``, ``float | None``, ``bool | None``, ``str | None``) of another
+      shape is ``None`` (unknown), never an error; a required one must be a finite number;
+    - an object (``Mapping``) must be a JSON object (``Mapping[str, float]`` keeps its numeric values only);
+      a list of objects must be a list of objects; a required text field is ``str()`` of what was stored.
+
+    Raises:
+        ResultFormatError: the record cannot be read (a required field missing, an object that is not one).
+    """
+    where = f"{cls.__name__}.{f.name}"
+    base, optional = _split_optional(tp)
+    origin = typing.get_origin(base) or base
+    args = typing.get_args(base)
+    v = d.get(f.name)
+    if v is None:
+        if "missing" in f.metadata:
+            m = f.metadata["missing"]
+            return dict(m) if isinstance(m, Mapping) else m
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        if optional:
+            return None
+        if base is str:
+            return ""
+        if origin is tuple:
+            return ()
+        raise ResultFormatError(f"{where}: missing")
+    if base in (int, float):
+        r = _int(v) if base is int else _float(v)
+        if r is None and not optional:
+            raise ResultFormatError(f"{where}: expected a number, got {v!r}")
+        return r
+    if base is bool:
+        if isinstance(v, bool):
+            return v
+        if optional:
+            return None
+        raise ResultFormatError(f"{where}: expected true/false, got {v!r}")
+    if base is str:
+        if optional:
+            return v if isinstance(v, str) else None
+        return str(v)
+    if origin in (Mapping, dict):
+        if not isinstance(v, Mapping):
+            raise ResultFormatError(f"{where}: expected an object, got {type(v).__name__}")
+        if args == (str, float):
+            return {
+                str(k): float(x)
+                for k, x in v.items()
+                if isinstance(x, (int, float)) and not isinstance(x, bool)
+            }
+        return v
+    if origin is tuple:
+        if not isinstance(v, (list, tuple)):
+            raise ResultFormatError(f"{where}: expected a list, got {type(v).__name__}")
+        item = args[0] if args else Any
+        if typing.get_origin(item) in (Mapping, dict) or item in (Mapping, dict):
+            if not all(isinstance(x, Mapping) for x in v):
+                raise ResultFormatError(f"{where}: expected a list of objects")
+            return tuple(v)
+        if item is str:
+            return tuple(str(x) for x in v)
+        return tuple(v)
+    return v
+
+
+class _Record:
+    """Base of the capture's record types: ``to_dict()`` is the record as stored (without its ``"type"``),
+    ``from_dict()`` reads one back, from any version of this capture format (:func:`_record_field`)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's fields, JSON-ready (tuples as lists, objects as dicts), ``t`` included."""
+        d: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            v = getattr(self, f.name)
+            if isinstance(v, tuple):
+                v = [dict(x) if isinstance(x, Mapping) else x for x in v]
+            elif isinstance(v, Mapping):
+                v = dict(v)
+            d[f.name] = v
+        return d
+
+    @classmethod
+    def from_dict(cls: type[_R], d: Mapping[str, Any]) -> _R:
+        """The record from a stored line (or its :meth:`to_dict`): unknown keys are ignored.
+
+        Raises:
+            ResultFormatError: the record cannot be read (not an object, a required field missing or of
+                another shape).
+        """
+        if not isinstance(d, Mapping):
+            raise ResultFormatError(f"a stored {cls.__name__} must be an object, got {type(d).__name__}")
+        hints = _HINTS.get(cls)
+        if hints is None:
+            hints = _HINTS[cls] = typing.get_type_hints(cls)
+        kwargs = {f.name: _record_field(cls, f, hints[f.name], d) for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        return cls(**kwargs)
+
+
 @dataclass(frozen=True)
-class Sample:
+class Sample(_Record):
     """One reading of the timeline. Byte figures are ``None`` when the source cannot give them."""
 
     t: float
@@ -122,7 +224,7 @@ class Sample:
 
 
 @dataclass(frozen=True)
-class StepMark:
+class StepMark(_Record):
     """The end of one training step (found from optimizer steps or a step marker)."""
 
     t: float
@@ -131,7 +233,7 @@ class StepMark:
 
 
 @dataclass(frozen=True)
-class StatsRecord:
+class StatsRecord(_Record):
     """A full stats reading: ``MemoryStats.to_dict()`` and ``Breakdown.to_dict()`` (or ``None``)."""
 
     t: float
@@ -149,11 +251,13 @@ class StatsRecord:
 
 
 @dataclass(frozen=True)
-class LeakRecord:
-    """A leak verdict: ``LeakReport.to_dict()``."""
+class LeakRecord(_Record):
+    """A leak verdict: ``LeakReport.to_dict()``. ``final``: the verdict made at the end of the run (``None``
+    on the verdicts written as the run went, and in captures written before this was recorded)."""
 
     t: float
     report: Mapping[str, Any]
+    final: bool | None = None
 
     def as_report(self) -> LeakReport | None:
         """The verdict as a :class:`~torchmem.results.leaks.LeakReport` (``None``: not readable)."""
@@ -163,11 +267,13 @@ class LeakRecord:
 
 
 @dataclass(frozen=True)
-class OOMRecord:
+class OOMRecord(_Record):
     """An out-of-memory error and its diagnosis: ``OOMDiagnosis.to_dict()``.
 
     ``caught``: the program caught it and went on (``None`` in captures written before this was recorded:
-    those recorded only the error that ended the run); ``site``: the user's line that raised it.
+    those recorded only the error that ended the run); ``site``: the user's line that raised it; ``event``:
+    the OOM event as it was observed (``OOMEvent.to_dict()`` without its diagnosis; ``None`` in older
+    captures).
     """
 
     t: float
@@ -175,6 +281,7 @@ class OOMRecord:
     step: int | None
     caught: bool | None = None
     site: str | None = None
+    event: Mapping[str, Any] | None = None
 
     def as_diagnosis(self) -> OOMDiagnosis | None:
         """The diagnosis as an :class:`~torchmem.results.oom.OOMDiagnosis` (``None``: not readable)."""
@@ -184,7 +291,7 @@ class OOMRecord:
 
 
 @dataclass(frozen=True)
-class BoundaryRecord:
+class BoundaryRecord(_Record):
     """What one step of the run was: ``kind`` (``optimizer``, ``backward``, ``module``, ``dataloader``,
     ``generate``, ``marker``, ``timeline`` or ``none``), its label, and the steps counted (0 when chosen)."""
 
@@ -195,11 +302,13 @@ class BoundaryRecord:
 
 
 @dataclass(frozen=True)
-class HostLeakRecord:
-    """The host-memory verdict (``LeakReport.to_dict()`` with device ``"host"``)."""
+class HostLeakRecord(_Record):
+    """The host-memory verdict (``LeakReport.to_dict()`` with device ``"host"``); ``final`` as in
+    :class:`LeakRecord`."""
 
     t: float
     report: Mapping[str, Any]
+    final: bool | None = None
 
     def as_report(self) -> LeakReport | None:
         from torchmem.results.leaks import LeakReport
@@ -208,7 +317,7 @@ class HostLeakRecord:
 
 
 @dataclass(frozen=True)
-class SurvivorsRecord:
+class SurvivorsRecord(_Record):
     """What was allocated inside the loop and is still alive at the end (``SurvivorReport.to_dict()``)."""
 
     t: float
@@ -221,7 +330,7 @@ class SurvivorsRecord:
 
 
 @dataclass(frozen=True)
-class OverheadRecord:
+class OverheadRecord(_Record):
     """What torchmem's own work added to the program's run (an estimate, measured as it ran).
 
     Attributes:
@@ -230,6 +339,15 @@ class OverheadRecord:
         ratio: ``wall_s / (wall_s - own_s)``: how many times as long the run took as it would without it.
         parts: ``own_s`` by part: ``steps`` (step bookkeeping), ``sampler`` (the background thread),
             ``ledger`` (the exact accounting's per-op cost in the steps it was on).
+        detail: The parts split further (``steps.reading``, ``steps.survivors``, ``steps.host``,
+            ``steps.other``, ``sampler.workers``, ``sampler.other``), in seconds.
+        sampler_ticks: The sampler's readings.
+        steps: Steps counted.
+        ledger_steps: Steps the exact accounting was on.
+        ledger_known: Steps without the exact accounting were there to compare with (``False``: every step
+            had it, so its cost could not be told apart).
+
+    The fields after ``parts`` are ``None`` in captures written before they were recorded.
     """
 
     t: float
@@ -237,10 +355,15 @@ class OverheadRecord:
     own_s: float
     ratio: float
     parts: Mapping[str, float]
+    detail: Mapping[str, float] | None = None
+    sampler_ticks: int | None = None
+    steps: int | None = None
+    ledger_steps: int | None = None
+    ledger_known: bool | None = None
 
 
 @dataclass(frozen=True)
-class RankRecord:
+class RankRecord(_Record):
     """The default process group as the rank saw it (no collective): its rank, the world size, the backend,
     the NCCL communicators and their estimated buffers (``NcclEstimate.to_dict()`` or ``None``)."""
 
@@ -253,13 +376,13 @@ class RankRecord:
 
 
 @dataclass(frozen=True)
-class RankStateRecord:
+class RankStateRecord(_Record):
     """What this process held when a rank of its job ran out of memory (written once, when the job's OOM
     flag was seen). ``trigger`` is the flag's content (``rank``, ``wall``, ``site``, ``step``...); ``wall``
     the wall-clock time of this reading; ``stats`` a ``MemoryStats.to_dict()`` or ``None``."""
 
     t: float
-    trigger: Mapping[str, Any]
+    trigger: Mapping[str, Any] = field(metadata={"missing": {}})
     wall: float | None
     step: int | None
     allocated: int | None
@@ -270,7 +393,7 @@ class RankStateRecord:
 
 
 @dataclass(frozen=True)
-class DeviceRecord:
+class DeviceRecord(_Record):
     """From here on the run watches ``device`` (the GPU the program works on, found as it ran): the
     timeline's samples after ``t`` are of it; ``previous`` is what was watched before."""
 
@@ -282,7 +405,7 @@ class DeviceRecord:
 
 
 @dataclass(frozen=True)
-class GpusRecord:
+class GpusRecord(_Record):
     """Every GPU the process had a context on, and what their figures show (a ``GpusReport.to_dict()``)."""
 
     t: float
@@ -293,7 +416,7 @@ class GpusRecord:
 
 
 @dataclass(frozen=True)
-class ForecastRecord:
+class ForecastRecord(_Record):
     """When the memory runs out at the leak's rate (a ``Forecast.to_dict()``), written with the final
     verdict."""
 
@@ -305,7 +428,7 @@ class ForecastRecord:
 
 
 @dataclass(frozen=True)
-class ModulesRecord:
+class ModulesRecord(_Record):
     """The per-module profile: one row per module, byte columns named in :data:`MODULE_COLUMNS`."""
 
     t: float
@@ -314,7 +437,7 @@ class ModulesRecord:
 
 
 @dataclass(frozen=True)
-class Note:
+class Note(_Record):
     """Free text the recorder wanted the reader to see."""
 
     t: float
@@ -322,19 +445,78 @@ class Note:
 
 
 @dataclass(frozen=True)
-class End:
+class End(_Record):
     """How the run ended. Missing from a capture whose run was killed."""
 
     t: float
     exit_code: int | None
-    reason: str
+    reason: str = field(metadata={"missing": "exit"})
     steps: int | None
     seconds: float | None
 
 
 @dataclass(frozen=True)
+class RecordKind:
+    """One kind of capture record: its ``"type"`` in the file, the type it reads as, and where it goes.
+
+    Attributes:
+        kind: The record's ``"type"`` on its line.
+        type: The record type (``to_dict()`` is the line without its ``"type"``, ``from_dict()`` reads it).
+        group: The :class:`Capture` attribute holding these records, also their key in ``Capture.to_dict()``
+            (``torchmem report --json``).
+        many: The capture keeps every such record, in file order (``False``: only the last, ``end``).
+    """
+
+    kind: str
+    type: type[_Record]
+    group: str
+    many: bool = True
+
+
+RECORDS: Mapping[str, RecordKind] = types.MappingProxyType(
+    {
+        r.kind: r
+        for r in (
+            RecordKind("sample", Sample, "samples"),
+            RecordKind("step", StepMark, "steps"),
+            RecordKind("stats", StatsRecord, "stats"),
+            RecordKind("leak", LeakRecord, "leaks"),
+            RecordKind("oom", OOMRecord, "ooms"),
+            RecordKind("modules", ModulesRecord, "modules"),
+            RecordKind("note", Note, "notes"),
+            RecordKind("boundary", BoundaryRecord, "boundaries"),
+            RecordKind("host_leak", HostLeakRecord, "host_leaks"),
+            RecordKind("survivors", SurvivorsRecord, "survivors"),
+            RecordKind("overhead", OverheadRecord, "overheads"),
+            RecordKind("rank", RankRecord, "ranks"),
+            RecordKind("rank_state", RankStateRecord, "rank_states"),
+            RecordKind("device", DeviceRecord, "devices"),
+            RecordKind("gpus", GpusRecord, "gpus"),
+            RecordKind("forecast", ForecastRecord, "forecasts"),
+            RecordKind("end", End, "end", many=False),
+        )
+    }
+)
+"""The capture's record kinds, the one table: ``"type"`` -> :class:`RecordKind`. The writer
+(:class:`~torchmem.capture.file.CaptureWriter`) writes only these kinds, the reader reads every line through
+it (``RECORDS[type].type.from_dict(line)``), :class:`Capture` has one attribute per kind and
+``Capture.to_dict()`` (``torchmem report --json``) one key per kind; ``tests/test_architecture.py`` checks
+that they agree. Within version 1 a reader keeps the lines of kinds it does not know in ``Capture.unknown``
+(later additions: ``boundary``, ``host_leak``, ``survivors`` and ``overhead`` came with torchmem 0.1's
+zero-config runs; ``rank`` and ``rank_state`` with distributed runs; ``device`` (the run began watching the
+GPU the program works on) and ``gpus`` (every GPU the process used) with multi-GPU runs; ``forecast`` (when
+the memory runs out at the leak's rate) with the leak's forecast)."""
+
+RECORD_TYPES: tuple[str, ...] = tuple(RECORDS)
+"""The record kinds of version 1, in the table's order (the keys of :data:`RECORDS`)."""
+
+_KIND_OF: Mapping[type, RecordKind] = types.MappingProxyType({r.type: r for r in RECORDS.values()})
+
+
+@dataclass(frozen=True)
 class Capture:
-    """Everything readable in a capture file.
+    """Everything readable in a capture file: one attribute per record kind of :data:`RECORDS` (its
+    ``group``), and the file's own facts.
 
     Attributes:
         path: The file read.
@@ -473,21 +655,19 @@ class Capture:
         )
 
     def _groups(self) -> list[Sequence[Any]]:
-        return [self.samples, self.steps, self.stats, self.leaks, self.ooms, self.modules, self.notes]
+        return [getattr(self, r.group) for r in RECORDS.values() if r.many]
+
+    def records(self, kind: str) -> tuple[Any, ...]:
+        """The records of ``kind`` (a key of :data:`RECORDS`), in file order (``end``: none or one)."""
+        r = RECORDS[kind]
+        got = getattr(self, r.group)
+        return tuple(got) if r.many else (() if got is None else (got,))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict: the header, every record group as lists of dicts, ``end`` and ``truncated``."""
-
-        def rec(r: Any) -> dict[str, Any]:
-            d = {k: getattr(r, k) for k in r.__dataclass_fields__}
-            for k, v in d.items():
-                if isinstance(v, tuple):
-                    d[k] = list(v)
-                elif isinstance(v, Mapping):
-                    d[k] = dict(v)
-            return d
-
-        return {
+        """JSON-ready dict (``torchmem report --json``): ``path``, ``header``, ``summary``, then one key per
+        record kind of :data:`RECORDS` (its ``group``: a list of the records' ``to_dict()``, ``end`` one or
+        ``null``), ``truncated``, ``unknown`` and ``lines``. Every kind's key is there, empty or not."""
+        out: dict[str, Any] = {
             "path": self.path,
             "header": dict(self.header),
             "summary": {
@@ -497,54 +677,78 @@ class Capture:
                 "peak_allocated": self.peak_allocated,
                 "peak_reserved": self.peak_reserved,
             },
-            "samples": [rec(s) for s in self.samples],
-            "steps": [rec(s) for s in self.steps],
-            "stats": [rec(s) for s in self.stats],
-            "leaks": [rec(s) for s in self.leaks],
-            "ooms": [rec(s) for s in self.ooms],
-            "modules": [rec(s) for s in self.modules],
-            "notes": [rec(s) for s in self.notes],
-            **({"ranks": [rec(s) for s in self.ranks]} if self.ranks else {}),
-            **({"rank_states": [rec(s) for s in self.rank_states]} if self.rank_states else {}),
-            **({"devices": [rec(s) for s in self.devices]} if self.devices else {}),
-            **({"gpus": [rec(s) for s in self.gpus]} if self.gpus else {}),
-            **({"forecasts": [rec(s) for s in self.forecasts]} if self.forecasts else {}),
-            "end": None if self.end is None else rec(self.end),
-            "truncated": self.truncated,
-            "unknown": [dict(u) for u in self.unknown],
-            "lines": self.lines,
         }
+        for r in RECORDS.values():
+            got = getattr(self, r.group)
+            if r.many:
+                out[r.group] = [x.to_dict() for x in got]
+            else:
+                out[r.group] = None if got is None else got.to_dict()
+        out["truncated"] = self.truncated
+        out["unknown"] = [dict(u) for u in self.unknown]
+        out["lines"] = self.lines
+        return out
 
     def __str__(self) -> str:
         return render_summary(self)
 
     @classmethod
+    def from_records(
+        cls,
+        path: str,
+        header: Mapping[str, Any],
+        records: Iterable[Any],
+        *,
+        unknown: Iterable[Mapping[str, Any]] = (),
+        truncated: str | None = None,
+        lines: int = 0,
+    ) -> Capture:
+        """A capture from records in file order (instances of the types in :data:`RECORDS`), each put in
+        its kind's group (of ``end``, the last one is kept).
+
+        Raises:
+            TypeError: a record of a type that is not in :data:`RECORDS`.
+        """
+        groups: dict[str, list[Any]] = {r.group: [] for r in RECORDS.values()}
+        for rec in records:
+            kind = _KIND_OF.get(type(rec))
+            if kind is None:
+                raise TypeError(f"{type(rec).__name__} is not a capture record type (see RECORDS)")
+            groups[kind.group].append(rec)
+        fields: dict[str, Any] = {}
+        for r in RECORDS.values():
+            got = groups[r.group]
+            fields[r.group] = tuple(got) if r.many else (got[-1] if got else None)
+        return cls(
+            path=path,
+            header=header,
+            truncated=truncated,
+            unknown=tuple(unknown),
+            lines=lines,
+            **fields,
+        )
+
+    @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Capture:
-        """A capture from its :meth:`to_dict` (``summary`` is derived, not read)."""
+        """A capture from its :meth:`to_dict` (``summary`` is derived, not read).
 
-        def many(kind: Any, key: str) -> tuple[Any, ...]:
-            return tuple(from_mapping(kind, r) for r in d.get(key) or ())
-
-        end = d.get("end")
+        Raises:
+            ResultFormatError: a record in it cannot be read.
+        """
+        fields: dict[str, Any] = {}
+        for r in RECORDS.values():
+            got = d.get(r.group)
+            if r.many:
+                fields[r.group] = tuple(r.type.from_dict(x) for x in got or ())
+            else:
+                fields[r.group] = None if got is None else r.type.from_dict(got)
         return cls(
             path=str(d.get("path") or ""),
             header=dict(d.get("header") or {}),
-            samples=many(Sample, "samples"),
-            steps=many(StepMark, "steps"),
-            stats=many(StatsRecord, "stats"),
-            leaks=many(LeakRecord, "leaks"),
-            ooms=many(OOMRecord, "ooms"),
-            modules=many(ModulesRecord, "modules"),
-            notes=many(Note, "notes"),
-            ranks=many(RankRecord, "ranks"),
-            rank_states=many(RankStateRecord, "rank_states"),
-            devices=many(DeviceRecord, "devices"),
-            gpus=many(GpusRecord, "gpus"),
-            forecasts=many(ForecastRecord, "forecasts"),
-            end=None if end is None else from_mapping(End, end),
             truncated=d.get("truncated"),
             unknown=tuple(dict(u) for u in d.get("unknown") or ()),
             lines=int(d.get("lines") or 0),
+            **fields,
         )
 
 
@@ -785,6 +989,7 @@ __all__ = [
     "FORMAT",
     "MODULE_COLUMNS",
     "MODULE_LABELS",
+    "RECORDS",
     "RECORD_TYPES",
     "VERSION",
     "BoundaryRecord",
@@ -801,6 +1006,7 @@ __all__ = [
     "OverheadRecord",
     "RankRecord",
     "RankStateRecord",
+    "RecordKind",
     "RunFacts",
     "Sample",
     "StatsRecord",
