@@ -22,6 +22,10 @@ Verdicts:
 - ``quiet``: no record claims a problem (no leaking or detected ``leak``/``host_leak``, no leaking
   ``survivors``, no ``oom``).
 - ``no_loop``: quiet, and the capture says that no repeating step was found (not a silent 0 steps).
+- ``inner_growth``: the final ``leak`` record is not leaking and its verdict is ``inner_growth`` (the peak
+  grows inside each call and falls back when it returns); no other record claims a problem.
+
+An ``oom`` expectation with a ``holder`` also needs the diagnosis's situation of kind ``oom_kind`` to name it.
 
 Always: the capture is complete (an ``end`` record with the program's exit code) and holds no note of an
 internal error.
@@ -43,7 +47,7 @@ from typing import Any
 PROGRAMS = Path(__file__).resolve().parent / "programs"
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
-VERDICTS = ("leak", "host_leak", "oom", "survivors", "quiet", "no_loop")
+VERDICTS = ("leak", "host_leak", "oom", "survivors", "quiet", "no_loop", "inner_growth")
 BOUNDARIES = ("optimizer", "backward", "module", "dataloader", "generate", "marker", "timeline")
 
 
@@ -65,6 +69,7 @@ class Expected:
         timed: Compare the wall time of ``torchmem run`` with plain ``python`` (the cost scenarios).
         about: One line: what the scenario is.
         fix: A substring of the top culprit's fix, ``None``: not checked.
+        folder: The folder ``file`` is in (``programs/`` unless stated).
     """
 
     name: str
@@ -80,6 +85,7 @@ class Expected:
     timed: bool = False
     about: str = ""
     fix: str | None = None
+    folder: Path = PROGRAMS
 
     def __post_init__(self) -> None:
         assert self.verdict in VERDICTS, self.verdict
@@ -91,7 +97,7 @@ class Expected:
 
     @property
     def path(self) -> Path:
-        return PROGRAMS / self.file
+        return self.folder / self.file
 
     @property
     def site(self) -> str | None:
@@ -615,6 +621,15 @@ def check(capture_path: str | os.PathLike[str], expected: Expected) -> list[str]
                     f"records: {[_oom_brief(r) for r in ooms]}; first diagnosis: "
                     f"{_brief(ooms[0].get('diagnosis'), 1500)}"
                 )
+            elif s.holder is not None:
+                situations = [
+                    x
+                    for x in ((match[0].get("diagnosis") or {}).get("holders") or {}).get("situations") or ()
+                    if x.get("kind") == s.oom_kind
+                ]
+                names = [str(n) for x in situations for n in x.get("names") or ()]
+                if not any(s.holder in n for n in names):
+                    failures.append(f"the {s.oom_kind} situation names {names}, not {s.holder!r}")
 
     elif s.verdict == "survivors":
         surv_recs = _of(recs, "survivors")
@@ -640,6 +655,12 @@ def check(capture_path: str | os.PathLike[str], expected: Expected) -> list[str]
                 got = boundary_kind(recs, rep)
                 if got != s.boundary:
                     failures.append(f"boundary {got!r}, expected {s.boundary!r}")
+
+    elif s.verdict == "inner_growth":
+        rep = _final(recs, "leak")
+        if rep is None or rep.get("verdict") != "inner_growth" or rep.get("leaking"):
+            failures.append(f"the final leak report is not an inner_growth verdict: {_brief(rep)}")
+        failures += [c for c in _claims(recs) if not c.startswith("the final leak report")]
 
     elif s.verdict in ("quiet", "no_loop"):
         failures += _claims(recs)
