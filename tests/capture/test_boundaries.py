@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -220,3 +222,28 @@ def test_model_and_loss_module_per_iteration_is_one_step(rec: Recorder) -> None:
     assert b.chosen == "module" and b.label == "top-level Sequential() call"
     assert b.counts["module"] == 10  # the model's calls, not the loss module's
     assert not criterion._forward_hooks
+
+
+def test_the_boundaries_never_keep_a_deleted_model_or_optimizer_alive(tmp_path: Path) -> None:
+    """A program that deletes its model and optimizer (to make room for the next one) gets the memory back
+    under `torchmem run`: the step detection holds neither (it held the top-level modules it compared and
+    the last optimizer that stepped)."""
+    import weakref
+
+    from torchmem.capture.session import Session
+
+    s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False).start()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+        loss_fn = torch.nn.MSELoss()
+        opt = torch.optim.Adam(model.parameters())
+        for _ in range(3):
+            loss_fn(model(torch.randn(8, 64)), torch.zeros(8, 1)).backward()
+            opt.step()
+            opt.zero_grad()
+        gone = [weakref.ref(model), weakref.ref(opt), weakref.ref(model[0].weight), weakref.ref(loss_fn)]
+        del model, opt, loss_fn
+        gc.collect()
+        assert [r() is None for r in gone] == [True] * 4
+    finally:
+        s.finish(0, "exit")

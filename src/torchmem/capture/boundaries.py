@@ -24,6 +24,7 @@ import functools
 import sys
 import threading
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -82,7 +83,8 @@ class StepBoundaries:
         self._module_handles: list[Any] = []
         self._narrowed = False
         self._module_calls = 0
-        self._tops: dict[int, torch.nn.Module] = {}
+        # Weakly: torchmem never keeps the program's model (or optimizer) alive — a deleted model is freed.
+        self._tops: weakref.WeakValueDictionary[int, torch.nn.Module] = weakref.WeakValueDictionary()
         self._depth = 0  # module-call depth on the session's thread
         self._in_backward = 0
         self._in_generate = 0
@@ -112,8 +114,8 @@ class StepBoundaries:
         """Remove every hook and undo every patch (idempotent)."""
         self._stopped = True
         self._remove_module_hooks()
-        self._tops.clear()  # never keep the program's objects alive after the run
-        self.last_optimizer = None
+        self._tops.clear()
+        self._last_optimizer = None
         self._generate_code.clear()
         undo, self._undo = self._undo, []
         for fn in reversed(undo):
@@ -166,6 +168,7 @@ class StepBoundaries:
         self.label = self._labels.get(kind) or _default_label(kind)
         if _RANK[kind] < _RANK["module"]:
             self._remove_module_hooks()  # a better boundary: the per-call module hooks only cost
+            self._tops.clear()
         self._on_switch(kind, self.label)
 
     # -- 1. optimizer steps ------------------------------------------------------------------------
@@ -179,10 +182,19 @@ class StepBoundaries:
         if threading.get_ident() != self.thread:
             self.other_thread["optimizer"] += 1
             return
-        self.last_optimizer = opt
+        try:
+            self._last_optimizer = weakref.ref(opt) if opt is not None else None
+        except TypeError:  # not weak-referenceable: not kept
+            self._last_optimizer = None
         self._event("optimizer")
 
-    last_optimizer: Any = None
+    _last_optimizer: weakref.ref[Any] | None = None
+
+    @property
+    def last_optimizer(self) -> Any:
+        """The optimizer that stepped last, while the program keeps it (``None`` once it is gone)."""
+        ref = self._last_optimizer
+        return ref() if ref is not None else None
 
     # -- 2. backward -------------------------------------------------------------------------------
     def _install_backward(self) -> None:
