@@ -27,7 +27,14 @@ CUDA = for_device("cuda")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Every program run once, four at a time (the GPU machine has 16 cores; each run is mostly start-up)."""
-    return run_all(CUDA, tmp_path_factory, workers=4, env=None, timeout=300)
+    out = run_all(CUDA, tmp_path_factory, workers=4, env=None, timeout=300)
+    keep = os.environ.get("OUT")  # the device machine's folder of results: each run's summary, for the docs
+    if keep:
+        os.makedirs(os.path.join(keep, "corpus"), exist_ok=True)
+        for name, r in out.items():
+            with open(os.path.join(keep, "corpus", f"{name}.txt"), "w", encoding="utf-8") as f:
+                f.write(r.stderr[-6000:])
+    return out
 
 
 def _param(s: Expected) -> Any:
