@@ -955,10 +955,10 @@ def _through_exception(path: HolderPath) -> bool:
 
 
 def _through_hook(path: HolderPath) -> bool:
-    """The path goes through a hook dict's entry or a variable a function closes over."""
-    return any(
-        s.kind is StepKind.HOOK or (s.kind is StepKind.CLOSURE_CELL and s.name) for s in path.typed_steps
-    )
+    """The path goes through a hook dict's entry (``model._forward_hooks[3] -> closure 'acts'``). A variable a
+    plain function closes over (a ``nonlocal`` total, a collector's list) is not a hook: its kind is what it
+    keeps (a graph chain, a container of tensors)."""
+    return any(s.kind is StepKind.HOOK for s in path.typed_steps)
 
 
 def _in_frame(path: HolderPath, steps: Sequence[HolderStep]) -> bool:
