@@ -399,8 +399,11 @@ def _measured_generate(case: Case, dev: torch.device) -> int:
     warm-up call: the CUDA allocator's peak or the CPU ledger's."""
     gc.collect()
     cuda = dev.type == "cuda"
-    if cuda:
+    if cuda:  # the cuBLAS workspaces the training rows left (autograd's thread's): a server has none
         torch.cuda.synchronize()
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
         torch.cuda.empty_cache()
     with ledger().enabled() if not cuda else _null() as led:
         torch.manual_seed(0)
