@@ -231,3 +231,23 @@ def test_a_local_holder_is_named_by_its_function_and_variable_not_the_frames_cur
     lines = Path(code.co_filename).read_text().splitlines()[code.co_firstlineno - 1 :]
     step_line = next(code.co_firstlineno + i for i, line in enumerate(lines) if "opt.step()" in line)
     assert f":{step_line}" not in holder and "test_leak_wording.py:" not in holder
+
+
+def test_timeline_growth_that_began_late_is_judged_on_the_second_half() -> None:
+    """A program whose loop starts after 1.5 s of imports and set-up (a plateau first), then keeps 200 MiB/s:
+    the whole timeline reads 'no sustained growth' (the plateau's quarter does not rise), its second half is
+    a leak. Growth that stopped, or noise, stays quiet."""
+    from torchmem.analysis.leaks import timeline_growth
+
+    mib = 1 << 20
+    plateau = [(0.05 * i, 100 * mib + (i % 3) * mib // 4) for i in range(30)]
+    late = plateau + [(1.5 + 0.05 * i, 100 * mib + int(10 * mib * i * (1 + 0.1 * (i % 2)))) for i in range(24)]
+    g = timeline_growth(late)
+    assert g is not None and g.leaking and "it began late" in g.reason, g
+    assert abs(g.bytes_per_step - 200 * mib) < 40 * mib
+    stopped = [(0.05 * i, 100 * mib + 10 * mib * min(i, 30)) for i in range(60)]
+    s = timeline_growth(stopped)
+    assert s is not None and not s.leaking and "began late" not in s.reason
+    wobble = [(0.05 * i, 100 * mib + (i * 7919 % 13) * 4 * mib) for i in range(60)]
+    w = timeline_growth(wobble)
+    assert w is not None and not w.leaking

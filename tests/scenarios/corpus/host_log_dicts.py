@@ -21,6 +21,6 @@ for step in range(150):
             p -= 0.01 * p.grad
             p.grad = None
     value = loss.item()
-    ids = list(range(step, step + 2000))
-    records.append({"step": step, "loss": value, "ids": ids, "note": f"step {step} " * 200})  # SITE
+    note = f"step {step} " * 200
+    records.append({"step": step, "loss": value, "ids": list(range(step, step + 2000)), "note": note})  # SITE
 print(len(records), "records")
