@@ -241,7 +241,8 @@ def test_timeline_growth_that_began_late_is_judged_on_the_second_half() -> None:
 
     mib = 1 << 20
     plateau = [(0.05 * i, 100 * mib + (i % 3) * mib // 4) for i in range(30)]
-    late = plateau + [(1.5 + 0.05 * i, 100 * mib + int(10 * mib * i * (1 + 0.1 * (i % 2)))) for i in range(24)]
+    rising = [(1.5 + 0.05 * i, 100 * mib + int(10 * mib * i * (1 + 0.1 * (i % 2)))) for i in range(24)]
+    late = plateau + rising
     g = timeline_growth(late)
     assert g is not None and g.leaking and "it began late" in g.reason, g
     assert abs(g.bytes_per_step - 200 * mib) < 40 * mib
