@@ -31,22 +31,27 @@ def _calls(n: int, fn: object) -> None:
 
 def test_the_candidate_is_the_call_the_loop_makes() -> None:
     got: list[object] = []
-    main = threading.get_ident()
+    started = threading.Event()
 
     def step(_i: int) -> None:
+        started.set()
         time.sleep(0.01)
 
-    def probe() -> None:
-        time.sleep(0.05)
-        found = candidate(sys._current_frames()[main], set())
-        got.append(None if found is None else (found[0].f_code.co_name, found[1].f_code.co_name))
+    def program() -> None:
+        _calls(20, step)
 
-    t = threading.Thread(target=probe)
+    # The program runs on a thread of its own: its outermost frames are the standard library's thread
+    # start-up, then this test's code (the main thread's outermost frames are the test runner's, which a
+    # runner such as pytest-xdist's execnet serves from a module of its own).
+    t = threading.Thread(target=program)
     t.start()
-    _calls(20, step)
+    started.wait(5)
+    time.sleep(0.05)
+    found = candidate(sys._current_frames()[t.ident], set())  # type: ignore[index]
+    got.append(None if found is None else (found[0].f_code.co_name, found[1].f_code.co_name))
     t.join()
     # the outermost frame of this test's code calls _calls: the first level that may repeat
-    assert got == [("test_the_candidate_is_the_call_the_loop_makes", "_calls")]
+    assert got == [("program", "_calls")]
 
 
 def test_a_function_called_once_is_tried_and_the_next_level_becomes_the_unit() -> None:
