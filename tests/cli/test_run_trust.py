@@ -323,8 +323,8 @@ def test_an_inference_loop_without_optimizer_counts_model_calls(
     )
     assert main(["run", "--no-status", "-o", str(tmp_path / "a.jsonl"), str(script)]) == 0
     err = capsys.readouterr().err
-    # the first call is not a loop yet: the steps are counted from the second call on
-    assert "torchmem: 11 steps" in err and "no leak verdict: 0 steps" not in err
+    # a call is a boundary once it repeats; its first occurrence ended step 1 (replayed): 12 calls, 12 steps
+    assert "torchmem: 12 steps" in err and "no leak verdict: 0 steps" not in err
     assert "one step = one top-level Linear() call" in err
     recs = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()[1:]]
     final = [r for r in recs if r["type"] == "leak"][-1]["report"]
