@@ -722,8 +722,8 @@ def timeline_growth(
     The figures of the :class:`Growth` are per second (``bytes_per_step`` is bytes per second), its reason
     speaks of seconds; growth below ``min_bytes_per_second`` that is large over the timeline is a leak with
     its total (:func:`detect_run_growth`). Growth that began late (the program's loop starts after seconds of
-    imports and set-up, a plateau before it) is judged on the second half of the timeline when the whole
-    does not show it. ``None`` for fewer than 8 readings.
+    imports and set-up, a plateau before it) is judged on the last half, third or quarter of the timeline
+    (16 readings or more) when the whole does not show it. ``None`` for fewer than 8 readings.
 
     Example:
         >>> MiB = 1 << 20
@@ -738,13 +738,15 @@ def timeline_growth(
     xs = [round((t - t0) / dt) for t, _ in points]
     ys = [v for _, v in points]
     g = detect_run_growth(xs, ys, min_bytes_per_step=min_bytes_per_second * dt, window=TIMELINE_WINDOW)
-    if not g.leaking and _tail and len(points) >= 32:
-        late = timeline_growth(
-            points[len(points) // 2 :], min_bytes_per_second=min_bytes_per_second, _tail=False
-        )
-        if late is not None and late.leaking:
-            since = points[len(points) // 2][0]
-            return dataclasses.replace(late, reason=f"{late.reason}, since {since:.1f} s (it began late)")
+    if not g.leaking and _tail:
+        for part in (2, 3, 4):  # the last half, third, quarter: at least 16 readings
+            tail = points[len(points) - len(points) // part :]
+            if len(tail) < 16:
+                break
+            late = timeline_growth(tail, min_bytes_per_second=min_bytes_per_second, _tail=False)
+            if late is not None and late.leaking:
+                since = tail[0][0]
+                return dataclasses.replace(late, reason=f"{late.reason}, since {since:.1f} s (it began late)")
     rate, trend = g.bytes_per_step / dt, g.trend_per_step / dt
     first, last = (points[0][0], ys[0]), (points[-1][0], ys[-1])
     recent = ys[-TIMELINE_WINDOW:]
