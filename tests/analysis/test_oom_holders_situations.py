@@ -270,6 +270,7 @@ def test_a_leaked_autograd_cycle_is_a_cause_with_its_fix() -> None:
 # -- the search itself ---------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("unhurried_oom_holders")
 def test_the_search_says_what_it_did_not_search() -> None:
     keep = [torch.ones(64 * 1024) for _ in range(8)]
     cut = oom_holders(torch.device("cpu"), grad_enabled=True, time_limit=0.05, max_objects=10)

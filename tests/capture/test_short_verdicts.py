@@ -83,7 +83,7 @@ def test_a_short_run_s_leak_is_named_with_site_holder_and_fix(tmp_path: Path) ->
     assert read_capture(str(path)).leaks[-1].report["culprits"]
 
 
-def _serve(path: Path, calls: int, keep: bool) -> Any:
+def _serve(path: Path, calls: int) -> Any:
     transformers = pytest.importorskip("transformers")
     cfg = transformers.GPT2Config(n_embd=128, n_layer=2, n_head=4, vocab_size=256, n_positions=1024)
     cfg.attn_implementation = "sdpa"
@@ -102,8 +102,7 @@ def _serve(path: Path, calls: int, keep: bool) -> Any:
                 pad_token_id=0,
                 return_dict_in_generate=True,
             )  # each output keeps its KV cache: 2 layers x K, V x 16 x 388 x 128 floats, 12 MiB
-            if keep:
-                outputs.append(out)
+            outputs.append(out)
     finally:
         res = s.finish(0, "exit")
     return res
@@ -112,10 +111,8 @@ def _serve(path: Path, calls: int, keep: bool) -> Any:
 def test_three_generate_calls_are_three_steps_and_keeping_their_outputs_is_a_leak(tmp_path: Path) -> None:
     """A boundary is recognised at its second occurrence; its first occurrence ended the first step too: 3
     ``generate()`` calls are 3 steps (2 rises), enough for the short-run verdict when each kept 12 MiB."""
-    res = _serve(tmp_path / "keep.jsonl", 3, keep=True)
+    res = _serve(tmp_path / "keep.jsonl", 3)
     leak = res.leak
     assert leak is not None and leak.steps == 3, leak
     assert leak.leaking and "2 of 2 steps each kept about" in leak.reason, str(leak)
     assert abs(leak.bytes_per_step - 12 * MiB) < 2 * MiB, str(leak)
-    quiet = _serve(tmp_path / "free.jsonl", 3, keep=False)
-    assert quiet.leak is not None and quiet.leak.steps == 3 and not quiet.leak.leaking, str(quiet.leak)

@@ -58,9 +58,10 @@ def test_too_few_steps_says_how_many_are_needed_and_how_many_there_were() -> Non
     def run(steps: int) -> torchmem.LeakReport:
         w = torchmem.watch(range(steps), device="cpu", warn=False)
         for _ in w:
-            # 512 KiB per step: a leak once there are enough steps (and too small for the short-run verdict,
-            # which needs 1 MiB a step: tests/capture/test_short_verdicts.py)
-            kept.append(torch.ones(128 * 1024))
+            # 896 KiB per step: a leak once there are enough steps (3.5 MiB over the 5 readings, more than the
+            # steady test's 3 MiB of evidence), too small for the short-run verdict, which needs 1 MiB a step
+            # (tests/capture/test_short_verdicts.py)
+            kept.append(torch.ones(224 * 1024))
         return w.report()
 
     r = run(2)

@@ -156,15 +156,6 @@ KNOWN_WRONG: dict[tuple[str, str], str] = {
         if sys.version_info < (3, 12)
         else {}
     ),
-    ("control_capped_dict_cache", "cpu"): (
-        "the final leak report (verdict 'flat') carries detected_at=8, stopped_at=11: the growth while the "
-        "8-entry cache filled was detected as a leak"
-    ),
-    ("control_replay_buffer", "cpu"): (
-        "the final leak report carries detected_at=8, stopped_at=13 and a device_accumulation culprit at "
-        "control_replay_buffer.py:14 held by `__main__.buffer[6]`, fix '`buffer` accumulates CPU tensors "
-        "every step (+256.0 KiB/step)': the buffer filling to its capacity was detected as a leak"
-    ),
     # -- CUDA (the H100 run of 2026-11-26) --
     ("metric_torchmetrics_never_reset", "cuda"): (
         "0 steps, the timeline verdict 'noisy': the figure moves within 0 B..180.25 MiB over the last 3 s of "
@@ -192,10 +183,6 @@ KNOWN_WRONG: dict[tuple[str, str], str] = {
     ("oom_orphaned_optimizer", "cuda"): (
         "the program's budget was tuned on the CPU cap: on CUDA the OOM comes from another line, uncaught "
         "(exit 1)"
-    ),
-    ("control_replay_buffer", "cuda"): (
-        "the final report is quiet (verdict 'stopped': 'flat for the last 15 readings ... after a one-time "
-        "rise of 1.50 MiB') but carries detected_at=10, stopped_at=14: the buffer filling was seen as growth"
     ),
 }
 

@@ -187,6 +187,15 @@ def _explain(
         rate = found[0] if found else None
     if rate is not None and 0 < rate < threshold:
         return no("below_threshold", _below_threshold(rate, threshold), rate, conf)
+    if rate is not None and rate >= threshold:  # steady, not yet enough of it (STEADY_EVIDENCE)
+        return no(
+            "too_few",
+            f"grows by {fmt_bytes(rate)}/step over the last {steady_samples} readings, not yet "
+            f"{fmt_bytes(STEADY_EVIDENCE * threshold)} in all: a leak is called once it is (a bounded cache "
+            "that fills for a few steps stops before); run more steps",
+            rate,
+            conf,
+        )
     slope = _theil_sen(xs, ys)
     lo, hi = min(ys), max(ys)
     span = f"{fmt_bytes(lo)}..{fmt_bytes(hi)}"
@@ -419,11 +428,40 @@ def detect_growth(
     return not_leaking("no sustained growth")
 
 
-def _steady_growth(xs: Sequence[int], ys: Sequence[int], thr: float, k: int) -> Growth | None:
-    """The steady test's leak verdict, or None."""
+STEADY_EVIDENCE = 12
+"""Growth the steady test needs before a verdict, in thresholds: ``12 x min_bytes_per_step`` in all (3 MiB at
+the default 256 KiB/step). Growth of 768 KiB/step or more has it within the usual 5 readings; smaller growth
+needs that many steps of the same rise — a bounded cache or buffer that fills for a few steps and stops (an
+8-entry cache at +512 KiB/step) is not called a leak while it fills."""
+
+
+def _steady_evidence(xs: Sequence[int], ys: Sequence[int], thr: float, k: int) -> tuple[float, int] | None:
+    """``(rate, readings)`` of steady growth of ``thr`` or more per step (the last ``k`` readings agree) that
+    also reached :data:`STEADY_EVIDENCE` thresholds in all: over those readings, or over as many earlier
+    readings as that needs, each of which rose too."""
     med = _steady_rate(xs, ys, k)
     if med is None or med < thr:
         return None
+    need = STEADY_EVIDENCE * thr
+    kk = k
+    # Earlier readings count when each rose by half the threshold per step or more (the agreement of the
+    # last k is the rate; a noisy figure's earlier rises need not agree with it).
+    while ys[-1] - ys[-kk] < need:
+        if kk >= len(ys):
+            return None
+        a, b = len(ys) - kk - 1, len(ys) - kk
+        if xs[b] <= xs[a] or (ys[b] - ys[a]) / (xs[b] - xs[a]) < thr / 2:
+            return None
+        kk += 1
+    return med, kk
+
+
+def _steady_growth(xs: Sequence[int], ys: Sequence[int], thr: float, k: int) -> Growth | None:
+    """The steady test's leak verdict, or None."""
+    found = _steady_evidence(xs, ys, thr, k)
+    if found is None:
+        return None
+    med, k = found
     return Growth(
         True,
         med,

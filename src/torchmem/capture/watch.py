@@ -33,6 +33,7 @@ from torchmem._format import fmt_bytes
 from torchmem._warn import emit_warning
 from torchmem.analysis.holders.survivors import holder_paths_of_storages
 from torchmem.analysis.leaks import (
+    STEADY_EVIDENCE,
     GrowthStream,
     attribute,
     detect_growth,
@@ -771,6 +772,9 @@ class Watcher(Generic[T]):
         stride = self._stride_fixed or self._stride
         first = self.warmup + STEADY_READINGS * stride  # the step of the first possible verdict
         reads = f"{STEADY_READINGS} readings" + (f", one every {stride} steps" if stride > 1 else "")
+        # (growth smaller than STEADY_EVIDENCE thresholds over those readings needs more of them)
+        big = fmt_bytes(int(STEADY_EVIDENCE * self.min_bytes_per_step / ((STEADY_READINGS - 1) * stride)))
+        reads += f"; growth under {big}/step needs more"
         if self.steps == 0:
             return (
                 "no_steps",
