@@ -881,3 +881,34 @@ def test_following_threads_leaves_a_profiler_alone_and_a_thread_that_ended_is_re
 @pytest.mark.skipif(_FOLLOWS, reason="before Python 3.12 only")
 def test_before_312_other_threads_are_not_followed() -> None:
     assert not ledger().follow_threads()
+
+
+@pytest.mark.skipif(not _FOLLOWS, reason="threads are followed from Python 3.12 (setprofile_all_threads)")
+def test_a_followed_thread_that_blocks_does_not_keep_the_ledger_on() -> None:
+    """A thread that recorded while followed, then blocks in C (a pool's idle worker waiting on a lock):
+    once the window closes the ledger is off, and the thread lets its mode go when it runs again."""
+    led = ledger()
+    go, release, out = threading.Event(), threading.Lock(), []
+    release.acquire()
+
+    def worker() -> None:
+        go.wait(5)
+        out.append(torch.empty(64))  # recorded: the thread is followed by now
+        release.acquire()  # blocks in C: no Python event until the lock is released
+        out.append(torch.empty(64))
+
+    t = threading.Thread(target=worker, daemon=True)
+    t.start()
+    time.sleep(0.02)
+    with led.enabled():
+        assert led.follow_threads()
+        go.set()
+        deadline = time.monotonic() + 5
+        while not out and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert led._followed
+        led.unfollow_threads()
+    assert not led.active  # the blocked thread does not count any more
+    release.release()
+    t.join(5)
+    assert not led.active and not led._releasing and torch._C._len_torch_dispatch_stack() == 0

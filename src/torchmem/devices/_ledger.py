@@ -340,7 +340,8 @@ class Ledger:
         # autograd engine's device threads, which have no program frame): (caller's thread, its site).
         self._engine_caller: tuple[int, Site] | None = None
         self._following = 0  # follow_threads() users
-        self._followed: dict[int, Any] = {}  # thread ident -> its enabled() context, while followed
+        self._followed: dict[int, Any] = {}  # idents of the threads recording while followed
+        self._releasing: dict[int, Any] = {}  # followed threads that have not turned recording off yet
 
     # -- births on engine threads ----------------------------------------------------------------
     @property
@@ -504,29 +505,32 @@ class Ledger:
         return True
 
     def unfollow_threads(self) -> None:
-        """Undo :meth:`follow_threads`: each followed thread turns recording off at its next Python event
-        (or now, for threads that ended)."""
+        """Undo :meth:`follow_threads`. The followed threads stop counting as users now (the ledger is off
+        once the program's own users are gone, whatever those threads do); each turns its recording off at
+        its next Python event — a thread blocked in C for the rest of the run keeps an idle mode pushed,
+        which records nothing while it is blocked."""
         with self._lock:
             if self._following == 0:
                 return
             self._following -= 1
             if self._following:
                 return
-            followed = list(self._followed.items())
+            followed, self._followed = self._followed, {}
+            self._releasing.update(followed)
+            self._users -= len(followed)
+            if followed and self._users <= 0:
+                self._users = 0
+                self._forget()
         set_all = getattr(threading, "setprofile_all_threads", None)
+        if set_all is None:
+            return
         alive = {t.ident for t in threading.enumerate()}
-        for ident, _ in followed:
-            if ident not in alive:  # ended with its recording on: its thread-local state is gone
-                with self._lock:
-                    if self._followed.pop(ident, None) is not None:
-                        self._users -= 1
-                        if self._users == 0:
-                            self._forget()
-        if set_all is not None and any(ident in alive for ident, _ in followed):
-            set_all(lambda frame, event, arg: self._unfollow_here())
-            threading.setprofile(None)
-        elif set_all is not None:
-            set_all(None)
+        with self._lock:
+            for ident in [i for i in self._releasing if i not in alive]:  # ended: their state went with them
+                del self._releasing[ident]
+            pending = bool(self._releasing)
+        set_all((lambda frame, event, arg: self._unfollow_here()) if pending else None)
+        threading.setprofile(None)
 
     def _follow_here(self, main: int) -> None:
         """On a thread, at its first Python event after :meth:`follow_threads`: turn recording on here."""
@@ -538,10 +542,15 @@ class Ledger:
                 return
             if _dispatch_depth() != 0:  # the thread's own mode (fake tensors, a profiler): leave it alone
                 return
-            cm = self.enabled()
-            cm.__enter__()
             with self._lock:
-                self._followed[ident] = cm
+                if not self._following:
+                    return
+                self._users += 1
+                self._followed[ident] = True
+            mode = _mode_class()(self)
+            mode.__enter__()
+            self._tls.mode = mode
+            self._tls.depth = 1
         except Exception:  # never break the program's thread
             return
 
@@ -549,9 +558,14 @@ class Ledger:
         sys.setprofile(None)
         try:
             with self._lock:
-                cm = self._followed.pop(threading.get_ident(), None)
-            if cm is not None:
-                cm.__exit__(None, None, None)
+                was = self._releasing.pop(threading.get_ident(), None)
+            if was is None:
+                return
+            mode: Any = getattr(self._tls, "mode", None)
+            self._tls.mode = None
+            self._tls.depth = 0
+            if mode is not None and _dispatch_depth() > 0:
+                mode.__exit__(None, None, None)
         except Exception:
             return
 
