@@ -85,8 +85,8 @@ def _user_loop_optimizer() -> None:
     kept = []
     with torchmem.watch(device="cpu", optimizer_steps=True):
         for _ in range(12):
-            out = model(torch.randn(128, 512))
-            kept.append(out)  # kept with its autograd graph: a leak
+            out = model(torch.randn(512, 512))
+            kept.append(out)  # 1 MiB kept per step (its graph's saved tensors go with backward()): a leak
             out.sum().backward()
             opt.step()  # <- HERE:opt
             opt.zero_grad()
