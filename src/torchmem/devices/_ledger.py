@@ -340,8 +340,8 @@ class Ledger:
         # autograd engine's device threads, which have no program frame): (caller's thread, its site).
         self._engine_caller: tuple[int, Site] | None = None
         self._following = 0  # follow_threads() users
-        self._followed: dict[int, Any] = {}  # idents of the threads recording while followed
-        self._releasing: dict[int, Any] = {}  # followed threads that have not turned recording off yet
+        self._followed: set[int] = set()  # idents of the threads recording while followed
+        self._releasing: set[int] = set()  # followed threads that have not turned recording off yet
 
     # -- births on engine threads ----------------------------------------------------------------
     @property
@@ -515,8 +515,8 @@ class Ledger:
             self._following -= 1
             if self._following:
                 return
-            followed, self._followed = self._followed, {}
-            self._releasing.update(followed)
+            followed, self._followed = self._followed, set()
+            self._releasing |= followed
             self._users -= len(followed)
             if followed and self._users <= 0:
                 self._users = 0
@@ -526,8 +526,7 @@ class Ledger:
             return
         alive = {t.ident for t in threading.enumerate()}
         with self._lock:
-            for ident in [i for i in self._releasing if i not in alive]:  # ended: their state went with them
-                del self._releasing[ident]
+            self._releasing &= alive  # those that ended: their state went with them
             pending = bool(self._releasing)
         set_all((lambda frame, event, arg: self._unfollow_here()) if pending else None)
         threading.setprofile(None)
@@ -542,13 +541,13 @@ class Ledger:
                 return
             if _dispatch_depth() != 0:  # the thread's own mode (fake tensors, a profiler): leave it alone
                 return
+            mode = _mode_class()(self)
             with self._lock:
                 if not self._following:
                     return
+                mode.__enter__()  # counted only once it is on
                 self._users += 1
-                self._followed[ident] = True
-            mode = _mode_class()(self)
-            mode.__enter__()
+                self._followed.add(ident)
             self._tls.mode = mode
             self._tls.depth = 1
         except Exception:  # never break the program's thread
@@ -557,10 +556,11 @@ class Ledger:
     def _unfollow_here(self) -> None:
         sys.setprofile(None)
         try:
+            ident = threading.get_ident()
             with self._lock:
-                was = self._releasing.pop(threading.get_ident(), None)
-            if was is None:
-                return
+                if ident not in self._releasing:
+                    return
+                self._releasing.discard(ident)
             mode: Any = getattr(self._tls, "mode", None)
             self._tls.mode = None
             self._tls.depth = 0
