@@ -481,6 +481,31 @@ def test_a_dict_keyed_by_name_is_a_cache_and_a_list_an_accumulation() -> None:
     assert _kind_of(listed) == "device_accumulation"
 
 
+def test_a_list_of_optimizers_with_their_state_is_kept_optimizers() -> None:
+    # A fresh AdamW per epoch kept in a list (with its scheduler): its state is made inside step(), keyed by
+    # parameter and by name ('exp_avg'): not a cache to bound but optimizers to drop.
+    model = torch.nn.Linear(4, 4)
+    schedules = []
+    for _ in range(2):
+        opt = torch.optim.AdamW(model.parameters())
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        schedules.append((opt, torch.optim.lr_scheduler.StepLR(opt, 1)))
+    state = schedules[0][0].state[model.weight]["exp_avg"]
+    paths = [p for p in find_holders([state]).paths[0] if "schedules" in str(p)]
+    assert paths, find_holders([state]).paths[0]
+    assert _kind_of(paths) == "kept_optimizer"
+    (c,) = attribute([_g(paths)])
+    assert "`schedules` keeps optimizers" in c.fix and "get_last_lr()" in c.fix, c.fix
+    # the optimizer in use, held by its own variable: its state is not a kept optimizer (nor is a dict of
+    # per-parameter tensors that is not an optimizer's state)
+    found = find_holders([opt.state[model.weight]["exp_avg"]]).paths[0]
+    live = [p for p in found if "schedules" not in str(p)]
+    assert live and all(_kind_of([p]) != "kept_optimizer" for p in live), live
+    per_param = {"m": {model.weight: torch.zeros(2)}}
+    assert _kind_of(find_holders([per_param["m"][model.weight]]).paths[0]) == "cache"
+
+
 def test_a_plain_variable_is_unknown() -> None:
     w = torch.zeros(2)
     assert _kind_of(find_holders([w]).paths[0]) == "unknown"

@@ -74,7 +74,8 @@ CORPUS_SCENARIOS: tuple[Expected, ...] = (
     _e("epoch_function_history", "leak", None, "history",
        about="k-means epoch function returning its distance matrix; every epoch's result kept"),
     # -- memory born inside a library call or on another thread ----------------------------------------
-    _e("optimizer_per_epoch", "leak", "optimizer", "schedules", fix="`schedules`",
+    _e("optimizer_per_epoch", "leak", "optimizer", "schedules", kind="kept_optimizer",
+       fix="`schedules` keeps optimizers",
        about="a fresh AdamW + LR scheduler every epoch, the old ones kept (state made inside step())"),
     _e("producer_thread_queue", "leak", "optimizer", "prefetch",
        about="a producer thread filling a queue nobody drains"),

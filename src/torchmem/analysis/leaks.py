@@ -42,6 +42,7 @@ GROWING_TENSOR = "growing_tensor"
 GLOBAL = "global_registry"
 CACHE = "cache"
 ACCUMULATION = "device_accumulation"
+KEPT_OPTIMIZER = "kept_optimizer"
 UNKNOWN = "unknown"
 
 KINDS = (
@@ -54,6 +55,7 @@ KINDS = (
     GLOBAL,
     CACHE,
     ACCUMULATION,
+    KEPT_OPTIMIZER,
     UNKNOWN,
 )
 
@@ -421,6 +423,9 @@ def detect_growth(
     if steady is not None:
         return steady
     if n < ROBUST_SAMPLES:
+        stair = _staircase_growth(xs, ys, thr)
+        if stair is not None:
+            return stair
         return not_leaking(f"{n} readings after warm-up, no steady growth yet")
     robust = _robust_growth(xs, ys, thr)
     if robust is not None:
@@ -491,6 +496,45 @@ def _robust_growth(xs: Sequence[int], ys: Sequence[int], thr: float) -> Growth |
         f"the floor rose in each quarter of the last {n} readings, {slope:.0f} B/step (Theil–Sen)",
         "leak",
         slope,
+        thr,
+    )
+
+
+STAIR_SAMPLES = 8
+"""Readings the staircase test needs (it is for runs with fewer than :data:`ROBUST_SAMPLES`)."""
+
+
+def _staircase_growth(xs: Sequence[int], ys: Sequence[int], thr: float) -> Growth | None:
+    """Growth that comes in steps (an optimizer made every other step, a buffer every few) in a run too
+    short for the noise-robust test: the figure never fell, rose by :data:`STEADY_EVIDENCE` thresholds in
+    all, and rose at about the same rate (0.5x..2x of the whole's) in each quarter of the readings, the last
+    included — a cache that fills and stops has a flat last quarter."""
+    n = len(ys)
+    if n < STAIR_SAMPLES or xs[-1] <= xs[0]:
+        return None
+    if any(b < a for a, b in itertools.pairwise(ys)):
+        return None
+    total = ys[-1] - ys[0]
+    rate = total / (xs[-1] - xs[0])
+    if rate < thr or total < STEADY_EVIDENCE * thr:
+        return None
+    ends = [0] + [round(n * q / 4) - 1 for q in (1, 2, 3, 4)]
+    for a, b in itertools.pairwise(ends):
+        if xs[b] <= xs[a]:
+            return None
+        r = (ys[b] - ys[a]) / (xs[b] - xs[a])
+        if not 0.5 * rate <= r <= 2 * rate:
+            return None
+    return Growth(
+        True,
+        rate,
+        _concordance(xs, ys),
+        "staircase",
+        n,
+        f"rose by {fmt_bytes(total)} over the last {n} readings and never fell, {fmt_bytes(rate)}/step in "
+        "each quarter of them",
+        "leak",
+        rate,
         thr,
     )
 
@@ -1066,10 +1110,27 @@ def _kind(g: SiteGrowth) -> str:
     if not indexed:
         return UNKNOWN
     path, head = indexed[0]
+    if any(_through_kept_optimizer(p) for p in paths):
+        return KEPT_OPTIMIZER
     keyed = any(s.kind in _CONTAINER_ITEMS and s.key_type == "str" for s in head)
     if not _in_frame(path, head) and _module_level_container(path, head):
         return GLOBAL
     return CACHE if keyed else ACCUMULATION
+
+
+def _through_kept_optimizer(path: HolderPath) -> bool:
+    """The path reaches an optimizer's per-parameter state (``.state[<Parameter>]``) through a container's
+    item before it: a list or dict of optimizers, each keeping the state its ``step()`` made."""
+    steps = path.typed_steps
+    for i, (a, b) in enumerate(itertools.pairwise(steps)):
+        if (
+            a.kind is StepKind.ATTRIBUTE
+            and a.name == "state"
+            and b.kind in _CONTAINER_ITEMS
+            and b.key_type in ("Parameter", "Tensor")
+        ):
+            return any(s.kind in _CONTAINER_ITEMS for s in steps[:i])
+    return False
 
 
 def _mib(b: float) -> str:
@@ -1181,6 +1242,12 @@ def fix_for(
         return f"the module-level `{name}` collects {tensors} ({rate}): {keep} through `weakref`"
     if kind == CACHE:
         return f"the cache `{name}` never evicts ({rate}): bound it (LRU with a maximum size) or clear it"
+    if kind == KEPT_OPTIMIZER:
+        return (
+            f"`{name}` keeps optimizers, each with the state its `step()` made (moment buffers the size of "
+            f"the model; {rate}): keep the numbers you need (`scheduler.get_last_lr()`, `.item()`), not "
+            "the optimizer or scheduler, or reuse one optimizer"
+        )
     if kind == ACCUMULATION:
         every = " every step" if per_step_unit else ""
         instead = (

@@ -33,6 +33,7 @@ from torchmem.analysis.leaks import (
     GLOBAL,
     GRAPH_CHAIN,
     HOOK,
+    KEPT_OPTIMIZER,
     RETAINED_GRAPH,
     UNKNOWN,
     attribute,
@@ -193,6 +194,11 @@ def survivor_fix(kind: str, name: str | None, per_step: float, per_step_storages
         )
     if kind == ACCUMULATION:
         return f"`{name}` keeps {what} per iteration ({size} each): store `.item()`/`.detach()` or clear it"
+    if kind == KEPT_OPTIMIZER:
+        return (
+            f"`{name}` keeps an optimizer per iteration, each with the state its `step()` made ({size} "
+            "each): keep the numbers you need (`scheduler.get_last_lr()`), not the optimizer, or reuse one"
+        )
     return f"`{name}` keeps {what} per iteration ({size} each): store `.item()`/`.detach()` or clear it"
 
 

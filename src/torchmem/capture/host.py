@@ -331,7 +331,11 @@ class HostWatcher:
         holder_time_limit: Seconds the holder search may take (once, when culprits are named).
         scan_gap: Steps between two scans of a sequence.
         max_stride: The most steps between two readings of each figure (``None``: as the readings' cost
-            demands, so that they take 0.5 % of the run at most). ``1`` reads both figures at every step.
+            demands, so that they take ``share`` of the run at most). ``1`` reads both figures at every step.
+        share: The largest share of a step the readings may take (0.5 %).
+        ramp: The strides at most double every 16 readings, from 1 (a short run of fast steps gets readings
+            enough for a verdict); ``False``: the budget's stride from the first choice (``torchmem run`` on
+            the CPU, where the device watcher reads the same heap at every step).
         boundary: What one step is (``"optimizer step"``...), copied into the report.
         unit: ``"step"``, or ``"s"`` when :meth:`step` is called once per second of a timeline.
         own_history: torchmem itself turned the CUDA allocator's history recording on (``torchmem run
@@ -366,6 +370,8 @@ class HostWatcher:
         holder_time_limit: float = 2.0,
         scan_gap: int = 2,
         max_stride: int | None = None,
+        share: float = 0.005,
+        ramp: bool = True,
         boundary: str = "",
         unit: str = "step",
         own_history: bool = False,
@@ -386,6 +392,7 @@ class HostWatcher:
             ("node_overhead", node_overhead),
             ("scan_budget", scan_budget),
             ("holder_time_limit", holder_time_limit),
+            ("share", share),
         ):
             if not f > 0:
                 raise ValueError(f"{name} must be positive, not {f!r}")
@@ -418,7 +425,8 @@ class HostWatcher:
         self._work_seconds = 0.0  # time in scans and node counts
         # readings
         self._stride = 1
-        self._share = 0.005  # the readings' share of a step (torchmem run: less)
+        self._share = float(share)  # the readings' share of a step (torchmem run: less)
+        self._ramp = bool(ramp)
         self._stride_why = (0.0, 0.0)  # (step time, reading cost) the stride was chosen from
         self._nreads = 0
         self._last_t: float | None = None
@@ -791,12 +799,20 @@ class HostWatcher:
         self._spent, self._spent_n = 0.0, 0
         cap = self._max_stride or _MAX_STRIDE
         share = self._share
+        # The strides at most double at each choice (every 16 readings): a short run of fast steps still
+        # gets readings enough for a verdict (30 steps: ~16 readings), and the readings' cost, a few ms in
+        # all before the strides reach the budget's, stays the same share of a long run.
+        old_k, old_heap = self._stride, self._stride * self._heap_every
+        if not self._ramp:
+            old_k = old_heap = cap
         if self._secondary:
             k = min(cap, max(1, math.ceil(rest / (share / 2 * step_time))))
             m = max(1, math.ceil(figure / (share / 2 * step_time * k)))
-            self._heap_every = min(m, _MAX_HEAP_EVERY, max(1, cap // k))
+            heap = k * min(m, _MAX_HEAP_EVERY, max(1, cap // k))  # steps between two heap readings
+            k = min(k, 2 * old_k)
+            self._heap_every = max(1, min(heap, 2 * old_heap) // k)
         else:
-            k = min(cap, max(1, math.ceil((rest + figure) / (share * step_time))))
+            k = min(cap, max(1, math.ceil((rest + figure) / (share * step_time))), 2 * old_k)
         self._stride = k
         self._stride_why = (step_time, rest + figure / (self._heap_every if self._secondary else 1))
 

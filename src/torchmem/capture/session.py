@@ -392,8 +392,10 @@ class Session:
                 node_interval=6.0,
                 node_overhead=0.002,
                 own_history=bool(self.memory_viz),  # --memory-viz turned the allocator's history on
+                share=0.002,
+                # on the CPU the device watcher reads the same heap at every step early on
+                ramp=self.device.type != "cpu",
             )
-            host._share = 0.002
             return host.start()
         except Exception as exc:
             self._note(f"host memory is not watched ({type(exc).__name__}: {exc})")

@@ -48,7 +48,9 @@ class Growth:
         bytes_per_step: Estimated steady-state growth (0 when not leaking).
         confidence: 0..1: how consistently the figure rises over the window (Kendall's concordance).
         method: ``"steady"`` (every recent step grew by a similar amount), ``"robust"`` (a long window whose
-            floors rise in each third, beyond the noise), or ``"none"``.
+            floors rise in each third, beyond the noise), ``"staircase"`` (a short run whose figure never fell
+            and rose at about the same rate in each quarter: growth that comes every few steps), ``"short"``
+            (a run too short for these, each step rising by the same large amount), or ``"none"``.
         samples: Samples after the warm-up that were considered.
         reason: Why it is or is not a leak, in words, with what to do next when nothing was found.
         verdict: ``"leak"``; or why nothing was reported: ``"below_threshold"`` (real, steady growth, smaller
@@ -101,7 +103,8 @@ class Culprit:
             ``cycle`` (a reference cycle that only ``gc`` frees), ``hook`` (a hook's closure keeps
             outputs), ``growing_tensor`` (one tensor re-allocated larger every step, such as ``torch.cat``
             onto a cache), ``global_registry`` (a module-level container), ``cache`` (a dict that never
-            evicts), ``device_accumulation`` (a list of device tensors), ``unknown``.
+            evicts), ``device_accumulation`` (a list of device tensors), ``kept_optimizer`` (a container of
+            optimizers, each keeping the state its ``step()`` made), ``unknown``.
         site: The allocation site that grows most, ``"file.py:42"`` (the user's line, not torch internals).
         sites: Every growing site of this culprit with its bytes per step.
         holder: The readable path of the object that keeps the memory (from :func:`torchmem.holders`).
