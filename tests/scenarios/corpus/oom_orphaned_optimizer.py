@@ -15,6 +15,11 @@ device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 torch.manual_seed(0)
 
 if device.type == "cuda":
+    # cuBLAS's workspace is taken from the allocator at the first matmul (and kept): take it before the
+    # budget is set, so that the budget is the program's own
+    w = torch.randn(64, 64, device=device, requires_grad=True)
+    (w @ w).sum().backward()
+    del w
     torch.zeros(1, device=device)
     total = torch.cuda.get_device_properties(device).total_memory
     torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved(device) + BUDGET) / total)
