@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_name
-from torchmem.analysis.lint import lint_paths
-from torchmem.analysis.lint._run import iter_files
+from torchmem.lint import lint_paths
+from torchmem.lint._run import iter_files
 
 TRAIN = '''"""Training script {i}: model, data, loops (the shapes tutorials use)."""
 import os

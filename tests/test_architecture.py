@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "torchmem._patch",
         ),
     ),
+    ("lint", ("torchmem.lint",)),
     ("devices", ("torchmem.devices",)),
     ("results", ("torchmem.results",)),
     ("analysis", ("torchmem.analysis",)),
@@ -191,6 +192,43 @@ def test_only_the_device_layer_touches_device_runtimes() -> None:
         for line, text in _runtime_uses(path):
             bad.append(f"{path.relative_to(PKG.parent)}:{line}: {text}")
     assert not bad, "device runtimes used outside devices/:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_lint_never_imports_torch() -> None:
+    """``torchmem lint`` runs wherever Python does: no module of ``torchmem.lint`` imports torch, directly or
+    through the torchmem modules it imports (every import statement, at any level, followed to the end).
+    ``tests/cli/test_lint_no_torch.py`` checks the same at run time, through the CLI."""
+    mods = _modules()
+    known = set(mods)
+    lint = sorted(m for m in mods if _layer(m) == "lint")
+    assert "torchmem.lint" in lint and "torchmem.lint._checker" in lint  # the scan sees the package
+    reached: dict[str, str] = {}  # torchmem module -> the lint module whose imports reach it
+    todo = [(m, m) for m in lint]
+    while todo:
+        mod, via = todo.pop()
+        if mod in reached:
+            continue
+        reached[mod] = via
+        for target, _, _ in _imports(mod, mods[mod], known):
+            while target not in known and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target in known and target not in reached:
+                todo.append((target, via))
+    bad = []
+    for mod, via in sorted(reached.items()):
+        path = mods[mod]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                if name == "torch" or name.startswith("torch."):
+                    where = "" if mod == via else f" (reached from {via})"
+                    bad.append(f"{path.relative_to(PKG.parent)}:{node.lineno}: import {name}{where}")
+    assert not bad, "torchmem.lint imports torch:\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize(

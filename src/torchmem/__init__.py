@@ -54,7 +54,6 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "torchmem.actions.scope": ("Scope", "scope"),
     "torchmem.analysis.estimate": ("FitArgumentError",),
     "torchmem.analysis.holders": ("HoldersTargetError", "find_holders", "holders"),
-    "torchmem.analysis.lint": ("LintConfigError", "LintFinding", "lint_paths", "lint_source"),
     "torchmem.analysis.oom": ("is_oom",),
     "torchmem.analysis.targets": ("UnknownTargetError",),
     "torchmem.capture.cpu": ("CpuTracking", "cpu_tracking"),
@@ -79,6 +78,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "torchmem.integrations": ("distributed",),  # a module: torchmem.distributed.gather_stats(), local_stats()
     "torchmem.integrations.distributed": ("DistributedError",),
     "torchmem.integrations.excepthook": ("install", "uninstall"),
+    "torchmem.lint": ("LintConfigError", "LintFinding", "lint_paths", "lint_source"),
     "torchmem.report.plot": ("PlotUnavailableError",),
     "torchmem.results._dicts": ("ResultFormatError",),
     "torchmem.results.fit": ("EstimateRow", "MemoryEstimate", "TargetEstimate"),
@@ -137,12 +137,6 @@ if TYPE_CHECKING:
         find_holders as find_holders,
         holders as holders,
     )
-    from torchmem.analysis.lint import (
-        LintConfigError as LintConfigError,
-        LintFinding as LintFinding,
-        lint_paths as lint_paths,
-        lint_source as lint_source,
-    )
     from torchmem.analysis.oom import is_oom as is_oom
     from torchmem.analysis.targets import UnknownTargetError as UnknownTargetError
     from torchmem.capture.cpu import CpuTracking as CpuTracking, cpu_tracking as cpu_tracking
@@ -186,6 +180,12 @@ if TYPE_CHECKING:
     from torchmem.integrations import distributed as distributed
     from torchmem.integrations.distributed import DistributedError as DistributedError
     from torchmem.integrations.excepthook import install as install, uninstall as uninstall
+    from torchmem.lint import (
+        LintConfigError as LintConfigError,
+        LintFinding as LintFinding,
+        lint_paths as lint_paths,
+        lint_source as lint_source,
+    )
     from torchmem.report.plot import PlotUnavailableError as PlotUnavailableError
     from torchmem.results._dicts import ResultFormatError as ResultFormatError
     from torchmem.results.fit import (

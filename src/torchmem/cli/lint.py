@@ -49,8 +49,8 @@ def _err(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchmem.analysis.lint import RULES, LintConfigError, explain_rule, lint_paths
-    from torchmem.analysis.lint._run import config_notes
+    from torchmem.lint import RULES, LintConfigError, explain_rule, lint_paths
+    from torchmem.lint._run import config_notes
 
     if args.explain is not None:
         try:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from torchmem.analysis.lint import RULES, LintConfigError, explain_rule, lint_paths, lint_source
-from torchmem.analysis.lint._pages import PAGES
+from torchmem.lint import RULES, LintConfigError, explain_rule, lint_paths, lint_source
+from torchmem.lint._pages import PAGES
 from torchmem.cli import lint as lint_cmd
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
@@ -210,7 +210,7 @@ def test_docs_pages_match_the_packaged_pages(code: str) -> None:
 
 def test_lint_imports_no_torch(project: Path) -> None:
     code = (
-        "import sys\nfrom torchmem.analysis.lint import lint_paths\n"
+        "import sys\nfrom torchmem.lint import lint_paths\n"
         "assert [f.code for f in lint_paths(['train.py'])] == ['TM001', 'TM008']\n"
         "assert 'torch' not in sys.modules, 'lint imported torch'\n"
     )

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from torchmem.analysis.lint import lint_source
+from torchmem.lint import lint_source
 
 TRAIN_HEAD = """
 total = 0.0
@@ -488,7 +488,7 @@ def _run_page_example(code: str, section: str) -> dict[str, object]:
 
     import torch
 
-    from torchmem.analysis.lint import explain_rule
+    from torchmem.lint import explain_rule
 
     block = re.search(rf"## {section}\n\n```python\n(.*?)```", explain_rule(code), re.S)
     assert block is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from torchmem.analysis.lint._rules import RULES
+from torchmem.lint._rules import RULES
 
 
 @dataclass(frozen=True, order=True)

@@ -8,7 +8,7 @@ value counts as a tensor carrying an autograd graph only when local data flow sh
 This package imports no torch: it runs wherever Python does.
 
 Example:
-    >>> from torchmem.analysis.lint import lint_source
+    >>> from torchmem.lint import lint_source
     >>> src = "for x in loader:\\n    loss = model(x).sum()\\n    loss.backward()\\n    hist.append(loss)\\n"
     >>> print(lint_source(src, "train.py")[0].code)
     TM001
@@ -16,11 +16,11 @@ Example:
 
 from __future__ import annotations
 
-from torchmem.analysis.lint._config import LintConfigError
-from torchmem.analysis.lint._finding import LintFinding
-from torchmem.analysis.lint._pages import PAGES
-from torchmem.analysis.lint._rules import RULES, LintRule
-from torchmem.analysis.lint._run import lint_paths, lint_source
+from torchmem.lint._config import LintConfigError
+from torchmem.lint._finding import LintFinding
+from torchmem.lint._pages import PAGES
+from torchmem.lint._rules import RULES, LintRule
+from torchmem.lint._run import lint_paths, lint_source
 
 __all__ = ["RULES", "LintConfigError", "LintFinding", "LintRule", "explain_rule", "lint_paths", "lint_source"]
 
@@ -32,7 +32,7 @@ def explain_rule(code: str) -> str:
         KeyError: ``code`` is not a rule's code.
 
     Example:
-        >>> from torchmem.analysis.lint import explain_rule
+        >>> from torchmem.lint import explain_rule
         >>> explain_rule("tm003").splitlines()[0]
         '# TM003 empty-cache-in-loop'
     """

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from torchmem._errors import TorchmemError
-from torchmem.analysis.lint._rules import RULES
+from torchmem.lint._rules import RULES
 
 _KEYS = ("select", "ignore", "exclude", "extend-exclude")
 

@@ -12,10 +12,10 @@ import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from torchmem.analysis.lint._checker import check_tree
-from torchmem.analysis.lint._config import ConfigFinder, LintConfig, check_codes
-from torchmem.analysis.lint._finding import LintFinding
-from torchmem.analysis.lint._rules import PARSE_ERROR, RULES
+from torchmem.lint._checker import check_tree
+from torchmem.lint._config import ConfigFinder, LintConfig, check_codes
+from torchmem.lint._finding import LintFinding
+from torchmem.lint._rules import PARSE_ERROR, RULES
 
 #: Folder names never walked into (a path given explicitly is still checked).
 SKIP_DIRS = frozenset(
@@ -82,7 +82,7 @@ def lint_source(
     A source that does not parse gives one ``TM000`` finding instead of raising.
 
     Example:
-        >>> from torchmem.analysis.lint import lint_source
+        >>> from torchmem.lint import lint_source
         >>> code = '''
         ... total = 0
         ... for x, y in loader:

@@ -1,0 +1,381 @@
+"""The static checks: one walk over a module's syntax tree (:mod:`torchmem.lint._walk`), then the rules over
+what the walk recorded, judging values by the local data flow (:mod:`torchmem.lint._flow`).
+
+The rules run after the walk, when every loop is known whole. Precision over recall: a value counts as a
+graph-carrying tensor only when local data flow says so; anything unknown is left alone. Pure standard
+library: no torch import.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from torchmem.lint._flow import DataFlow
+from torchmem.lint._syntax import (
+    DATASET_METHODS,
+    METER_NAMES,
+    TENSOR,
+    TRACKER_ROOTS,
+    dotted,
+    has_star_kwargs,
+    is_const,
+    is_dataset_class,
+    is_eval_name,
+    keyword_arg,
+    last_name,
+    node_line,
+    short,
+)
+from torchmem.lint._walk import Binding, Ctx, Scope, Walker
+
+
+@dataclass(frozen=True)
+class RawFinding:
+    line: int
+    col: int
+    code: str
+    message: str
+
+
+# -- rules over what the walk recorded ----------------------------------------------------------------------
+class Rules:
+    """The TM rules over one module's walk; :meth:`run` gives their findings."""
+
+    def __init__(self, walker: Walker) -> None:
+        self.w = walker
+        self.facts = walker.facts
+        self.out: list[RawFinding] = []
+        self.flow = DataFlow(walker.module.bindings)
+
+    def add(self, node: ast.AST, code: str, message: str) -> None:
+        self.out.append(RawFinding(getattr(node, "lineno", 1), getattr(node, "col_offset", 0), code, message))
+
+    # the rules
+    def run(self) -> list[RawFinding]:
+        for scope in self.w.scopes:
+            for kind, node, ctx, extra in scope.events:
+                # "cuda" and "save" events have no rule of their own: TM005 and TM006 read them from the
+                # scope's events
+                handler = getattr(self, f"_on_{kind}", None)
+                if handler is not None:
+                    handler(scope, node, ctx, extra)
+            self._tm002(scope)
+            self._tm005(scope)
+        return self.out
+
+    def _on_aug(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
+        if ctx.no_grad or scope.no_grad_all:
+            return  # total += loss under no_grad: the sum has no graph
+        self._tm001(scope, node, ctx, extra, "accumulates")
+
+    def _on_store(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
+        self._tm001(scope, node, ctx, extra, "stores")
+
+    def _tm001(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object, verb: str) -> None:
+        if ctx.loop is None:
+            return
+        assert isinstance(extra, tuple)
+        key: str = extra[0]
+        value: ast.expr = extra[1]
+        if key in scope.backwarded:
+            return  # the accumulated loss is what backward runs on
+        loop = next(
+            (lp for lp in ctx.loop.chain() if lp.trains and key not in lp.rebound and key not in lp.cleared),
+            None,
+        )
+        if loop is None:
+            return
+        if ctx.no_grad and not isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
+            return  # made under no_grad
+        if self.flow.kind(value, scope, getattr(node, "lineno", 0) + 1) != TENSOR:
+            return
+        what = short(value)
+        self.add(
+            node,
+            "TM001",
+            f"`{key}` {verb} `{what}`, a tensor that carries its autograd graph, across the iterations of "
+            f"a training loop (line {node_line(loop.node)}): every step's graph stays alive",
+        )
+
+    def _on_retain(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
+        loop = ctx.loop
+        assert loop is not None
+        pos = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
+        if any(p > pos and not retains for p, retains in loop.backwards):
+            return  # a later backward in the same iteration frees the graph
+        carried = sorted(
+            (line, key) for lp in loop.chain() for key, line in lp.carried.items() if key not in lp.detached
+        )
+        if not carried:
+            return  # nothing links one iteration's graph to the next: wasteful at most, not a leak
+        line, key = carried[0]
+        self.add(
+            node,
+            "TM004",
+            f"`retain_graph=True` on the last backward of the iteration while `{key}` carries the graph into "
+            f"the next one (line {line}): every iteration's graph stays alive and memory grows each step",
+        )
+
+    def _on_zero_grad(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
+        if self.facts.cuda_graphs or self.facts.grad_inplace:
+            return  # CUDA graphs and in-place gradient sums need the buffers
+        self.add(
+            node,
+            "TM008",
+            "`zero_grad(set_to_none=False)` keeps every gradient buffer allocated (and zeroed) between steps",
+        )
+
+    def _on_empty_cache(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
+        loop = ctx.loop
+        if loop is None or not loop.direct_trains or ctx.guard is loop or ctx.in_handler:
+            return
+        self.add(
+            node,
+            "TM003",
+            f"`empty_cache()` on every step of the training loop at line {node_line(loop.node)}: "
+            "it frees nothing the program holds, only the cache the next step must allocate again (slow)",
+        )
+
+    def _on_load(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
+        call = node
+        assert isinstance(call, ast.Call)
+        if isinstance(call.func, ast.Name) and call.func.id != "load":
+            return
+        if isinstance(call.func, ast.Name) and not self._imported_from_torch("load"):
+            return
+        if not self.facts.rank_setup or len(call.args) >= 2 or has_star_kwargs(call):
+            return
+        kw = keyword_arg(call, "map_location")
+        if kw is not None and not is_const(kw.value, None):
+            return
+        source = call.args[0] if call.args else getattr(keyword_arg(call, "f"), "value", None)
+        if isinstance(source, ast.Call) and last_name(source.func) == "BytesIO":
+            return  # bytes this process made: their devices are this process's
+        if isinstance(source, ast.Name) and any(
+            isinstance(b.value, ast.Call) and last_name(b.value.func) in ("BytesIO", "NamedTemporaryFile")
+            for b in scope.bindings.get(source.id, ())
+        ):
+            return
+        if source is not None and self._saved_here(scope, source):
+            return  # saved by this process a moment before: its devices are this process's
+        if source is not None and self._loaded_elsewhere_with_map_location(scope, source):
+            return  # `if gpu is None: load(p) else: load(p, map_location=...)`: decided on purpose
+        self.add(
+            call,
+            "TM006",
+            "`torch.load()` without `map_location` in code that sets a device per rank: every rank loads the "
+            "saved tensors onto the device they were saved from (usually cuda:0)",
+        )
+
+    @staticmethod
+    def _loaded_elsewhere_with_map_location(scope: Scope, source: ast.AST) -> bool:
+        text = ast.dump(source)
+        for kind, other, _ctx, _extra in scope.events:
+            if kind != "load" or not isinstance(other, ast.Call):
+                continue
+            given = len(other.args) >= 2 or keyword_arg(other, "map_location") is not None
+            if given and other.args and ast.dump(other.args[0]) == text:
+                return True
+        return False
+
+    @staticmethod
+    def _saved_here(scope: Scope, source: ast.AST) -> bool:
+        text = ast.dump(source)
+        for kind, other, _ctx, _extra in scope.events:
+            saved = kind == "save" and isinstance(other, ast.Call) and len(other.args) >= 2
+            if saved and ast.dump(other.args[1]) == text:  # type: ignore[attr-defined]
+                return True
+        return False
+
+    def _imported_from_torch(self, name: str) -> bool:
+        tree = self.w.module.node
+        assert isinstance(tree, ast.Module)
+        for s in tree.body:
+            if isinstance(s, ast.ImportFrom) and s.module == "torch" and any(a.name == name for a in s.names):
+                return True
+        return False
+
+    def _on_sink(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
+        call = node
+        assert isinstance(call, ast.Call)
+        if (
+            ctx.loop is None
+            or ctx.no_grad
+            or scope.no_grad_all
+            or not any(lp.trains for lp in ctx.loop.chain())
+        ):
+            return
+        func = call.func
+        if not isinstance(func, ast.Attribute):
+            return
+        recv = dotted(func.value) or ""
+        last = recv.rsplit(".", 1)[-1]
+        name = func.attr
+        if name == "update":
+            if not METER_NAMES.search(last):
+                return
+            values: list[ast.expr | None] = list(call.args[:1])
+        elif name in ("add_scalar",):
+            values = list(call.args[1:2])
+        elif name in ("log", "log_metrics", "log_dict", "add_scalars", "log_metric"):
+            if recv == "self":
+                return  # Lightning's self.log detaches and reduces tensors itself
+            if name != "add_scalars" and last not in TRACKER_ROOTS and not last.endswith("logger"):
+                return
+            if name == "log_metric":
+                values = list(call.args[1:2])
+            else:
+                values = list(call.args[:2])
+                if values and isinstance(values[-1], ast.Dict):
+                    values = list(values[-1].values)
+        else:
+            return
+        values += [k.value for k in call.keywords if k.arg in ("value", "scalar_value", "val")]
+        line = call.lineno + 1
+        for v in values:
+            if v is not None and self.flow.kind(v, scope, line) == TENSOR:
+                self.add(
+                    call,
+                    "TM007",
+                    f"`{recv}.{name}` is given `{short(v)}`, a tensor that carries its autograd graph: each "
+                    "call syncs the device, and a sink that keeps values (a meter's running sum) keeps "
+                    "the graph",
+                )
+                return
+
+    def _on_dataloader(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
+        call = node
+        assert isinstance(call, ast.Call)
+        workers = keyword_arg(call, "num_workers")
+        if workers is None or is_const(workers.value, None):
+            return
+        if isinstance(workers.value, ast.Constant) and not (
+            isinstance(workers.value.value, int) and workers.value.value > 0
+        ):
+            return
+        mp_ctx = keyword_arg(call, "multiprocessing_context")
+        if mp_ctx is not None:
+            if not (isinstance(mp_ctx.value, ast.Constant) and mp_ctx.value.value == "fork"):
+                return
+        elif self.facts.start_method not in (None, "fork"):
+            return
+        ds_kw = keyword_arg(call, "dataset")
+        dataset = ds_kw.value if ds_kw is not None else (call.args[0] if call.args else None)
+        reason = self._dataset_on_cuda(dataset, scope, call.lineno)
+        if reason is None:
+            return
+        how = "fork" if mp_ctx is not None or self.facts.start_method else "fork, the default on Linux"
+        self.add(
+            call,
+            "TM009",
+            f"DataLoader workers (start method: {how}) index a dataset that holds CUDA tensors ({reason}): "
+            "a forked worker cannot use CUDA and fails with 'Cannot re-initialize CUDA in forked subprocess'",
+        )
+
+    def _dataset_on_cuda(self, dataset: ast.AST | None, scope: Scope, line: int) -> str | None:
+        if isinstance(dataset, ast.Name):
+            best: Binding | None = None
+            for b in scope.bindings.get(dataset.id, ()):
+                if b.line <= line and (best is None or b.line >= best.line):
+                    best = b
+            if best is None or best.value is None:
+                return None
+            dataset = best.value
+        if not isinstance(dataset, ast.Call):
+            return None
+        cls_name = last_name(dataset.func)
+        if not cls_name.endswith("Dataset") and cls_name not in self.facts.classes:
+            return None
+        for arg in (*dataset.args, *(k.value for k in dataset.keywords)):
+            if self._cuda_tensor(arg, scope, line):
+                return f"`{short(arg)}` is on a CUDA device"
+        cls = self.facts.classes.get(cls_name)
+        if cls is not None:
+            for item in cls.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "__init__":
+                    for n in ast.walk(item):
+                        if isinstance(n, ast.Call) and self.flow.is_cuda_call(n):
+                            return f"`{cls_name}.__init__` moves data to CUDA at line {n.lineno}"
+        return None
+
+    def _cuda_tensor(self, expr: ast.AST, scope: Scope, line: int, depth: int = 0) -> bool:
+        if depth > 6:
+            return False
+        if isinstance(expr, ast.Call):
+            return self.flow.is_cuda_call(expr)
+        if isinstance(expr, ast.Name):
+            best: Binding | None = None
+            for b in scope.bindings.get(expr.id, ()):
+                if b.line <= line and (best is None or b.line >= best.line):
+                    best = b
+            if best is not None and best.value is not None and best.index is None:
+                return self._cuda_tensor(best.value, scope, best.line, depth + 1)
+        return False
+
+    def _tm002(self, scope: Scope) -> None:
+        if scope.kind == "lambda" or scope.first_eval_loop is None or not self.facts.torch_imported:
+            return  # a file that imports nothing of torch's world: `generator(...)` is not a model
+        # A method named like evaluation is often called by a framework that sets no_grad itself (a
+        # pipeline's _forward): for methods only an explicit `.eval()` call counts.
+        named = (
+            scope.kind == "function"
+            and scope.cls is None
+            and not self.w.test_file
+            and is_eval_name(scope.name)
+        )
+        if not (named or scope.eval_called):
+            return
+        if scope.grad_handled or scope.enable_grad or scope.trains or scope.no_grad_all:
+            return
+        if scope.kind == "function" and scope.name in self.facts.called_under_no_grad:
+            return
+        if scope.name.endswith("_step") or scope.name.startswith("on_"):
+            return  # framework hooks (Lightning's validation_step) run under no_grad already
+        loop = scope.first_eval_loop
+        call = loop.model_call
+        why = f"`{scope.name}` evaluates" if named else "the model is in eval() mode"
+        self.add(
+            loop.node,
+            "TM002",
+            f"{why} and this loop calls `{short(call.func) if call else 'the model'}` with autograd on: "
+            "every forward keeps its activations for a backward that never comes",
+        )
+
+    def _tm005(self, scope: Scope) -> None:
+        role = self._worker_role(scope)
+        if role is None:
+            return
+        for kind, node, _ctx, _extra in scope.events:
+            if kind == "cuda" and isinstance(node, ast.Call) and self.flow.is_cuda_call(node):
+                self.add(
+                    node,
+                    "TM005",
+                    f"{role} moves data to CUDA; it runs in DataLoader worker processes, where CUDA cannot "
+                    "be initialised after a fork (and each worker would create its own CUDA context)",
+                )
+                return
+
+    def _worker_role(self, scope: Scope) -> str | None:
+        if scope.kind == "lambda":
+            return "this collate_fn/worker_init_fn lambda" if scope.name == "<lambda-worker>" else None
+        if scope.kind != "function":
+            return None
+        name = scope.name
+        cls = scope.cls
+        if cls is not None and name in DATASET_METHODS and is_dataset_class(cls):
+            return f"`{cls.name}.{name}`"
+        if cls is not None and name == "__call__" and "collat" in cls.name.lower():
+            return f"`{cls.name}.__call__` (a collate function)"
+        low = name.lower()
+        if name in self.facts.collate_names or "collate" in low:
+            return f"`{name}` (a collate_fn)"
+        if name in self.facts.worker_names or "worker_init" in low:
+            return f"`{name}` (a worker_init_fn)"
+        return None
+
+
+def check_tree(tree: ast.Module, path: str) -> list[RawFinding]:
+    """Every finding in one parsed module, unfiltered (suppression and selection come after)."""
+    walker = Walker(tree, path)
+    return Rules(walker).run()

@@ -1,0 +1,184 @@
+"""The local data flow the rules judge values by: whether an expression is a tensor that may carry an autograd
+graph (``TENSOR``), surely not one (``SAFE``) or not known (``UNKNOWN``), from the bindings the walk recorded,
+and whether an expression or a call names a CUDA device.
+
+Precision over recall: a value counts as a graph-carrying tensor only when the data flow says so (bound from a
+model or loss call, a tensor op on such a value, or a name that is ``.backward()``-ed). Pure standard library:
+no torch import.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+
+from torchmem.lint._syntax import (
+    GRAPH_METHODS,
+    SAFE,
+    SAFE_ATTRS,
+    SAFE_BUILTINS,
+    SAFE_METHODS,
+    TENSOR,
+    TORCH_FRESH,
+    TORCH_ROOTS,
+    UNKNOWN,
+    dotted,
+    is_const,
+    is_loss_callee,
+    is_model_callee,
+    keyword_arg,
+    last_name,
+)
+from torchmem.lint._walk import Binding, Scope
+
+
+class DataFlow:
+    """What a value is, read from one module's walk (:class:`~torchmem.lint._walk.Walker`): :meth:`kind` of
+    an expression in a scope at a line, :meth:`cuda_ish` / :meth:`is_cuda_call` against the module-level
+    names."""
+
+    def __init__(self, module_bindings: dict[str, list[Binding]]) -> None:
+        self._module_bindings = module_bindings
+
+    def kind(self, expr: ast.AST | None, scope: Scope, line: int, depth: int = 0) -> int:
+        if expr is None or depth > 12:
+            return UNKNOWN
+        if isinstance(expr, (ast.Constant, ast.JoinedStr, ast.Compare)):
+            return SAFE
+        if isinstance(expr, (ast.Name, ast.Attribute)):
+            if isinstance(expr, ast.Attribute) and expr.attr in SAFE_ATTRS:
+                return SAFE
+            key = dotted(expr)
+            if key is not None:
+                found = self._binding_kind(key, scope, line, depth)
+                if found != UNKNOWN:
+                    return found
+                if key in scope.backwarded:
+                    return TENSOR
+            if isinstance(expr, ast.Attribute):
+                return TENSOR if self.kind(expr.value, scope, line, depth + 1) == TENSOR else UNKNOWN
+            return UNKNOWN
+        if isinstance(expr, ast.Subscript):
+            base = self.kind(expr.value, scope, line, depth + 1)
+            return base if base == TENSOR else UNKNOWN
+        if isinstance(expr, ast.Call):
+            return self._call_kind(expr, scope, line, depth)
+        if isinstance(expr, ast.BinOp):
+            left = self.kind(expr.left, scope, line, depth + 1)
+            right = self.kind(expr.right, scope, line, depth + 1)
+            if TENSOR in (left, right):
+                return TENSOR
+            return SAFE if left == right == SAFE else UNKNOWN
+        if isinstance(expr, ast.UnaryOp):
+            return self.kind(expr.operand, scope, line, depth + 1)
+        if isinstance(expr, ast.IfExp):
+            kinds = {
+                self.kind(expr.body, scope, line, depth + 1),
+                self.kind(expr.orelse, scope, line, depth + 1),
+            }
+            return TENSOR if TENSOR in kinds else (SAFE if kinds == {SAFE} else UNKNOWN)
+        if isinstance(expr, (ast.List, ast.Tuple, ast.Set)):
+            return self._elements(expr.elts, scope, line, depth)
+        if isinstance(expr, ast.Dict):
+            return self._elements(expr.values, scope, line, depth)
+        if isinstance(expr, ast.NamedExpr):
+            return self.kind(expr.value, scope, line, depth + 1)
+        return UNKNOWN
+
+    def _elements(self, elts: Iterable[ast.AST | None], scope: Scope, line: int, depth: int) -> int:
+        kinds = {self.kind(e, scope, line, depth + 1) for e in elts if not isinstance(e, ast.Starred)}
+        return TENSOR if TENSOR in kinds else (SAFE if kinds <= {SAFE} else UNKNOWN)
+
+    def _binding_kind(self, key: str, scope: Scope, line: int, depth: int) -> int:
+        best: Binding | None = None
+        for b in scope.bindings.get(key, ()):
+            if b.line < line and (best is None or b.line >= best.line):
+                best = b
+        if best is None:
+            return UNKNOWN
+        if best.no_grad:
+            return SAFE
+        value = best.value
+        if best.index is not None and isinstance(value, (ast.Tuple, ast.List)):
+            if best.index < len(value.elts) and not any(isinstance(e, ast.Starred) for e in value.elts):
+                value = value.elts[best.index]
+            else:
+                return UNKNOWN
+        elif best.index is not None and not isinstance(value, ast.Call):
+            return UNKNOWN
+        return self.kind(value, scope, best.line, depth + 1)
+
+    def _call_kind(self, call: ast.Call, scope: Scope, line: int, depth: int) -> int:
+        func = call.func
+        name = last_name(func)
+        if isinstance(func, ast.Name):
+            if name in SAFE_BUILTINS:
+                return SAFE
+            if name == "abs" and len(call.args) == 1:
+                return self.kind(call.args[0], scope, line, depth + 1)
+            if is_model_callee(func) or is_loss_callee(func):
+                return TENSOR
+            return UNKNOWN
+        if not isinstance(func, ast.Attribute):
+            return UNKNOWN
+        root = dotted(func.value)
+        if root is not None and (root.split(".", 1)[0] in TORCH_ROOTS):
+            if name in TORCH_FRESH or name.startswith(("is_", "get_", "set_", "manual_")):
+                return SAFE
+            if name == "grad" and root.endswith("autograd"):
+                create = keyword_arg(call, "create_graph")
+                return UNKNOWN if create is not None and not is_const(create.value, False) else SAFE
+            if root.startswith("torch.cuda") or root.startswith("torch.distributed"):
+                return UNKNOWN
+            if "loss" in name or name in ("cross_entropy", "nll_loss", "kl_div", "binary_cross_entropy"):
+                return TENSOR
+            args = [*call.args, *(k.value for k in call.keywords)]
+            return TENSOR if any(self.kind(a, scope, line, depth + 1) == TENSOR for a in args) else UNKNOWN
+        if name in SAFE_METHODS:
+            return SAFE
+        if name in GRAPH_METHODS:
+            recv = self.kind(func.value, scope, line, depth + 1)
+            if recv != UNKNOWN:
+                return recv
+            if name == "forward" and is_model_callee(func):
+                return TENSOR
+            return UNKNOWN
+        if is_model_callee(func) or is_loss_callee(func):
+            return TENSOR
+        return UNKNOWN
+
+    def cuda_ish(self, expr: ast.AST | None, depth: int = 0) -> bool:
+        """Whether an expression names a CUDA device (a literal, or a module-level name bound to one)."""
+        if expr is None or depth > 4:
+            return False
+        if isinstance(expr, ast.Constant):
+            return isinstance(expr.value, str) and expr.value.startswith("cuda")
+        if isinstance(expr, ast.JoinedStr):
+            return bool(expr.values) and self.cuda_ish(expr.values[0], depth + 1)
+        if isinstance(expr, ast.Call) and last_name(expr.func) == "device" and expr.args:
+            return self.cuda_ish(expr.args[0], depth + 1)
+        if isinstance(expr, ast.IfExp):
+            return self.cuda_ish(expr.body, depth + 1) or self.cuda_ish(expr.orelse, depth + 1)
+        if isinstance(expr, ast.Name):
+            return any(self.cuda_ish(b.value, depth + 1) for b in self._module_bindings.get(expr.id, ()))
+        return False
+
+    def is_cuda_call(self, call: ast.Call) -> bool:
+        func = call.func
+        if isinstance(func, ast.Attribute) and func.attr == "cuda" and dotted(func.value) != "torch":
+            return True
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "to"
+            and call.args
+            and self.cuda_ish(call.args[0])
+        ):
+            return True
+        kw = keyword_arg(call, "device")
+        if kw is not None and self.cuda_ish(kw.value):
+            return True
+        return (
+            isinstance(func, ast.Attribute)
+            and func.attr == "to"
+            and self.cuda_ish(getattr(keyword_arg(call, "device"), "value", None))
+        )

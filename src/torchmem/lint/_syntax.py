@@ -1,0 +1,199 @@
+"""What the names and calls of PyTorch code mean to the checks: the value kinds of the local data flow, the
+tables of names (model-like callees, methods whose result keeps or drops the autograd graph, torch calls that
+make fresh tensors, trackers and meters, rank variables) and the small readers of syntax every part uses
+(``a.b.c`` of an attribute chain, a call's keyword, a constant). Pure standard library: no torch import.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+# -- value kinds of the local data flow ---------------------------------------------------------------------
+TENSOR = 2  # a tensor that may carry an autograd graph
+SAFE = 1  # a number, a string, a detached tensor, a result computed without autograd
+UNKNOWN = 0
+
+_MODEL_NAMES = re.compile(
+    r"^(?:model|net|network|module|encoder|decoder|generator|discriminator|critic|actor|classifier|backbone"
+    r"|policy|student|ddp_model|netg|netd|g_?net|d_?net|\w+_model|model_\w+|\w+_net|\w+_network"
+    r"|\w+_encoder|\w+_decoder)$",
+    re.IGNORECASE,
+)
+_LOSS_NAMES = re.compile(r"loss|criterion", re.IGNORECASE)
+OPT_NAMES = re.compile(r"opt", re.IGNORECASE)
+# Methods whose result holds no autograd graph.
+SAFE_METHODS = frozenset(
+    {
+        "item", "tolist", "detach", "detach_", "numpy", "numel", "size", "dim", "argmax", "argmin", "argsort",
+        "nonzero", "eq", "ne", "lt", "gt", "le", "ge", "long", "int", "bool", "byte", "short", "isnan",
+        "isinf", "isfinite", "count_nonzero", "element_size", "nelement", "stride", "data_ptr", "equal",
+        "allclose", "isclose", "__len__", "get_device", "requires_grad_", "backward", "round", "floor",
+        "ceil", "sign", "logical_and", "logical_or", "logical_not", "any", "all", "unique",
+    }
+)  # fmt: skip
+# Methods whose result carries the receiver's graph (when the receiver carries one).
+GRAPH_METHODS = frozenset(
+    {
+        "sum", "mean", "float", "double", "half", "bfloat16", "to", "cpu", "cuda", "clone", "view", "reshape",
+        "squeeze", "unsqueeze", "flatten", "contiguous", "abs", "pow", "sqrt", "exp", "log", "mul", "add",
+        "div", "sub", "max", "min", "norm", "softmax", "log_softmax", "sigmoid", "tanh", "relu", "permute",
+        "transpose", "expand", "expand_as", "repeat", "type", "type_as", "index_select", "gather",
+        "masked_select", "masked_fill", "squeeze_", "unsqueeze_", "view_as", "reshape_as", "prod", "std",
+        "var", "logsumexp", "clamp", "clip", "neg", "square", "t", "narrow", "select", "diag", "trace",
+        "matmul", "mm", "bmm", "dot", "forward",
+    }
+)  # fmt: skip
+SAFE_ATTRS = frozenset(
+    {
+        "data", "shape", "device", "dtype", "grad", "requires_grad", "is_cuda", "ndim", "layout",
+        "is_leaf", "names", "itemsize", "nbytes",
+    }
+)  # fmt: skip
+SAFE_BUILTINS = frozenset({"float", "int", "bool", "str", "len", "repr", "format", "round", "isinstance"})
+# torch.* calls that make a tensor without a graph (or not a tensor at all).
+TORCH_FRESH = frozenset(
+    {
+        "tensor", "as_tensor", "from_numpy", "zeros", "ones", "empty", "full", "randn", "rand", "randint",
+        "randperm", "arange", "linspace", "logspace", "eye", "zeros_like", "ones_like", "empty_like",
+        "full_like", "rand_like", "randn_like", "randint_like", "device", "is_tensor", "numel", "argmax",
+        "argmin", "argsort", "eq", "ne", "lt", "gt", "le", "ge", "equal", "allclose", "isclose", "isnan",
+        "isinf", "isfinite", "no_grad", "inference_mode", "manual_seed", "load", "save", "Generator",
+        "count_nonzero", "nonzero", "unique", "bucketize", "searchsorted",
+    }
+)  # fmt: skip
+TORCH_ROOTS = frozenset({"torch", "F", "functional", "nn", "fn"})
+_NO_GRAD_CTX = frozenset({"no_grad", "inference_mode"})
+_EVAL_WORDS = frozenset(
+    {
+        "eval", "evaluate", "evaluation", "validate", "validation", "valid", "val", "predict",
+        "prediction", "predictions", "inference", "infer", "generate", "generation", "test", "testing",
+    }
+)  # fmt: skip
+_NOT_EVAL_WORDS = frozenset({"step", "train", "training", "fit", "loss", "split", "data", "dataset", "set"})
+DATASET_METHODS = frozenset({"__getitem__", "__getitems__", "__iter__"})
+_BACKWARD_BY_ARG = frozenset({"accelerator", "autograd", "engine", "model_engine", "fabric", "self"})
+TORCH_WORLD = frozenset(
+    {
+        "torch", "torchvision", "torchaudio", "torchtext", "lightning", "pytorch_lightning",
+        "lightning_fabric", "transformers", "accelerate", "timm", "deepspeed", "diffusers", "peft", "trl",
+        "torch_geometric", "dgl", "fairseq", "ignite", "detectron2", "mmengine", "composer", "torchmetrics",
+        "functorch",
+    }
+)  # fmt: skip
+RANK_VARS = frozenset({"LOCAL_RANK", "RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"})
+ARGS_NAMES = frozenset({"args", "opt", "opts", "cfg", "config", "hparams", "FLAGS", "flags"})
+METER_NAMES = re.compile(r"meter|avg|average", re.IGNORECASE)
+TRACKER_ROOTS = frozenset({"wandb", "run", "accelerator", "experiment", "tracker", "mlflow", "neptune"})
+SINK_METHODS = frozenset({"log", "log_metrics", "log_metric", "add_scalar", "add_scalars", "log_dict"})
+
+
+def dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of names and attributes, else None."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def last_name(func: ast.AST) -> str:
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    if isinstance(func, ast.Name):
+        return func.id
+    return ""
+
+
+def _root_name(node: ast.AST) -> str:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def keyword_arg(call: ast.Call, name: str) -> ast.keyword | None:
+    for k in call.keywords:
+        if k.arg == name:
+            return k
+    return None
+
+
+def has_star_kwargs(call: ast.Call) -> bool:
+    return any(k.arg is None for k in call.keywords)
+
+
+def is_const(node: ast.AST | None, value: object) -> bool:
+    return isinstance(node, ast.Constant) and node.value is value
+
+
+def is_const_in(node: ast.AST, values: frozenset[str]) -> bool:
+    return isinstance(node, ast.Constant) and node.value in values
+
+
+def _words(name: str) -> list[str]:
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
+    return [w for w in spaced.lower().split("_") if w]
+
+
+def is_eval_name(name: str) -> bool:
+    """Whether a function name reads as evaluation (``evaluate``, ``val_epoch``, ``test``, ``infer``)."""
+    words = _words(name)
+    return (
+        bool(words) and any(w in _EVAL_WORDS for w in words) and not any(w in _NOT_EVAL_WORDS for w in words)
+    )
+
+
+def is_model_callee(func: ast.AST) -> bool:
+    """Whether a call's callee names a model (``model(x)``, ``self.net(x)``, ``anything.forward(x)``)."""
+    if isinstance(func, ast.Attribute) and func.attr == "forward":
+        return True
+    name = last_name(func)
+    if not name or name == "self" or _MODEL_NAMES.match(name) is None:
+        return False
+    if isinstance(func, ast.Attribute):  # self.generator(z), model.encoder(x); not writer.generator(...)
+        root = _root_name(func)
+        return root in ("self", "cls") or _MODEL_NAMES.match(root) is not None
+    return True
+
+
+def is_loss_callee(func: ast.AST) -> bool:
+    name = last_name(func)
+    return bool(name) and _LOSS_NAMES.search(name) is not None and not name.startswith(("get_", "set_"))
+
+
+def no_grad_item(expr: ast.AST) -> int:
+    """1 when a ``with`` item (or decorator) turns autograd off, -1 when it may (a variable), else 0."""
+    call = expr if isinstance(expr, ast.Call) else None
+    func = call.func if call is not None else expr
+    name = last_name(func)
+    if name in _NO_GRAD_CTX:
+        if name == "inference_mode" and call is not None and call.args and is_const(call.args[0], False):
+            return 0
+        return 1
+    if name == "set_grad_enabled" and call is not None and call.args:
+        if is_const(call.args[0], False):
+            return 1
+        return 0 if is_const(call.args[0], True) else -1
+    return 0
+
+
+def node_line(node: ast.AST) -> int:
+    return int(getattr(node, "lineno", 0))
+
+
+def is_dataset_class(cls: ast.ClassDef) -> bool:
+    return any(last_name(b).endswith("Dataset") for b in cls.bases)
+
+
+def short(node: ast.AST | None, limit: int = 40) -> str:
+    if node is None:
+        return "?"
+    try:
+        text = ast.unparse(node)
+    except Exception:  # pragma: no cover - unparse handles every node the parser makes
+        return "?"
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

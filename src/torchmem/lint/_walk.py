@@ -1,0 +1,509 @@
+"""The walk over one module's syntax tree: what it records, per scope (the module, each function, each
+lambda), for the rules to read once every loop is known whole.
+
+Where names are bound and to what, the loops (which of them train: a ``.backward()`` or an optimizer
+``.step()`` inside), the module's facts (a rank set up, torch imported, CUDA graphs, the start method), and
+the calls and stores the rules look at (``Scope.events``), each with its context (innermost loop, under
+``no_grad``, under an ``if`` or ``except``). Pure standard library: no torch import.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from torchmem.lint._syntax import (
+    ARGS_NAMES,
+    OPT_NAMES,
+    RANK_VARS,
+    SINK_METHODS,
+    TORCH_WORLD,
+    dotted,
+    is_const,
+    is_const_in,
+    is_model_callee,
+    keyword_arg,
+    last_name,
+    no_grad_item,
+    node_line,
+    short,
+)
+
+
+# -- what the walk records ----------------------------------------------------------------------------------
+@dataclass(eq=False)
+class Loop:
+    node: ast.AST
+    parent: Loop | None
+    direct_trains: bool = False  # a backward/optimizer step in this loop, not only in a nested one
+    trains: bool = False
+    rebound: set[str] = field(default_factory=set)
+    cleared: set[str] = field(default_factory=set)
+    model_call: ast.Call | None = None  # the first model call not under no_grad
+    backwards: list[tuple[tuple[int, int], bool]] = field(default_factory=list)  # (position, retains)
+    carried: dict[str, int] = field(default_factory=dict)  # name -> line: bound from its own previous value
+    detached: set[str] = field(default_factory=set)  # names cut from their graph in the loop
+
+    def chain(self) -> Iterator[Loop]:
+        loop: Loop | None = self
+        while loop is not None:
+            yield loop
+            loop = loop.parent
+
+
+@dataclass(frozen=True)
+class Ctx:
+    loop: Loop | None = None
+    no_grad: bool = False
+    guard: Loop | None = None  # under an if/except inside this loop
+    in_handler: bool = False
+
+
+@dataclass
+class Binding:
+    line: int
+    col: int
+    value: ast.expr | None  # None: bound by a for target, a with, a parameter
+    no_grad: bool
+    index: int | None = None  # the element of an unpacked tuple
+
+
+@dataclass(eq=False)
+class Scope:
+    node: ast.AST
+    name: str
+    cls: ast.ClassDef | None
+    kind: str  # "module", "function", "lambda"
+    bindings: dict[str, list[Binding]] = field(default_factory=dict)
+    backwarded: set[str] = field(default_factory=set)
+    no_grad_all: bool = False  # decorated with no_grad / set_grad_enabled(False) as a statement
+    grad_handled: bool = False  # any no_grad / inference_mode / set_grad_enabled in the scope
+    enable_grad: bool = False
+    trains: bool = False
+    eval_called: bool = False
+    events: list[tuple[str, ast.AST, Ctx, object]] = field(default_factory=list)
+    first_eval_loop: Loop | None = None
+
+
+@dataclass
+class ModuleFacts:
+    rank_setup: bool = False
+    torch_imported: bool = False  # the file imports torch or a framework built on it
+    cuda_graphs: bool = False
+    grad_inplace: bool = False
+    start_method: str | None = None  # the constant given to set_start_method, "?" when not a constant
+    collate_names: set[str] = field(default_factory=set)
+    worker_names: set[str] = field(default_factory=set)
+    worker_lambdas: set[int] = field(default_factory=set)
+    called_under_no_grad: set[str] = field(default_factory=set)
+    classes: dict[str, ast.ClassDef] = field(default_factory=dict)
+
+
+class Walker:
+    """One module's walk (:func:`torchmem.lint._checker.check_tree` runs it, then the rules)."""
+
+    def __init__(self, tree: ast.Module, path: str) -> None:
+        self.facts = ModuleFacts()
+        self.scopes: list[Scope] = []
+        name = path.replace("\\", "/").rsplit("/", 1)[-1]
+        self.test_file = name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
+        self.module = self._new_scope(tree, "<module>", None, "module")
+        self._body(tree.body, self.module, Ctx())
+
+    # -- scopes
+    def _new_scope(self, node: ast.AST, name: str, cls: ast.ClassDef | None, kind: str) -> Scope:
+        scope = Scope(node, name, cls, kind)
+        self.scopes.append(scope)
+        return scope
+
+    def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, cls: ast.ClassDef | None) -> None:
+        scope = self._new_scope(node, node.name, cls, "function")
+        for dec in node.decorator_list:
+            self._expr(dec, self.module, Ctx())
+            state = no_grad_item(dec)
+            if state:
+                scope.grad_handled = True
+                scope.no_grad_all = state == 1
+        args = node.args
+        for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
+            if a is not None:
+                scope.bindings.setdefault(a.arg, []).append(Binding(a.lineno, a.col_offset, None, False))
+        for d in (*args.defaults, *args.kw_defaults):
+            if d is not None:
+                self._expr(d, self.module, Ctx())
+        self._body(node.body, scope, Ctx(no_grad=scope.no_grad_all))
+
+    # -- statements
+    def _body(self, stmts: list[ast.stmt], scope: Scope, ctx: Ctx) -> None:
+        for s in stmts:
+            self._stmt(s, scope, ctx)
+
+    def _bind(
+        self, target: ast.AST, value: ast.expr | None, scope: Scope, ctx: Ctx, index: int | None = None
+    ) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for i, elt in enumerate(target.elts):
+                self._bind(elt, value, scope, ctx, i)
+            return
+        if isinstance(target, ast.Starred):
+            self._bind(target.value, None, scope, ctx)
+            return
+        if isinstance(target, ast.Subscript):
+            self._expr(target, scope, ctx)
+            return
+        key = dotted(target)
+        if key is None:
+            self._expr(target, scope, ctx)
+            return
+        if isinstance(target, ast.Attribute):
+            self._expr(target.value, scope, ctx)
+        scope.bindings.setdefault(key, []).append(
+            Binding(node_line(target), int(getattr(target, "col_offset", 0)), value, ctx.no_grad, index)
+        )
+        loop = ctx.loop
+        if loop is not None and value is not None:
+            self._carry(key, value, node_line(target), loop)
+        while loop is not None:
+            loop.rebound.add(key)
+            loop = loop.parent
+
+    @staticmethod
+    def _carry(key: str, value: ast.expr, line: int, loop: Loop) -> None:
+        """Record ``h = f(x, h)`` (state carried into the next iteration) and ``h = h.detach()``."""
+        uses = False
+        cut = False
+        for n in ast.walk(value):
+            if isinstance(n, (ast.Name, ast.Attribute)) and dotted(n) == key:
+                uses = True
+            elif isinstance(n, ast.Call):
+                fname = last_name(n.func).lower()
+                if "detach" in fname or "repackage" in fname or fname in ("item", "tolist", "numpy"):
+                    cut = True
+        if not uses:
+            return
+        for lp in loop.chain():
+            if cut:
+                lp.detached.add(key)
+            else:
+                lp.carried.setdefault(key, line)
+
+    def _stmt(self, s: ast.stmt, scope: Scope, ctx: Ctx) -> None:
+        if isinstance(s, ast.Expr):
+            self._expr(s.value, scope, ctx)
+        elif isinstance(s, ast.Assign):
+            self._expr(s.value, scope, ctx)
+            for t in s.targets:
+                self._assign_target(t, s.value, scope, ctx)
+        elif isinstance(s, ast.AugAssign):
+            self._expr(s.value, scope, ctx)
+            self._augassign(s, scope, ctx)
+        elif isinstance(s, ast.AnnAssign):
+            if s.value is not None:
+                self._expr(s.value, scope, ctx)
+                self._assign_target(s.target, s.value, scope, ctx)
+        elif isinstance(s, (ast.For, ast.AsyncFor)):
+            self._expr(s.iter, scope, ctx)
+            loop = Loop(s, ctx.loop)
+            inner = Ctx(loop, ctx.no_grad, None, False)
+            self._bind(s.target, None, scope, inner)
+            self._body(s.body, scope, inner)
+            self._body(s.orelse, scope, ctx)
+        elif isinstance(s, ast.While):
+            loop = Loop(s, ctx.loop)
+            inner = Ctx(loop, ctx.no_grad, None, False)
+            self._expr(s.test, scope, inner)
+            self._body(s.body, scope, inner)
+            self._body(s.orelse, scope, ctx)
+        elif isinstance(s, ast.If):
+            self._expr(s.test, scope, ctx)
+            sub = ctx
+            if ctx.loop is not None and not self._availability_test(s.test):
+                sub = Ctx(ctx.loop, ctx.no_grad, ctx.loop, ctx.in_handler)
+            self._body(s.body, scope, sub)
+            self._body(s.orelse, scope, sub)
+        elif isinstance(s, (ast.With, ast.AsyncWith)):
+            no_grad = ctx.no_grad
+            for item in s.items:
+                self._expr(item.context_expr, scope, ctx)
+                state = no_grad_item(item.context_expr)
+                if state:
+                    scope.grad_handled = True
+                    no_grad = no_grad or state == 1
+                if last_name(getattr(item.context_expr, "func", item.context_expr)) == "enable_grad":
+                    scope.enable_grad = True
+                    no_grad = False
+                if item.optional_vars is not None:
+                    self._bind(item.optional_vars, None, scope, ctx)
+            inner = Ctx(ctx.loop, no_grad, ctx.guard, ctx.in_handler)
+            self._body(s.body, scope, inner)
+        elif isinstance(s, ast.Try) or type(s).__name__ == "TryStar":
+            try_node: ast.Try = s  # type: ignore[assignment]
+            self._body(try_node.body, scope, ctx)
+            handler_ctx = Ctx(ctx.loop, ctx.no_grad, ctx.loop, True)
+            for h in try_node.handlers:
+                if h.type is not None:
+                    self._expr(h.type, scope, ctx)
+                if h.name:
+                    scope.bindings.setdefault(h.name, []).append(Binding(h.lineno, h.col_offset, None, False))
+                self._body(h.body, scope, handler_ctx)
+            self._body(try_node.orelse, scope, ctx)
+            self._body(try_node.finalbody, scope, ctx)
+        elif isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            self._bind(ast.Name(id=s.name, lineno=s.lineno, col_offset=s.col_offset), None, scope, ctx)
+            self._function(s, None)
+        elif isinstance(s, ast.ClassDef):
+            self.facts.classes.setdefault(s.name, s)
+            for b in (*s.bases, *s.decorator_list):
+                self._expr(b, scope, ctx)
+            for member in s.body:
+                if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    self._function(member, s)
+                else:
+                    self._stmt(member, scope, Ctx())
+        elif isinstance(s, ast.Return):
+            if s.value is not None:
+                self._expr(s.value, scope, ctx)
+        elif isinstance(s, ast.Delete):
+            for t in s.targets:
+                deleted = dotted(t.value if isinstance(t, ast.Subscript) else t)
+                for lp in ctx.loop.chain() if ctx.loop is not None and deleted is not None else ():
+                    lp.cleared.add(deleted)  # type: ignore[arg-type]
+        elif isinstance(s, (ast.Raise, ast.Assert)):
+            for child in ast.iter_child_nodes(s):
+                self._expr(child, scope, ctx)
+        elif type(s).__name__ == "Match":
+            self._expr(s.subject, scope, ctx)  # type: ignore[attr-defined]
+            for case in s.cases:  # type: ignore[attr-defined]
+                self._body(case.body, scope, Ctx(ctx.loop, ctx.no_grad, ctx.loop, ctx.in_handler))
+        elif isinstance(s, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in s.names] if isinstance(s, ast.Import) else [s.module or ""]
+            if any(m.split(".", 1)[0] in TORCH_WORLD for m in mods):
+                self.facts.torch_imported = True
+        # Global, Nonlocal, Pass, Break, Continue: nothing to record
+
+    @staticmethod
+    def _availability_test(test: ast.expr) -> bool:
+        """``if torch.cuda.is_available():`` guards nothing per step."""
+        return isinstance(test, ast.Call) and last_name(test.func) == "is_available"
+
+    def _assign_target(self, t: ast.expr, value: ast.expr, scope: Scope, ctx: Ctx) -> None:
+        if isinstance(t, ast.Subscript):
+            container = dotted(t.value)
+            self._expr(t, scope, ctx)
+            if container is not None and not isinstance(t.slice, (ast.Constant, ast.Slice)):
+                scope.events.append(("store", t, ctx, (container, value)))
+            return
+        key = dotted(t)
+        if key is not None and isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Add, ast.Sub)):
+            # total = total + loss: an accumulation, not a fresh binding
+            if dotted(value.left) == key:
+                scope.events.append(("aug", t, ctx, (key, value.right)))
+                return
+            if dotted(value.right) == key:
+                scope.events.append(("aug", t, ctx, (key, value.left)))
+                return
+        self._bind(t, value, scope, ctx)
+
+    def _augassign(self, s: ast.AugAssign, scope: Scope, ctx: Ctx) -> None:
+        t = s.target
+        if (isinstance(t, ast.Attribute) and t.attr == "grad") or (
+            isinstance(t, ast.Subscript) and isinstance(t.value, ast.Attribute) and t.value.attr == "grad"
+        ):
+            self.facts.grad_inplace = True
+        if not isinstance(s.op, (ast.Add, ast.Sub)):
+            return
+        if isinstance(t, ast.Subscript):
+            container = dotted(t.value)
+            self._expr(t, scope, ctx)
+            if container is not None:
+                scope.events.append(("aug", t, ctx, (container, s.value)))
+            return
+        key = dotted(t)
+        if key is None:
+            return
+        if isinstance(s.value, (ast.List, ast.Tuple)):
+            for elt in s.value.elts:
+                scope.events.append(("store", t, ctx, (key, elt)))
+        else:
+            scope.events.append(("aug", t, ctx, (key, s.value)))
+
+    # -- expressions
+    def _expr(self, node: ast.AST, scope: Scope, ctx: Ctx) -> None:
+        stack: list[ast.AST] = [node]
+        while stack:
+            n = stack.pop()
+            if isinstance(n, ast.Call):
+                self._call(n, scope, ctx)
+                continue
+            if isinstance(n, ast.Lambda):
+                role = id(n) in self.facts.worker_lambdas
+                lam = self._new_scope(n, "<lambda-worker>" if role else "<lambda>", None, "lambda")
+                self._expr(n.body, lam, Ctx())
+                continue
+            elif isinstance(n, ast.NamedExpr):
+                self._bind(n.target, n.value, scope, ctx)
+            elif isinstance(n, ast.Constant):
+                continue
+            elif isinstance(n, ast.Subscript):
+                if (
+                    isinstance(n.ctx, ast.Load)
+                    and isinstance(n.slice, ast.Constant)
+                    and n.slice.value in RANK_VARS
+                ):
+                    self.facts.rank_setup = True  # os.environ["LOCAL_RANK"] read
+            elif isinstance(n, ast.Attribute):
+                if n.attr == "local_rank" and isinstance(n.value, ast.Name) and n.value.id in ARGS_NAMES:
+                    self.facts.rank_setup = True  # args.local_rank (torch.distributed.launch)
+                elif n.attr in ("CUDAGraph", "make_graphed_callables"):
+                    self.facts.cuda_graphs = True
+            elif isinstance(n, ast.Name):
+                if n.id in ("CUDAGraph", "make_graphed_callables"):
+                    self.facts.cuda_graphs = True
+                continue
+            stack.extend(ast.iter_child_nodes(n))
+
+    def _call(self, call: ast.Call, scope: Scope, ctx: Ctx) -> None:
+        func = call.func
+        name = last_name(func)
+        loop = ctx.loop
+        for k in call.keywords:
+            if k.arg in ("collate_fn", "worker_init_fn"):
+                target = k.value
+                if isinstance(target, ast.Call) and last_name(target.func) == "partial" and target.args:
+                    target = target.args[0]
+                names = self.facts.collate_names if k.arg == "collate_fn" else self.facts.worker_names
+                if isinstance(target, ast.Lambda):
+                    self.facts.worker_lambdas.add(id(target))
+                elif last_name(target):
+                    names.add(last_name(target))
+        if name in ("backward", "manual_backward"):
+            retains = any(
+                k.arg in ("retain_graph", "create_graph") and is_const(k.value, True) for k in call.keywords
+            )
+            scope.trains = True
+            self._mark_training(loop, call, retains)
+            if isinstance(func, ast.Attribute):
+                recv = func.value
+                if isinstance(recv, ast.Call) and recv.args:  # scaler.scale(loss).backward()
+                    recv = recv.args[0]
+                key = dotted(recv)
+                if key is not None and call.args == [] and name == "backward":
+                    scope.backwarded.add(key)
+            if (call.args and dotted(call.args[0]) is not None and name == "manual_backward") or (
+                name == "backward" and call.args and isinstance(func, ast.Attribute)
+                and last_name(func.value) in ("accelerator", "autograd", "engine", "model_engine")
+            ):  # fmt: skip
+                key = dotted(call.args[0])
+                if key is not None:
+                    scope.backwarded.add(key)
+            if retains and loop is not None:
+                create = any(k.arg == "create_graph" and is_const(k.value, True) for k in call.keywords)
+                if not create:
+                    scope.events.append(("retain", call, ctx, None))
+        elif name == "grad" and isinstance(func, ast.Attribute) and last_name(func.value) == "autograd":
+            retains = any(
+                k.arg in ("retain_graph", "create_graph") and is_const(k.value, True) for k in call.keywords
+            )
+            if loop is not None:
+                loop.backwards.append(((call.lineno, call.col_offset), retains))
+        elif name == "step" and isinstance(func, ast.Attribute):
+            opt_name = last_name(func.value)
+            if OPT_NAMES.search(opt_name) or (call.args and OPT_NAMES.search(last_name(call.args[0]))):
+                scope.trains = True
+                self._mark_training(loop, None, False)
+        elif name == "zero_grad":
+            kw = keyword_arg(call, "set_to_none")
+            if kw is not None and is_const(kw.value, False):
+                scope.events.append(("zero_grad", call, ctx, None))
+        elif name == "empty_cache":
+            base = dotted(func.value) if isinstance(func, ast.Attribute) else ""
+            if base is None or base.startswith("torch") or base in ("cuda", "mps", "xpu") or base == "":
+                scope.events.append(("empty_cache", call, ctx, None))
+        elif name == "eval" and isinstance(func, ast.Attribute) and not call.args and not call.keywords:
+            scope.eval_called = True
+        elif (
+            name in ("append", "appendleft", "insert", "add")
+            and isinstance(func, ast.Attribute)
+            and call.args
+        ):
+            container = dotted(func.value)
+            if container is not None:
+                scope.events.append(("store", call, ctx, (container, call.args[-1])))
+        elif name == "extend" and isinstance(func, ast.Attribute) and call.args:
+            container = dotted(func.value)
+            if container is not None and isinstance(call.args[0], (ast.List, ast.Tuple)):
+                for elt in call.args[0].elts:
+                    scope.events.append(("store", call, ctx, (container, elt)))
+        elif name == "detach_" and isinstance(func, ast.Attribute):
+            key = dotted(func.value)
+            for lp in loop.chain() if key is not None and loop is not None else ():
+                lp.detached.add(key)  # type: ignore[arg-type]
+        elif name == "save" and dotted(func) == "torch.save":
+            scope.events.append(("save", call, ctx, None))
+        elif name in ("clear", "pop", "popleft", "popitem") and isinstance(func, ast.Attribute):
+            key = dotted(func.value)
+            while key is not None and loop is not None:
+                loop.cleared.add(key)
+                loop = loop.parent
+        elif name == "load" and (dotted(func) == "torch.load" or isinstance(func, ast.Name)):
+            scope.events.append(("load", call, ctx, None))
+        elif name in ("init_process_group", "set_device", "get", "getenv"):
+            if name == "init_process_group" or (
+                call.args
+                and (
+                    "rank" in short(call.args[0], 200).lower()
+                    if name == "set_device"
+                    else is_const_in(call.args[0], RANK_VARS)
+                )
+            ):
+                self.facts.rank_setup = True
+        elif name == "set_start_method":
+            arg = call.args[0] if call.args else getattr(keyword_arg(call, "method"), "value", None)
+            self.facts.start_method = arg.value if isinstance(arg, ast.Constant) else "?"  # type: ignore[assignment]
+        elif name == "set_grad_enabled" and call.args and is_const(call.args[0], False):
+            scope.grad_handled = True
+        elif name == "DataLoader":
+            scope.events.append(("dataloader", call, ctx, None))
+        elif name in SINK_METHODS or name == "update":
+            scope.events.append(("sink", call, ctx, None))
+        elif name == "graph" and isinstance(func, ast.Attribute) and last_name(func.value) == "cuda":
+            self.facts.cuda_graphs = True
+        if name in ("add_", "copy_", "zero_") and last_name(getattr(func, "value", func)) == "grad":
+            self.facts.grad_inplace = True
+        if is_cuda_use(call):
+            scope.events.append(("cuda", call, ctx, None))
+        if ctx.no_grad and name:
+            self.facts.called_under_no_grad.add(name)
+        if not ctx.no_grad and loop is not None and (call.args or call.keywords) and is_model_callee(func):
+            for lp in loop.chain():
+                if lp.model_call is None:
+                    lp.model_call = call
+            if scope.first_eval_loop is None:
+                scope.first_eval_loop = list(loop.chain())[-1]
+        # children
+        stack_nodes: list[ast.AST] = [func, *call.args, *(k.value for k in call.keywords)]
+        for child in stack_nodes:
+            self._expr(child, scope, ctx)
+
+    @staticmethod
+    def _mark_training(loop: Loop | None, call: ast.Call | None, retains: bool) -> None:
+        if loop is None:
+            return
+        loop.direct_trains = True
+        if call is not None:
+            loop.backwards.append(((call.lineno, call.col_offset), retains))
+        for lp in loop.chain():
+            lp.trains = True
+
+
+def is_cuda_use(call: ast.Call) -> bool:
+    """A call that puts something on a CUDA device by its syntax alone (``.cuda()``, ``.to('cuda')``,
+    ``device='cuda:0'``); ``.to(device)`` with a variable is decided later, against module-level names."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr == "cuda" and dotted(func.value) != "torch":
+        return True
+    if isinstance(func, ast.Attribute) and func.attr == "to" and call.args:
+        return True  # decided by cuda_ish on the argument
+    kw = keyword_arg(call, "device")
+    return kw is not None
