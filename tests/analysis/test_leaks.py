@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-import torchmem.analysis.leaks as leaks_mod
+import torchmem.analysis.growth as leaks_mod
 from torchmem.analysis.holders import find_holders
 from torchmem.analysis.leaks import (
     KINDS,

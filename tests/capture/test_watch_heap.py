@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import torchmem
-import torchmem.analysis.leaks as leaks_mod
+import torchmem.analysis.growth as leaks_mod
 import torchmem.capture.watch as watch_mod
 from scenarios.catalog import CONTROLS, LEAKS, Scenario, site_of
 from torchmem.devices import ledger

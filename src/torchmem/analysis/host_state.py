@@ -267,7 +267,7 @@ def _rate(b: float) -> str:
 def _first_name(paths: Sequence[HolderPath], default: str) -> tuple[str, HolderPath | None]:
     """The holder the sampled paths share most (a container beats the loop variable that holds only the
     last step's object: the device culprits' rule), ``(default, None)`` where no path is rooted."""
-    from torchmem.analysis.leaks import _main_pattern, holder_pattern
+    from torchmem.analysis.culprits import _main_pattern, holder_pattern
 
     rooted = [p for p in paths if p.root not in ("gc-orphan", "cycle")]
     if not rooted:

@@ -1,0 +1,381 @@
+"""Culprit attribution: which allocation sites keep growing, which holder keeps their memory, and what kind of
+leak that is.
+
+- :func:`site_growth` finds the allocation sites whose live bytes keep rising over an attribution window.
+- :func:`attribute` groups growing sites by the holder that keeps them (:func:`holder_pattern`) and decides
+  each group's kind from the *kinds of the steps* of its holder paths (a ``grad_fn`` or ``saved_tensor``
+  step: a retained graph; a ``hook`` entry: a hook; a ``traceback`` step: stored exceptions; items of a
+  module global: a registry; ...), never from the rendered text; the fix is worded by
+  :mod:`torchmem.analysis.leak_fixes`.
+- :func:`holder_name` is the variable a person would recognise in a holder path.
+
+Pure functions over typed holder paths (re-exported by :mod:`torchmem.analysis.leaks`); linear in the paths.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torchmem.analysis.leak_fixes import (
+    ACCUMULATION,
+    CACHE,
+    CYCLE,
+    EXCEPTION,
+    GLOBAL,
+    GRAPH_CHAIN,
+    GROWING_TENSOR,
+    HOOK,
+    KEPT_OPTIMIZER,
+    RETAINED_GRAPH,
+    UNKNOWN,
+    cycle_fix,
+    fix_for,
+    grad_graph_fix,
+)
+from torchmem.results.holders import HolderPath, HolderStep, StepKind
+from torchmem.results.leaks import Culprit, SiteGrowth
+
+
+def site_growth(series: Sequence[Mapping[Any, tuple[int, int]]]) -> dict[Any, tuple[float, float]]:
+    """Per-site growth from per-boundary ``{site: (live bytes, live storages)}`` maps of one window.
+
+    Returns ``{site: (bytes per step, storages per step)}`` for sites whose live bytes rose at every boundary
+    but at most one (a least-squares slope over the boundaries), ignoring sites that did not grow.
+
+    Example:
+        >>> site_growth([{"a": (0, 0)}, {"a": (10, 1)}, {"a": (20, 2)}, {"a": (30, 3)}])
+        {'a': (10.0, 1.0)}
+    """
+    if len(series) < 2:
+        return {}
+    sites = {s for m in series for s in m}
+    out: dict[Any, tuple[float, float]] = {}
+    n = len(series)
+    xs = list(range(n))
+    mx = sum(xs) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    for s in sites:
+        b = [float(m.get(s, (0, 0))[0]) for m in series]
+        c = [float(m.get(s, (0, 0))[1]) for m in series]
+        rises = sum(1 for i in range(1, n) if b[i] > b[i - 1])
+        if rises < max(1, n - 2) or b[-1] <= b[0]:
+            continue
+        mb, mc = sum(b) / n, sum(c) / n
+        slope_b = sum((x - mx) * (y - mb) for x, y in zip(xs, b)) / sxx
+        slope_c = sum((x - mx) * (y - mc) for x, y in zip(xs, c)) / sxx
+        if slope_b > 0:
+            out[s] = (slope_b, slope_c)
+    return out
+
+
+# Steps that go into an autograd graph: the holder of the memory is what comes before them.
+_GRAPH_HOPS = frozenset({StepKind.GRAD_FN, StepKind.SAVED_TENSOR})
+# Steps into a container: an index or key (generalised to ``[*]`` in a holder pattern).
+_CONTAINER_ITEMS = frozenset({StepKind.ITEM, StepKind.HOOK})
+# Steps that name an attribute-like member: ``.name`` after a module, a class or an object.
+_MEMBERS = frozenset({StepKind.MODULE_GLOBAL, StepKind.CLASS_ATTRIBUTE, StepKind.ATTRIBUTE})
+
+
+def _before(path: HolderPath, kinds: frozenset[StepKind]) -> tuple[HolderStep, ...]:
+    """The steps of ``path`` before the first step of one of ``kinds`` (all of them when there is none)."""
+    for i, s in enumerate(path.typed_steps):
+        if s.kind in kinds:
+            return path.typed_steps[:i]
+    return path.typed_steps
+
+
+def _holder_steps(path: HolderPath) -> tuple[HolderStep, ...]:
+    """The path up to the holder: autograd hops (``.grad_fn``, ``saved tensor of``) and what follows cut."""
+    return _before(path, _GRAPH_HOPS)
+
+
+def _has_item(steps: Sequence[HolderStep]) -> bool:
+    return any(s.kind in _CONTAINER_ITEMS for s in steps)
+
+
+def _member_names(steps: Sequence[HolderStep]) -> list[str]:
+    """The names of the attribute-like steps at the start of ``steps`` (``trainer.cache``), up to the first
+    step of another kind or a name that is not an identifier."""
+    names: list[str] = []
+    for s in steps:
+        if s.kind not in _MEMBERS or not s.name.isidentifier():
+            break
+        names.append(s.name)
+    return names
+
+
+def holder_pattern(path: HolderPath) -> str:
+    """The holder a path goes through, with item indices and keys generalised and autograd hops cut.
+
+    Sites whose memory the same holder keeps (``losses[3]``, ``losses[4]``) share one pattern.
+
+    Example:
+        >>> from torchmem.results.holders import HolderStep as S, StepKind as K
+        >>> p = HolderPath.of("module", (S(K.ROOT, "__main__", "__main__"),
+        ...     S(K.MODULE_GLOBAL, ".losses", "losses"), S(K.ITEM, "[17]", "17", "list", "int"),
+        ...     S(K.GRAD_FN, ".grad_fn", "MeanBackward0"),
+        ...     S(K.SAVED_TENSOR, " -> saved tensor of AddmmBackward0 (_saved_mat1)", "_saved_mat1")), 4)
+        >>> holder_pattern(p)
+        '__main__.losses[*]'
+    """
+    parts: list[str] = []
+    for s in _holder_steps(path):
+        key = f"[{s.name}]"
+        if s.kind in _CONTAINER_ITEMS and s.text.endswith(key):
+            parts.append(s.text[: len(s.text) - len(key)] + "[*]")
+        else:
+            parts.append(s.text)
+    return "".join(parts)
+
+
+def _exception_holder_name(path: HolderPath) -> str | None:
+    """What keeps the exception (``errors`` in ``errors[3].__traceback__ -> frame ... local 'x'``): the path
+    before its traceback hop, ``None`` where the path starts at the traceback (``sys.last_traceback``)."""
+    steps = list(path.typed_steps)
+    cut = next((i for i, st in enumerate(steps) if st.kind is StepKind.TRACEBACK), None)
+    if cut is None:
+        cut = next((i for i, st in enumerate(steps) if st.text.startswith(".__traceback__")), None)
+    if not cut:
+        return None
+    head = HolderPath.of(path.root, tuple(steps[:cut]), cut - 1)
+    return holder_name(head)
+
+
+def holder_name(path: HolderPath) -> str:
+    """The variable a person would recognise in a holder path (``losses``, ``acts``, ``trainer.cache``).
+
+    The last closure variable before the autograd hops; else the last frame local with the attributes after
+    it; else the module global (or class, or other root) with the attributes after it.
+
+    Example:
+        >>> from torchmem.results.holders import HolderStep as S, StepKind as K
+        >>> p = HolderPath.of("frame", (S(K.ROOT, "train.py:40 in run()"),
+        ...     S(K.FRAME_LOCAL, ", local 'trainer'", "trainer"), S(K.ATTRIBUTE, ".cache", "cache"),
+        ...     S(K.ITEM, "['k3']", "'k3'", "dict", "str")), 3)
+        >>> holder_name(p)
+        'trainer.cache'
+    """
+    steps = _holder_steps(path)
+    closures = [s.name for s in steps if s.kind is StepKind.CLOSURE_CELL and s.name]
+    if closures:
+        return closures[-1]
+    locals_ = [i for i, s in enumerate(steps) if s.kind is StepKind.FRAME_LOCAL]
+    if locals_:
+        i = locals_[-1]
+        return ".".join([steps[i].name, *_member_names(steps[i + 1 :])])
+    if not steps:
+        return str(path)
+    first, rest = steps[0], steps[1:]
+    members = _member_names(rest)
+    if path.root == "module" and members:  # the module's name is not what a person calls the variable
+        return ".".join(members)
+    return ".".join([first.name or first.text, *members])
+
+
+def _through_exception(path: HolderPath) -> bool:
+    """The path starts at a stored exception (``sys.last_traceback``, one being handled) or follows one's
+    traceback to the frames it keeps."""
+    return path.root in ("traceback", "exception") or StepKind.TRACEBACK in path.kinds
+
+
+def _through_hook(path: HolderPath) -> bool:
+    """The path goes through a hook dict's entry (``model._forward_hooks[3] -> closure 'acts'``). A variable a
+    plain function closes over (a ``nonlocal`` total, a collector's list) is not a hook: its kind is what it
+    keeps (a graph chain, a container of tensors)."""
+    return any(s.kind is StepKind.HOOK for s in path.typed_steps)
+
+
+def _in_frame(path: HolderPath, steps: Sequence[HolderStep]) -> bool:
+    return path.root in ("frame", "thread") or any(s.kind is StepKind.FRAME_LOCAL for s in steps)
+
+
+def _module_level_container(path: HolderPath, steps: Sequence[HolderStep]) -> bool:
+    """The first container on the path is a global of an imported module (``pkg.mod.REGISTRY[...]``): not
+    one of the running script (``__main__``: there every variable is a global), nor an attribute of a
+    global object."""
+    if path.root != "module" or not steps or steps[0].name == "__main__":
+        return False
+    between: list[StepKind] = []
+    for s in steps[1:]:
+        if s.kind in _CONTAINER_ITEMS:
+            return bool(between) and all(k is StepKind.MODULE_GLOBAL for k in between)
+        between.append(s.kind)
+    return False
+
+
+def _autograd_cycle(paths: Sequence[HolderPath]) -> bool:
+    """A holder path round a ``.grad`` cycle (a create_graph=True gradient whose graph keeps its tensor)."""
+    from torchmem.analysis.holders.cycles import AUTOGRAD, classify_cycle
+
+    return any(p.root == "cycle" and classify_cycle(p)[0] == AUTOGRAD for p in paths)
+
+
+def _kind(g: SiteGrowth) -> str:
+    paths = g.paths
+    if g.in_cycle or _autograd_cycle(paths):
+        return CYCLE
+    if any(_through_exception(p) for p in paths):
+        return EXCEPTION
+    graph = g.saved_bytes > 0 or any(_GRAPH_HOPS.intersection(p.kinds) for p in paths)
+    if any(_through_hook(p) for p in paths):
+        return HOOK
+    if graph:
+        # One variable whose graph grows (no container item before the grad_fn hop), or a container.
+        holders = [_before(p, frozenset({StepKind.GRAD_FN})) for p in paths if StepKind.GRAD_FN in p.kinds]
+        if holders and not any(_has_item(h) for h in holders):
+            return GRAPH_CHAIN
+        return RETAINED_GRAPH
+    if g.storages_per_step < 0.5 and g.bytes_per_step > 0:
+        return GROWING_TENSOR
+    indexed = [(p, h) for p, h in ((p, _holder_steps(p)) for p in paths) if _has_item(h)]
+    if not indexed:
+        return UNKNOWN
+    path, head = indexed[0]
+    if any(_through_kept_optimizer(p) for p in paths):
+        return KEPT_OPTIMIZER
+    keyed = any(s.kind in _CONTAINER_ITEMS and s.key_type == "str" for s in head)
+    if not _in_frame(path, head) and _module_level_container(path, head):
+        return GLOBAL
+    return CACHE if keyed else ACCUMULATION
+
+
+def _through_kept_optimizer(path: HolderPath) -> bool:
+    """The path reaches an optimizer's per-parameter state (``.state[<Parameter>]``) through a container's
+    item before it: a list or dict of optimizers, each keeping the state its ``step()`` made."""
+    steps = path.typed_steps
+    for i, (a, b) in enumerate(itertools.pairwise(steps)):
+        if (
+            a.kind is StepKind.ATTRIBUTE
+            and a.name == "state"
+            and b.kind in _CONTAINER_ITEMS
+            and b.key_type in ("Parameter", "Tensor")
+        ):
+            return any(s.kind in _CONTAINER_ITEMS for s in steps[:i])
+    return False
+
+
+def _grad_graph(path: HolderPath) -> bool:
+    """Whether the path reaches the graph through a tensor's ``.grad`` (a gradient made with
+    ``create_graph=True``, stored in ``.grad``)."""
+    steps = path.typed_steps
+    return any(
+        a.kind is StepKind.ATTRIBUTE and a.name == "grad" and b.kind is StepKind.GRAD_FN
+        for a, b in itertools.pairwise(steps)
+    )
+
+
+def _grad_graph_owner(path: HolderPath) -> str:
+    """Who holds the gradient made with ``create_graph=True``: the path up to its ``.grad``, as a person
+    writes it (``model.weight``)."""
+    steps = path.typed_steps
+    i = next(
+        i
+        for i, (a, b) in enumerate(itertools.pairwise(steps))
+        if a.kind is StepKind.ATTRIBUTE and a.name == "grad" and b.kind is StepKind.GRAD_FN
+    )
+    head = steps[: i + 1]
+    start = max((j for j, st in enumerate(head) if st.kind is StepKind.FRAME_LOCAL), default=None)
+    if start is not None:
+        owner = head[start].name + "".join(st.text for st in head[start + 1 :])
+    elif path.root == "module" and len(head) > 1:
+        owner = "".join(st.text for st in head[1:]).lstrip(".")
+    else:
+        owner = holder_name(HolderPath.of(path.root, head, path.depth))
+    return owner
+
+
+def _main_pattern(paths: Sequence[HolderPath]) -> str:
+    """The holder most sampled storages share (a container beats the loop variable of the last step; of
+    holders equally shared, one that reaches them through a list of per-step objects — ``outputs[2]`` over
+    the loop variable ``out`` holding the same last output — then the one with the shortest path: the
+    variable that carries a graph from step to step, not the step's output whose graph reaches it one node
+    later)."""
+    counts: dict[str, int] = {}
+    hops: dict[str, int] = {}
+    seq: dict[str, bool] = {}
+    for p in paths:
+        k = holder_pattern(p)
+        counts[k] = counts.get(k, 0) + 1
+        hops[k] = min(hops.get(k, len(p.steps)), len(p.steps))
+        seq[k] = seq.get(k, False) or _through_a_sequence(p)
+    return max(counts, key=lambda k: (counts[k], "[*]" in k, seq[k], -hops[k]))
+
+
+def _through_a_sequence(path: HolderPath) -> bool:
+    """Whether the path's first container step is an index into a list, deque or tuple (``outputs[2]...``):
+    a collection of per-step objects, where a variable (``out['cache']...``) holds one step's object."""
+    for s in path.typed_steps:
+        if s.kind in _CONTAINER_ITEMS:
+            return s.key_type == "int" and s.holder_type in ("list", "deque", "tuple")
+    return False
+
+
+def attribute(
+    growth: Sequence[SiteGrowth],
+    *,
+    min_bytes_per_step: float = 0.0,
+    total_per_step: float | None = None,
+    unit: str = "step",
+    device: str | None = None,
+) -> tuple[Culprit, ...]:
+    """Group growing sites by the holder that keeps their memory, classify each group, and give its fix.
+
+    Sites kept by the same holder (``losses[*]`` keeps both the loss and the activations its graph saved)
+    become one culprit, largest first. The kind comes from the step kinds of the typed holder paths; the
+    culprit carries the readable path of its holder. ``unit`` (``"step"``, or ``"s"`` when the rates are per
+    second of a timeline) and ``device`` (the watched device) word the fix (:func:`fix_for`).
+    """
+    groups: dict[str, list[SiteGrowth]] = {}
+    for g in growth:
+        if g.bytes_per_step < min_bytes_per_step:
+            continue
+        key = _main_pattern(g.paths) if g.paths else f"<unheld {g.site}>"
+        groups.setdefault(key, []).append(g)
+    culprits: list[Culprit] = []
+    for key, gs in groups.items():
+        gs.sort(key=lambda g: -g.bytes_per_step)
+        merged = SiteGrowth(
+            site=gs[0].site,
+            bytes_per_step=sum(g.bytes_per_step for g in gs),
+            live_bytes=sum(g.live_bytes for g in gs),
+            storages=sum(g.storages for g in gs),
+            storages_per_step=sum(g.storages_per_step for g in gs),
+            paths=tuple(p for g in gs for p in g.paths),
+            saved_bytes=sum(g.saved_bytes for g in gs),
+            in_cycle=any(g.in_cycle for g in gs),
+            cycle_types=tuple(t for g in gs for t in g.cycle_types),
+        )
+        kind = _kind(merged)
+        holder = next((p for p in merged.paths if holder_pattern(p) == key), None)
+        name = holder_name(holder) if holder else (merged.site or "?")
+        if kind == EXCEPTION and holder is not None:
+            name = _exception_holder_name(holder) or name
+        per_step = merged.bytes_per_step
+        graph = per_step * merged.saved_bytes / merged.live_bytes if merged.live_bytes else 0.0
+        culprits.append(
+            Culprit(
+                kind=kind,
+                site=merged.site,
+                sites=tuple((g.site or "?", g.bytes_per_step) for g in gs),
+                holder=str(holder)
+                if holder
+                else (
+                    f"unreachable cycle of {', '.join(merged.cycle_types[:3])}" if merged.in_cycle else None
+                ),
+                bytes=merged.live_bytes,
+                bytes_per_step=per_step,
+                graph_bytes=graph,
+                fix=grad_graph_fix(_grad_graph_owner(holder), per_step, unit)
+                if kind in (GRAPH_CHAIN, RETAINED_GRAPH) and holder is not None and _grad_graph(holder)
+                else cycle_fix()
+                if kind == CYCLE and _autograd_cycle(merged.paths)
+                else fix_for(kind, name, per_step, merged.cycle_types, unit=unit, device=device),
+            )
+        )
+    culprits.sort(key=lambda c: -c.bytes_per_step)
+    return tuple(culprits)
+
+
+__all__ = ["attribute", "holder_name", "holder_pattern", "site_growth"]

@@ -1,0 +1,631 @@
+"""Growth statistics: is a memory figure read at step boundaries growing steadily, and if not, why not.
+
+- :func:`detect_growth` judges a per-step series: a steady test (every recent step grew by a similar amount),
+  a noise-robust one (Theil–Sen slope, rising floors, Mann–Kendall) and, for runs too short for that, a
+  staircase test; when it is not a leak it says why (below the threshold, too few readings, flat, shrinking,
+  noisy).
+- :class:`GrowthStream` gives the same verdict one reading at a time, at O(1) per reading for the series
+  that are not leaks (what a watcher calls at every step).
+- :func:`short_run_growth` and :func:`inner_growth`: overwhelming growth in a run too short for the tests, and
+  growth inside each call that falls back at its end.
+
+Pure functions over numbers (re-exported by :mod:`torchmem.analysis.leaks`). Cost: O(n²) in the readings of
+one window (32 at most) to explain a series or to run the robust test, only after O(n) pre-checks pass.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import math
+from collections.abc import Sequence
+
+from torchmem._format import fmt_bytes
+from torchmem.results.leaks import Growth
+
+#: The least growth called growth when a series below the threshold is described (bytes per step).
+SMALL_GROWTH = 1.0
+# Readings the noise-robust test needs.
+ROBUST_SAMPLES = 16
+
+
+def _concordance(xs: Sequence[float], ys: Sequence[float]) -> float:
+    conc = disc = 0
+    n = len(ys)
+    for i in range(n):
+        for j in range(i + 1, n):
+            d = (ys[j] - ys[i]) * (xs[j] - xs[i])
+            if d > 0:
+                conc += 1
+            elif d < 0:
+                disc += 1
+    total = n * (n - 1) // 2
+    return max(0.0, (conc - disc) / total) if total else 0.0
+
+
+def _theil_sen(xs: Sequence[float], ys: Sequence[float]) -> float:
+    slopes = sorted(
+        (ys[j] - ys[i]) / (xs[j] - xs[i])
+        for i in range(len(ys))
+        for j in range(i + 1, len(ys))
+        if xs[j] != xs[i]
+    )
+    return slopes[len(slopes) // 2] if slopes else 0.0
+
+
+def _median(v: Sequence[float]) -> float:
+    s = sorted(v)
+    n = len(s)
+    return 0.0 if n == 0 else (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
+
+
+def _steady_rate(xs: Sequence[int], ys: Sequence[int], k: int) -> float | None:
+    """The per-step rise when each of the last ``k`` readings rose by a similar amount to a new high."""
+    n = len(ys)
+    if n < k or not all(ys[i] > ys[i - 1] for i in range(n - k + 1, n)):
+        return None
+    tx, ty = xs[-k:], ys[-k:]
+    rates = [(ty[i + 1] - ty[i]) / (tx[i + 1] - tx[i]) for i in range(k - 1) if tx[i + 1] > tx[i]]
+    if len(rates) != k - 1:
+        return None
+    med = _median(rates)
+    agree = all(0.8 * med <= r <= 1.25 * med for r in rates)
+    # ... and reach a new high: noise that happens to rise five times stays below its earlier peaks.
+    new_high = n == k or ty[-1] >= max(ys[:-k]) + med * (tx[-1] - tx[-2])
+    return med if agree and new_high else None
+
+
+def _robust_rate(xs: Sequence[int], ys: Sequence[int], threshold: float) -> tuple[float, float] | None:
+    """``(Theil–Sen slope, concordance)`` when the noise-robust test finds growth of ``threshold`` or more."""
+    n = len(ys)
+    q = n // 4
+    bounds = [0, q, 2 * q, 3 * q, n]
+    floors = [min(ys[bounds[i] : bounds[i + 1]]) for i in range(4)]
+    # Cheap pre-checks: the last reading must be above the first quarter's floor by the minimum rate ...
+    if ys[-1] - floors[0] < threshold * (xs[-1] - xs[0]) / 2:
+        return None
+    span = (xs[-1] - xs[0]) / 4
+    # ... and each floor above the previous one by half of what the minimum rate predicts (implied by the
+    # `rising` test below, since the slope must be at least the threshold): a one-time jump stops here,
+    # before the O(n²) slope and trend statistics.
+    least = 0.5 * threshold * span
+    if threshold > 0 and any(floors[i + 1] - floors[i] < least for i in range(3)):
+        return None
+    slope = _theil_sen(xs, ys)
+    trend = [ys[i] - slope * (xs[i] - xs[0]) for i in range(n)]
+    mid = _median(trend)
+    noise = _median([abs(t - mid) for t in trend])
+    conf = _concordance(xs, ys)
+    rising = all(floors[i + 1] - floors[i] >= 0.5 * slope * span for i in range(3))
+    # Mann–Kendall: the upward trend must be significant (z > 4.5, p < 4e-6 one-sided), so that noise read
+    # at every step of a long run does not fire by chance.
+    s_stat = conf * n * (n - 1) / 2
+    z = (s_stat - 1) / math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    if slope >= threshold and rising and floors[3] - floors[0] > 3 * noise and z > 4.5:
+        return slope, conf
+    return None
+
+
+def suggested_threshold(bytes_per_step: float) -> int:
+    """A ``min_bytes_per_step`` that reports growth of ``bytes_per_step`` with a margin: the largest power
+    of two at most half of it.
+
+    Example:
+        >>> suggested_threshold(64 * 1024)
+        32768
+    """
+    half = max(1, int(bytes_per_step / 2))
+    return 1 << (half.bit_length() - 1)
+
+
+def _below_threshold(rate: float, threshold: float) -> str:
+    thr = int(threshold)
+    return (
+        f"memory grows by {fmt_bytes(rate)}/step, below the reporting threshold of {fmt_bytes(thr)}/step "
+        f"(min_bytes_per_step={thr}): pass min_bytes_per_step={suggested_threshold(rate)} to report it as a "
+        "leak and name its allocation site and holder"
+    )
+
+
+def _explain(
+    xs: Sequence[int], ys: Sequence[int], threshold: float, steady_samples: int, robust_samples: int
+) -> Growth:
+    """Why a series that is not a leak is not one: growth below the threshold, too few readings, flat,
+    shrinking or noisy — each with what to do next."""
+    n = len(ys)
+
+    def no(verdict: str, reason: str, trend: float = 0.0, conf: float = 0.0) -> Growth:
+        return Growth(False, 0.0, conf, "none", n, reason, verdict, trend, threshold)
+
+    if n < 2:
+        return no("too_few", f"{n} reading(s): steady growth is judged on {steady_samples} readings")
+    conf = _concordance(xs, ys)
+    # Real growth, only smaller than the threshold: the same tests with any positive rate.
+    rate = _steady_rate(xs, ys, steady_samples)
+    if rate is None and n >= robust_samples:
+        found = _robust_rate(xs, ys, SMALL_GROWTH)
+        rate = found[0] if found else None
+    if rate is not None and 0 < rate < threshold:
+        return no("below_threshold", _below_threshold(rate, threshold), rate, conf)
+    if rate is not None and rate >= threshold:  # steady, not yet enough of it (STEADY_EVIDENCE)
+        return no(
+            "too_few",
+            f"grows by {fmt_bytes(rate)}/step over the last {steady_samples} readings, not yet "
+            f"{fmt_bytes(STEADY_EVIDENCE * threshold)} in all: a leak is called once it is (a bounded cache "
+            "that fills for a few steps stops before); run more steps",
+            rate,
+            conf,
+        )
+    slope = _theil_sen(xs, ys)
+    lo, hi = min(ys), max(ys)
+    span = f"{fmt_bytes(lo)}..{fmt_bytes(hi)}"
+    if n < steady_samples:
+        return no(
+            "too_few",
+            f"only {n} readings: steady growth is judged on {steady_samples} readings; run more steps",
+            slope,
+            conf,
+        )
+    if hi - lo < threshold:
+        return no(
+            "flat",
+            f"flat: the figure stayed within {fmt_bytes(hi - lo)} ({span}) over the last {n} readings",
+            slope,
+            conf,
+        )
+    # How long has it been flat? A one-time rise (optimizer state, a cache that filled up) is not a leak.
+    m = 1
+    while m < n and max(ys[-m - 1 :]) - min(ys[-m - 1 :]) < threshold:
+        m += 1
+    before, tail = ys[:-m], ys[-m:]
+    one_sided = all(y < min(tail) for y in before) or all(y > max(tail) for y in before)
+    if m >= steady_samples and one_sided:
+        change = ys[-m] - ys[0]
+        what = f"a one-time {'rise' if change > 0 else 'fall'} of {fmt_bytes(abs(change))}"
+        return no(
+            "flat",
+            f"flat for the last {m} readings (since step {xs[-m]}), after {what} before it: not a leak",
+            slope,
+            conf,
+        )
+    # Shrinking: the growth tests, mirrored (a steady or significant fall).
+    neg = [-y for y in ys]
+    fall = _steady_rate(xs, neg, steady_samples)
+    if fall is None and n >= robust_samples:
+        found = _robust_rate(xs, neg, SMALL_GROWTH)
+        fall = found[0] if found else None
+    if fall is not None:
+        return no(
+            "shrinking",
+            f"shrinking: the figure fell from {fmt_bytes(ys[0])} to {fmt_bytes(ys[-1])} over the last {n} "
+            f"readings ({fmt_bytes(fall)}/step): memory is being freed, not kept",
+            -fall,
+            conf,
+        )
+    moves = f"the figure moves within {span} over the last {n} readings with no sustained growth"
+    if n < robust_samples:
+        return no(
+            "noisy",
+            f"noisy: {moves}; the noise-robust test needs {robust_samples} readings, there were {n}: run "
+            "more steps",
+            slope,
+            conf,
+        )
+    return no(
+        "noisy",
+        f"noisy: {moves} (trend {fmt_bytes(slope, signed=True)}/step, floors not rising in every quarter): "
+        "no leak of min_bytes_per_step or more; for slower growth pass a smaller min_bytes_per_step, or "
+        "mode='deep' to list the allocation sites that keep growing",
+        slope,
+        conf,
+    )
+
+
+# A run too short for the growth tests is judged on its overwhelming growth alone: each step rose by at least
+# this much (and by 4x the reporting threshold), all rises within this band of their median.
+SHORT_MIN_RISE = 1 << 20
+SHORT_BAND = (0.75, 1.33)
+
+
+def short_run_growth(
+    series: Sequence[tuple[int, int]], min_bytes_per_step: float = 256 * 1024
+) -> Growth | None:
+    """A verdict on a run too short for :func:`detect_growth` (warm-up readings included): every step rose
+    by about the same large amount — what a person reading the figures calls a leak. ``None`` unless the
+    evidence is overwhelming: at least 2 rises (the first rise of a longer series is left out: step 1 -> 2
+    makes one-time allocations such as optimizer state), each per-step rise within ±25-33 % of their median,
+    the median at least 1 MiB and 4x ``min_bytes_per_step``. The confidence grows with the rises seen
+    (2: 0.75, 3: 0.875, 5: 0.97).
+
+    Example:
+        >>> mib = 2**20
+        >>> g = short_run_growth([(1, 100 * mib), (2, 164 * mib), (3, 228 * mib), (4, 292 * mib)])
+        >>> g.leaking, g.bytes_per_step / mib, g.confidence
+        (True, 64.0, 0.75)
+        >>> short_run_growth([(1, 100 * mib), (2, 164 * mib), (3, 164 * mib)]) is None  # stopped
+        True
+    """
+    pts = [(int(s), int(v)) for s, v in series if v is not None]
+    rises = [(b - a) / (t - s) for (s, a), (t, b) in itertools.pairwise(pts) if t > s]
+    use = rises[1:] if len(rises) >= 3 else rises
+    if len(use) < 2:
+        return None
+    med = _median(use)
+    lo, hi = SHORT_BAND
+    if med < max(SHORT_MIN_RISE, 4 * min_bytes_per_step) or any(r < lo * med or r > hi * med for r in use):
+        return None
+    k = len(use)
+    total = pts[-1][1] - pts[-1 - k][1]
+    conf = 1.0 - 0.5**k
+    reason = (
+        f"{k} of {k} steps each kept about {fmt_bytes(int(med))} (every rise within "
+        f"{int((1 - lo) * 100)}-{int((hi - 1) * 100)} % of the others), {fmt_bytes(total)} in all: too few "
+        "steps for the steady test, but growth this large and this regular is a leak"
+    )
+    return Growth(True, med, conf, "short", len(pts), reason, "leak", med, min_bytes_per_step)
+
+
+def inner_growth(
+    series: Sequence[tuple[int, int]], min_bytes_per_step: float = 256 * 1024
+) -> tuple[float, int, int, int] | None:
+    """Growth inside each call: the figure climbs step after step and falls back at the end of each call
+    (an inner loop whose iterations carry state — a graph kept from token to token), so nothing is kept
+    across calls but each call's peak grows with its inner loop's length. ``(bytes per step, steps per
+    ramp, height of a ramp, complete ramps)``, or ``None`` unless at least 2 complete ramps of at least 3
+    readings each rose by a similar amount (median at least ``min_bytes_per_step``) and fell back near where
+    they started.
+
+    Example:
+        >>> mib = 2**20
+        >>> saw = [(i, 100 * mib + (i % 8) * 2 * mib) for i in range(1, 33)]
+        >>> rate, length, height, ramps = inner_growth(saw)
+        >>> rate / mib, length, height / mib, ramps
+        (2.0, 8, 14.0, 4)
+        >>> inner_growth([(i, i * mib) for i in range(1, 33)]) is None  # a leak, not a sawtooth
+        True
+    """
+    pts = [(int(s), int(v)) for s, v in series if v is not None]
+    if len(pts) < 8:
+        return None
+    ramps: list[list[tuple[int, int]]] = []
+    cur = [pts[0]]
+    for p in pts[1:]:
+        height = cur[-1][1] - cur[0][1]
+        if len(cur) >= 3 and p[1] < cur[-1][1] - max(min_bytes_per_step, 0.5 * height) and height > 0:
+            ramps.append(cur)
+            cur = [p]
+        else:
+            cur.append(p)
+    if len(ramps) < 2:
+        return None
+    meds: list[float] = []
+    for i, r in enumerate(ramps):
+        rises = [(b - a) / (t - s) for (s, a), (t, b) in itertools.pairwise(r) if t > s]
+        if len(rises) < 2:
+            return None
+        med = _median(rises)
+        if med < min_bytes_per_step or sum(1 for x in rises if 0.5 * med <= x <= 2 * med) < 0.8 * len(rises):
+            return None
+        nxt = ramps[i + 1][0][1] if i + 1 < len(ramps) else cur[0][1]
+        height = r[-1][1] - r[0][1]
+        if nxt > r[0][1] + 0.25 * height:  # it did not fall back: memory was kept across the call
+            return None
+        meds.append(med)
+    rate = _median(meds)
+    if any(not 0.5 * rate <= m <= 2 * rate for m in meds):
+        return None
+    length = int(_median([r[-1][0] - r[0][0] + 1 for r in ramps]))
+    height = int(_median([r[-1][1] - r[0][1] for r in ramps]))
+    return rate, length, height, len(ramps)
+
+
+def detect_growth(
+    steps: Sequence[int],
+    values: Sequence[int],
+    *,
+    min_bytes_per_step: float = 256 * 1024,
+    steady_samples: int = 5,
+    window: int = 32,
+    explain: bool = True,
+) -> Growth:
+    """Decide whether ``values`` (a memory figure read at step boundaries, after warm-up) grows steadily.
+
+    Two tests, either is enough:
+
+    - **steady**: each of the last ``steady_samples`` readings rose by at least ``min_bytes_per_step`` per
+      step, the rises agree (each within 0.8x..1.25x of their median) and the last reading is a new high
+      above every earlier one — what a leak looks like on exact counters, found within ``steady_samples``
+      readings;
+    - **robust**: over the last ``window`` readings (at least 16), the Theil–Sen slope is at least
+      ``min_bytes_per_step``, the floor (minimum) of each quarter of the window is higher than the previous
+      one by at least half of what that slope predicts, and the total rise is above three times the noise
+      (median absolute deviation around the trend), and the Mann–Kendall trend test is significant
+      (z > 4.5) — a leak under noisy figures (dynamic shapes, periodic work); growth that stopped for a
+      quarter of the window is not a leak any more.
+
+    One-time jumps (optimizer state, lazily built buffers, workspaces), a bounded cache that stopped growing,
+    periodic spikes and noise fail both tests.
+
+    When it is not a leak, ``explain=True`` (the default) says why in ``verdict`` and ``reason``: steady
+    growth *below* ``min_bytes_per_step`` (the same tests with any positive rate; ``trend_per_step`` gives
+    it, and the reason the threshold that would report it), too few readings, flat, shrinking or noisy.
+    ``explain=False`` skips that (a watcher's per-step call; it explains when asked for its report).
+
+    Example:
+        >>> detect_growth(range(8), [100 + 2**20 * i for i in range(8)]).leaking
+        True
+        >>> detect_growth(range(8), [100, 5000, 5000, 5000, 5000, 5000, 5000, 5000]).leaking
+        False
+        >>> g = detect_growth(range(8), [2**16 * i for i in range(8)])  # 64 KiB/step: below 256 KiB/step
+        >>> g.leaking, g.verdict, g.trend_per_step
+        (False, 'below_threshold', 65536.0)
+    """
+    xs = list(steps)
+    ys = list(values)
+    if len(xs) != len(ys):
+        raise ValueError("steps and values must have the same length")
+    if len(ys) > window:
+        xs, ys = xs[-window:], ys[-window:]
+    n = len(ys)
+    thr = min_bytes_per_step
+
+    def not_leaking(reason: str) -> Growth:
+        if explain:
+            return _explain(xs, ys, thr, steady_samples, ROBUST_SAMPLES)
+        return Growth(False, 0.0, 0.0, "none", n, reason, "", 0.0, thr)
+
+    if n < 2:
+        return not_leaking("not enough steps yet")
+    # Steady: the last k readings each rose by a similar amount (checked only when they all rose).
+    steady = _steady_growth(xs, ys, thr, steady_samples)
+    if steady is not None:
+        return steady
+    if n < ROBUST_SAMPLES:
+        stair = _staircase_growth(xs, ys, thr)
+        if stair is not None:
+            return stair
+        return not_leaking(f"{n} readings after warm-up, no steady growth yet")
+    robust = _robust_growth(xs, ys, thr)
+    if robust is not None:
+        return robust
+    return not_leaking("no sustained growth")
+
+
+STEADY_EVIDENCE = 12
+"""Growth the steady test needs before a verdict, in thresholds: ``12 x min_bytes_per_step`` in all (3 MiB at
+the default 256 KiB/step). Growth of 768 KiB/step or more has it within the usual 5 readings; smaller growth
+needs that many steps of the same rise — a bounded cache or buffer that fills for a few steps and stops (an
+8-entry cache at +512 KiB/step) is not called a leak while it fills."""
+
+
+def _steady_evidence(xs: Sequence[int], ys: Sequence[int], thr: float, k: int) -> tuple[float, int] | None:
+    """``(rate, readings)`` of steady growth of ``thr`` or more per step (the last ``k`` readings agree) that
+    also reached :data:`STEADY_EVIDENCE` thresholds in all: over those readings, or over as many earlier
+    readings as that needs, each of which rose too."""
+    med = _steady_rate(xs, ys, k)
+    if med is None or med < thr:
+        return None
+    need = STEADY_EVIDENCE * thr
+    kk = k
+    # Earlier readings count when each rose by half the threshold per step or more (the agreement of the
+    # last k is the rate; a noisy figure's earlier rises need not agree with it).
+    while ys[-1] - ys[-kk] < need:
+        if kk >= len(ys):
+            return None
+        a, b = len(ys) - kk - 1, len(ys) - kk
+        if xs[b] <= xs[a] or (ys[b] - ys[a]) / (xs[b] - xs[a]) < thr / 2:
+            return None
+        kk += 1
+    return med, kk
+
+
+def _steady_growth(xs: Sequence[int], ys: Sequence[int], thr: float, k: int) -> Growth | None:
+    """The steady test's leak verdict, or None."""
+    found = _steady_evidence(xs, ys, thr, k)
+    if found is None:
+        return None
+    med, k = found
+    return Growth(
+        True,
+        med,
+        _concordance(xs[-k:], ys[-k:]),
+        "steady",
+        len(ys),
+        f"grew by {med:.0f} B/step on each of the last {k - 1} readings",
+        "leak",
+        med,
+        thr,
+    )
+
+
+def _robust_growth(xs: Sequence[int], ys: Sequence[int], thr: float) -> Growth | None:
+    """The noise-robust test's leak verdict, or None."""
+    found = _robust_rate(xs, ys, thr)
+    if found is None:
+        return None
+    slope, conf = found
+    n = len(ys)
+    return Growth(
+        True,
+        slope,
+        conf,
+        "robust",
+        n,
+        f"the floor rose in each quarter of the last {n} readings, {slope:.0f} B/step (Theil–Sen)",
+        "leak",
+        slope,
+        thr,
+    )
+
+
+STAIR_SAMPLES = 8
+"""Readings the staircase test needs (it is for runs with fewer than :data:`ROBUST_SAMPLES`)."""
+
+
+def _staircase_growth(xs: Sequence[int], ys: Sequence[int], thr: float) -> Growth | None:
+    """Growth that comes in steps (an optimizer made every other step, a buffer every few) in a run too
+    short for the noise-robust test: the figure never fell, rose by :data:`STEADY_EVIDENCE` thresholds in
+    all, and rose at about the same rate (0.5x..2x of the whole's) in each quarter of the readings, the last
+    included — a cache that fills and stops has a flat last quarter."""
+    n = len(ys)
+    if n < STAIR_SAMPLES or xs[-1] <= xs[0]:
+        return None
+    if any(b < a for a, b in itertools.pairwise(ys)):
+        return None
+    total = ys[-1] - ys[0]
+    rate = total / (xs[-1] - xs[0])
+    if rate < thr or total < STEADY_EVIDENCE * thr:
+        return None
+    ends = [0] + [round(n * q / 4) - 1 for q in (1, 2, 3, 4)]
+    for a, b in itertools.pairwise(ends):
+        if xs[b] <= xs[a]:
+            return None
+        r = (ys[b] - ys[a]) / (xs[b] - xs[a])
+        if not 0.5 * rate <= r <= 2 * rate:
+            return None
+    return Growth(
+        True,
+        rate,
+        _concordance(xs, ys),
+        "staircase",
+        n,
+        f"rose by {fmt_bytes(total)} over the last {n} readings and never fell, {fmt_bytes(rate)}/step in "
+        "each quarter of them",
+        "leak",
+        rate,
+        thr,
+    )
+
+
+# How often (in readings) the noise-robust test is re-run while its cheap pre-check keeps passing.
+ROBUST_EVERY = 4
+
+
+class GrowthStream:
+    """:func:`detect_growth` fed one reading at a time, at a cost that does not grow with the run.
+
+    Keeps the last ``window`` readings. Each :meth:`add` first runs O(1) necessary conditions of the two
+    tests: the steady test is run only when the last ``steady_samples - 1`` rises were each at least 0.8x
+    ``min_bytes_per_step`` per step, and the noise-robust one only when the newest reading is above the
+    window's minimum by half of what ``min_bytes_per_step`` predicts over the window (a C-level ``min()``
+    of ``window`` numbers). A flat or noisy series costs a few microseconds per reading, whatever the run's
+    length. The verdict is that of ``detect_growth(steps, values, explain=False)`` on the window, except
+    that while the robust test's pre-check keeps passing (a noisy leak, or growth just under the
+    threshold) the O(window²) test is re-run every ``robust_every`` readings rather than at each one: its
+    verdict may come up to ``robust_every - 1`` readings late (``robust_every=1``: exactly
+    :func:`detect_growth`'s verdict at every reading). ``leaking`` is an attribute (O(1)).
+
+    Example:
+        >>> g = GrowthStream(min_bytes_per_step=1024)
+        >>> for step in range(1, 9):
+        ...     _ = g.add(step, 10_000 + 4096 * step)
+        >>> g.leaking, g.growth.method, g.growth.bytes_per_step
+        (True, 'steady', 4096.0)
+    """
+
+    __slots__ = (
+        "_cached",
+        "_last_step",
+        "_last_value",
+        "_min",
+        "_min_at",
+        "_next_robust",
+        "_not",
+        "_rises",
+        "_robust_every",
+        "_robust_min",
+        "_steady_rise",
+        "added",
+        "growth",
+        "leaking",
+        "min_bytes_per_step",
+        "steady_samples",
+        "steps",
+        "values",
+        "window",
+    )
+
+    def __init__(
+        self,
+        min_bytes_per_step: float = 256 * 1024,
+        steady_samples: int = 5,
+        window: int = 32,
+        robust_every: int = ROBUST_EVERY,
+    ) -> None:
+        self.min_bytes_per_step = min_bytes_per_step
+        self.steady_samples = steady_samples
+        self.window = window
+        self.steps: collections.deque[int] = collections.deque(maxlen=window)
+        self.values: collections.deque[int] = collections.deque(maxlen=window)
+        self._not = Growth(False, 0.0, 0.0, "none", 0, "no sustained growth", "", 0.0, min_bytes_per_step)
+        self.growth = self._not
+        self.leaking = False
+        self.added = 0  # readings added
+        self._rises = 0  # consecutive rises of at least 0.8x the threshold per step, ending at the newest
+        self._steady_rise = 0.8 * min_bytes_per_step
+        self._robust_min = max(ROBUST_SAMPLES, 2)
+        self._robust_every = max(1, robust_every)
+        self._next_robust = 0  # the reading count at which the robust test may run again
+        self._cached: Growth | None = None  # its last verdict, while its pre-check keeps passing
+        self._last_step: float = -math.inf  # the previous reading
+        self._last_value = 0
+        self._min = 0  # the window's minimum (valid once a reading is in) and the latest step it was read at
+        self._min_at: float = -math.inf
+
+    def add(self, step: int, value: int) -> Growth:
+        """Add the reading ``value`` taken at ``step`` (steps strictly increasing); return the verdict (also
+        kept in ``growth``; ``leaking`` is its ``leaking``)."""
+        dx = step - self._last_step
+        if dx > 0 and (value - self._last_value) / dx >= self._steady_rise:  # (first reading: 0 / inf)
+            self._rises += 1
+        else:
+            self._rises = 0
+        self._last_step = step
+        self._last_value = value
+        steps, values = self.steps, self.values
+        steps.append(step)
+        values.append(value)
+        self.added += 1
+        # The window's minimum, kept without scanning the window at each reading: rescanned only when the
+        # reading that held it leaves the window.
+        if value <= self._min or self.added == 1:
+            self._min, self._min_at = value, step
+        elif self._min_at < steps[0]:
+            self._min = low = min(values)
+            self._min_at = next(s for s, v in zip(reversed(steps), reversed(values)) if v == low)
+        n = len(values)
+        thr = self.min_bytes_per_step
+        k = self.steady_samples
+        growth: Growth | None = None
+        if self._rises >= k - 1 and n >= k:  # every rise of the steady test is there: run it
+            growth = _steady_growth(list(steps), list(values), thr, k)
+        if growth is None:
+            growth = self._not
+            if n >= self._robust_min and value - self._min >= thr * (step - steps[0]) / 2:
+                # The robust test's pre-check (loosened: the window's minimum is at most the first
+                # quarter's floor) passed: run the test, or keep its verdict of a few readings ago.
+                if self._cached is None or self.added >= self._next_robust:
+                    self._cached = _robust_growth(list(steps), list(values), thr) or self._not
+                    self._next_robust = self.added + self._robust_every
+                growth = self._cached
+            else:
+                self._cached = None  # closed: the next opening runs the test at once
+        self.growth = growth
+        self.leaking = growth.leaking
+        return growth
+
+
+__all__ = [
+    "ROBUST_EVERY",
+    "ROBUST_SAMPLES",
+    "SHORT_BAND",
+    "SHORT_MIN_RISE",
+    "SMALL_GROWTH",
+    "STAIR_SAMPLES",
+    "STEADY_EVIDENCE",
+    "GrowthStream",
+    "detect_growth",
+    "inner_growth",
+    "short_run_growth",
+    "suggested_threshold",
+]
