@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("report", ("torchmem.report",)),
     ("actions", ("torchmem.actions",)),
     ("integrations", ("torchmem.integrations",)),
+    ("run", ("torchmem.run",)),
     ("cli", ("torchmem.cli", "torchmem.__main__")),
     ("root", ("torchmem",)),
 ]

@@ -8,9 +8,9 @@ import torch
 
 from torchmem.analysis.forecast import forecast
 from torchmem.capture.file import read_capture
-from torchmem.capture.session import Session
 from torchmem.results.capture import render_summary
 from torchmem.results.forecast import Forecast, duration
+from torchmem.run.session import Session
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -230,7 +230,7 @@ def test_the_boundaries_never_keep_a_deleted_model_or_optimizer_alive(tmp_path: 
     the last optimizer that stepped)."""
     import weakref
 
-    from torchmem.capture.session import Session
+    from torchmem.run.session import Session
 
     s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False).start()
     try:

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from torchmem.capture.file import read_capture
-from torchmem.capture.session import Session
 from torchmem.results.capture import render_summary
+from torchmem.run.session import Session
 
 
 def test_the_summary_peak_is_the_report_peak_and_no_reading_is_above_it(tmp_path: Path) -> None:

@@ -11,10 +11,10 @@ import torch
 
 from torchmem.analysis.gpus import gpus_report
 from torchmem.capture.file import CaptureWriter, read_capture
-from torchmem.capture.session import Session
 from torchmem.report.html import render_html
 from torchmem.results.capture import Capture, render_summary, run_facts
 from torchmem.results.gpus import GpuRow
+from torchmem.run.session import Session
 
 MiB = 1 << 20
 

@@ -10,8 +10,8 @@ import torch
 
 import torchmem
 from torchmem.capture.file import read_capture
-from torchmem.capture.session import Session
 from torchmem.report.html import render_html
+from torchmem.run.session import Session
 
 
 def test_a_loop_leaking_grad_cycles_names_the_cycle_and_its_fix() -> None:

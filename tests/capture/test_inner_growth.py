@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from torchmem.analysis.leaks import inner_growth
-from torchmem.capture.session import Session
+from torchmem.run.session import Session
 
 MiB = 1 << 20
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from torchmem.capture.session import Session
 from torchmem.capture.units import UnitFinder, candidate
+from torchmem.run.session import Session
 
 
 class Tracker:

@@ -13,7 +13,7 @@ import torch
 import torchmem
 from torchmem.analysis.leaks import short_run_growth
 from torchmem.capture.file import read_capture
-from torchmem.capture.session import Session
+from torchmem.run.session import Session
 
 MiB = 1 << 20
 

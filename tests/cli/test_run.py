@@ -235,7 +235,7 @@ def test_ctrl_c_in_the_program_exits_130_with_a_complete_capture(tmp_path: Path)
 def test_live_status_line_on_a_terminal_and_silence_elsewhere(tmp_path: Path) -> None:
     import io
 
-    from torchmem.cli.run import run_session
+    from torchmem.run.launcher import run_session
 
     script = _write(
         tmp_path,

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from torchmem.cli import main
-from torchmem.cli.run import run_session, split_argv
+from torchmem.cli.run import split_argv
+from torchmem.run.launcher import run_session
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 ENV = dict(os.environ, PYTHONPATH=SRC, PYTHONWARNINGS="ignore::UserWarning")

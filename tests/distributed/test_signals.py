@@ -32,7 +32,7 @@ def _env() -> dict[str, str]:
 
 
 def test_the_program_s_own_handler_wins(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from torchmem.cli.run import run_session
+    from torchmem.run.launcher import run_session
 
     saved = signal.getsignal(signal.SIGTERM)
     try:

@@ -242,7 +242,7 @@ import torch  # noqa: F401  (imported once: what every run starts with)
 from torchmem.cli import run as entry_point  # what python -m torchmem calls
 # The modules every run loads before the program starts (importing torchmem.cli.run rebinds the name
 # torchmem.cli.run to that module: the entry point is taken above).
-import torchmem.capture.session, torchmem.cli.run  # noqa: E401
+import torchmem.capture.current, torchmem.cli.run, torchmem.run.session  # noqa: E401
 import torchmem.capture.boundaries, torchmem.capture.file, torchmem.capture.host  # noqa: E401
 import torchmem.capture.oom, torchmem.capture.ranks, torchmem.capture.survivors  # noqa: E401
 import torchmem.capture.snapshot, torchmem.capture.workers  # noqa: E401

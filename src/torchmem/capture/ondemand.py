@@ -6,7 +6,7 @@ Under ``torchmem run`` the run's own session answers; in a program of its own, t
 
 from __future__ import annotations
 
-from torchmem.capture.session import current_session
+from torchmem.capture.current import current_session
 from torchmem.capture.watch import WatchError, active_watchers
 from torchmem.results.survivors import SurvivorReport
 

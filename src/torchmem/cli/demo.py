@@ -52,8 +52,8 @@ def _out_dir(path: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from torchmem._format import fmt_bytes
-    from torchmem.cli.run import run_session
     from torchmem.devices import default_device, resolve
+    from torchmem.run.launcher import run_session
 
     if args.steps < 12:
         raise UsageError(

@@ -302,7 +302,7 @@ def _is_models(exc: BaseException) -> bool:
 def _model_failed(exc: BaseException, spec: str) -> ModelError:
     """Print the model's traceback (torchmem's frames left out, as ``torchmem run`` prints a program's) and
     return the one-line error that ends the command."""
-    from torchmem.cli.run import user_traceback
+    from torchmem.run.program import user_traceback
 
     seen: set[int] = set()
     chain: list[BaseException] = [exc]

@@ -1,0 +1,191 @@
+"""What ends a step of the program under ``torchmem run``: the function named by ``--step-marker`` (its
+returns, seen by a profile hook), else the boundaries torchmem recognises (capture/boundaries.py: optimizer
+step, backward, model call, DataLoader batch, generate), else the program's repeating unit
+(capture/units.py). A better boundary found later takes over: the session's watchers restart on it."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
+
+
+class StepSource:
+    """Calls ``step`` at each step's end on the thread that started it.
+
+    ``restart(label)`` is called when a better boundary takes over a counted one: the session's watchers
+    start again on it, and it returns the steps counted before (``0``: nothing was counted, nothing
+    restarted). ``fresh`` says whether no step was counted yet; ``first_reading`` reads the figure (at a
+    boundary's first event, while fresh); ``records`` is the session's :class:`~torchmem.run.records.Records`.
+    """
+
+    def __init__(
+        self,
+        step_marker: str | None,
+        argv: list[str],
+        records: Any,
+        step: Callable[[], None],
+        restart: Callable[[str], int],
+        fresh: Callable[[], bool],
+        first_reading: Callable[[], int],
+    ) -> None:
+        self.step_marker = step_marker
+        self._argv = argv
+        self._records = records
+        self._step = step
+        self._restart = restart
+        self._fresh = fresh
+        self._first_reading = first_reading
+        self._main = threading.get_ident()
+        self._boundaries: Any = None
+        self._units: Any = None  # capture/units.UnitFinder: the repeating unit when no boundary is found
+        self._profile_prev: Any = None
+        self._marker_returns = 0
+        self._kind: str | None = None
+        self._label = ""
+        self._switches: list[str] = []
+        self._first_readings: dict[str, int] = {}  # boundary kind -> the figure at its first event
+        self._replay: int | None = None  # the next step's figure, read earlier (StepBoundaries on_first)
+
+    @property
+    def kind(self) -> str | None:
+        """The boundary chosen (``"optimizer"``, ..., ``"unit"``), ``None`` before one is."""
+        return self._kind
+
+    @property
+    def label(self) -> str:
+        """What one step is, in words (``""`` before a boundary is chosen)."""
+        return self._label
+
+    @property
+    def switches(self) -> tuple[str, ...]:
+        """The notes of the switches between boundaries."""
+        return tuple(self._switches)
+
+    @property
+    def boundaries(self) -> Any:
+        """The recognised boundaries (``capture/boundaries.StepBoundaries``), ``None`` before
+        :meth:`install`."""
+        return self._boundaries
+
+    def install(self) -> None:
+        """Start counting: the profile hook of ``--step-marker``, else the boundaries and the unit finder."""
+        from torchmem.capture.boundaries import StepBoundaries
+
+        note = self._records.note
+        self._boundaries = StepBoundaries(
+            self._on_boundary,
+            self._on_switch,
+            thread=self._main,
+            on_error=note,
+            on_first=self._on_first,
+        )
+        if self.step_marker:
+            # The user said what a step is: only optimizer steps are counted (for the 0-step advice).
+            self._boundaries._install_optimizer()
+            self._profile_prev = sys.getprofile()
+            sys.setprofile(self._profile)
+        else:
+            self._boundaries.start()
+            try:
+                from torchmem.capture.units import UnitFinder
+
+                argv = self._argv
+                program = os.path.abspath(argv[0]) if argv and os.path.isfile(argv[0]) else None
+                self._units = UnitFinder(self._unit_step, self._unit_found, note, self._main, program)
+            except Exception as exc:
+                note(f"the repeating unit will not be looked for ({type(exc).__name__}: {exc})")
+
+    def remove(self) -> None:
+        """Stop counting: every hook removed."""
+        if self.step_marker:
+            sys.setprofile(self._profile_prev)
+        if self._boundaries is not None:
+            self._boundaries.stop()
+        if self._units is not None:
+            self._units.remove()
+
+    def poll(self, children: bool) -> None:
+        """The sampler's look: modules imported since (their boundaries), and while no boundary is chosen
+        (and no work runs in child processes: ``children``), the call the loop repeats."""
+        if self._boundaries is not None:
+            self._boundaries.check_imports()
+        if self._units is not None and self._kind is None and not children:
+            self._units.sample()  # no step yet (and no work in child processes): the loop's call
+
+    def take_replay(self) -> int | None:
+        """The figure of the step ending now when it was read at the boundary's first event, once."""
+        replay, self._replay = self._replay, None
+        return replay
+
+    def optimizer_steps(self) -> int:
+        """The optimizer steps that ran on the main thread."""
+        b = self._boundaries
+        return int(b.counts["optimizer"]) if b is not None else 0
+
+    def last_optimizer(self) -> Any:
+        b = self._boundaries
+        return getattr(b, "last_optimizer", None) if b is not None else None
+
+    def _on_boundary(self) -> None:
+        if not self._records.disabled and not self.step_marker:
+            self._step()
+
+    def _on_first(self, kind: str) -> None:
+        """The first event of a kind while none is chosen: its reading, for the step it ends if the kind is
+        chosen at its next event (a boundary is recognised at its second occurrence)."""
+        if self._records.disabled or self.step_marker or not self._fresh():
+            return
+        try:
+            self._first_readings[kind] = self._first_reading()
+        except Exception as exc:
+            self._records.note(f"step detection: a first reading failed ({type(exc).__name__}: {exc})")
+
+    def _unit_found(self, label: str) -> None:
+        """The program's repeating unit was found (no other boundary): its calls are the steps from now."""
+        if self._kind is None:
+            self._on_switch("unit", f"{label} (the function the program's loop calls)")
+
+    def _unit_step(self) -> None:
+        if self._kind == "unit" and not self._records.disabled:
+            self._step()
+
+    def _on_switch(self, kind: str, label: str) -> None:
+        """A step boundary was chosen, or a better one took over: the watchers restart on it."""
+        if self._records.disabled or self.step_marker:
+            return
+        if kind != "unit" and self._units is not None:
+            self._units.active = False  # a boundary torchmem recognises counts the steps
+        try:
+            previous, self._kind, self._label = self._kind, kind, label
+            if previous is not None:
+                before = self._label_of(previous)
+                counted = self._restart(label)
+                if counted >= 3:
+                    self._switches.append(
+                        f"steps were counted at each {before} until step {counted}, then at each {label} (a "
+                        "better boundary was found): the leak detector restarted"
+                    )
+            self._records.record("boundary", kind=kind, label=label, count=0)
+            first = self._first_readings.pop(kind, None) if previous is None else None
+            self._first_readings.clear()
+            if first is not None and self._fresh():
+                self._replay = first
+                self._step()  # the first event of the kind ended the first step, at the figure read then
+        except Exception as exc:
+            self._records.note(f"step detection: switching boundaries failed ({type(exc).__name__}: {exc})")
+
+    def _label_of(self, kind: str) -> str:
+        from torchmem.capture.boundaries import _default_label
+
+        if kind == "unit":
+            return self._units.label if self._units is not None and self._units.label else "call"
+        return _default_label(kind)
+
+    def _profile(self, frame: types.FrameType, event: str, _arg: Any) -> None:
+        if event == "return" and frame.f_code.co_name == self.step_marker and not self._records.disabled:
+            self._marker_returns += 1
+            self._step()

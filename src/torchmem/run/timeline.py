@@ -1,0 +1,123 @@
+"""The sampled timeline of a run, and its verdict when no repeating step was found: growth per second, and
+who holds the tensors born during the run that are still alive (there is no allocation site without a step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchmem.results.leaks import LeakReport
+
+
+class Timeline:
+    """The (seconds, bytes) readings of the sampler, for a verdict without steps: every reading up to 4096,
+    then every 2nd, 4th, ... (bounded)."""
+
+    def __init__(self) -> None:
+        self._points: list[tuple[float, int]] = []
+        self._every = 1
+        self._n = 0
+
+    def keep(self, t: float, value: int) -> None:
+        self._n += 1
+        if self._n % self._every:
+            return
+        self._points.append((t, value))
+        if len(self._points) >= 4096:
+            self._points = self._points[::2]
+            self._every *= 2
+
+    def clear(self) -> None:
+        """Forget the readings (the session watches another device now)."""
+        self._points.clear()
+
+    def points(self) -> list[tuple[float, int]]:
+        return list(self._points)
+
+    def __bool__(self) -> bool:
+        return bool(self._points)
+
+
+def timeline_report(
+    points: list[tuple[float, int]], device: torch.device, source: str, born_before: set[int]
+) -> LeakReport | None:
+    """With no repeating step, growth decided on the sampled timeline, per second."""
+    from torchmem.analysis.leaks import timeline_growth
+    from torchmem.analysis.leaks import timeline_report as report
+
+    g = timeline_growth(points)
+    if g is None:
+        return None
+    culprits: tuple[Any, ...] = ()
+    notes = ["no repeating step was found: the verdict is per second of the sampled timeline"]
+    if g.leaking:
+        try:
+            culprits, more = timeline_culprits(device, born_before, g.bytes_per_step)
+            notes += more
+        except Exception as exc:
+            notes.append(f"what grows could not be named ({type(exc).__name__}: {exc})")
+    return report(points, g, device=str(device), source=source, culprits=culprits, notes=notes)
+
+
+def timeline_culprits(
+    device: torch.device, born_before: set[int], rate: float, unit: str = "s"
+) -> tuple[tuple[Any, ...], list[str]]:
+    """Who holds what grew, without steps: the tensors born during the run (not in ``born_before``) and still
+    alive, their holders named (there is no allocation site: the exact ledger never ran without a step)."""
+    from torchmem.analysis.holders.survivors import holder_paths_of_storages
+    from torchmem.analysis.leaks import attribute
+    from torchmem.results.leaks import SiteGrowth
+
+    born = [(k, s) for k, s in live_storages(device).items() if k not in born_before]
+    if not born:
+        return (), ["no tensor born during the run is alive: what grew is not a tensor storage"]
+    born.sort(key=lambda ks: -_nbytes(ks[1]))
+    live = sum(_nbytes(s) for _, s in born)
+    samples = [s for _, s in born[:6]]
+    born.clear()
+    info: dict[str, Any] = {}
+    paths = holder_paths_of_storages(samples, max_paths=2, time_limit=3.0, info=info)
+    samples.clear()
+    flat = tuple(p for ps in paths for p in ps)
+    fact = SiteGrowth(None, rate, live, len(paths), 1.0, flat)
+    culprits = attribute([fact], min_bytes_per_step=0.0, unit=unit, device=str(device))
+    return culprits, [
+        "per second: without a step the allocation site is unknown; what holds the tensors born "
+        "during the run is named (name the loop's function with --step-marker for the site)"
+    ]
+
+
+def live_storages(device: torch.device) -> dict[int, Any]:
+    """The storages of the live tensors on ``device`` (gc), by key. Strong references: drop soon."""
+    import gc
+
+    out: dict[int, Any] = {}
+    tensor_t = torch.Tensor
+    for o in gc.get_objects():
+        if not issubclass(type(o), tensor_t):
+            continue
+        try:
+            if o.device.type != device.type or (device.index is not None and o.device.index != device.index):
+                continue
+            st = o.untyped_storage()
+        except Exception:  # sparse, nested, meta and other storage-less layouts
+            continue
+        out.setdefault(st._cdata, st)
+    return out
+
+
+def live_storage_keys(device: torch.device) -> set[int]:
+    """The keys of :func:`live_storages` (empty when they cannot be read)."""
+    try:
+        return set(live_storages(device))
+    except Exception:
+        return set()
+
+
+def _nbytes(storage: Any) -> int:
+    try:
+        return int(storage.nbytes())
+    except Exception:
+        return 0

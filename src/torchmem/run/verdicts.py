@@ -1,0 +1,199 @@
+"""The end-of-run verdicts of a session, from what its parts recorded: the leak named when the watcher
+could not name it, the loop's survivors beside a growth verdict, the host-memory verdict's policy, and when
+the memory runs out at the leak's rate."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from torchmem._format import fmt_bytes
+from torchmem.results.leaks import LeakReport
+from torchmem.run.timeline import timeline_culprits
+
+# Host growth that names no culprit (no growing autograd chain, no accumulating Python objects) is data the
+# program keeps on purpose (predicted labels, a history of numbers) unless it is as large as a device leak.
+_HOST_UNEXPLAINED_MIN = 256 * 1024
+
+
+def labelled(rep: LeakReport, label: str, switches: tuple[str, ...] | None = None) -> LeakReport:
+    """A report with the step boundary it was fed (``label``) and the switches between boundaries (notes
+    put first; ``None``: the notes are left as they are)."""
+    if switches is None:
+        return dataclasses.replace(rep, boundary=label)
+    return dataclasses.replace(rep, boundary=label, notes=tuple(switches) + tuple(rep.notes))
+
+
+def named(leak: LeakReport, survivors: Any, device: torch.device, born_before: set[int]) -> LeakReport:
+    """A leak the watcher found with no culprit (it was found in the last steps, or in a short run, before
+    the exact ledger could attribute it): name it from what the loop's recorded steps allocated and still
+    hold (allocation site and holder), else from the tensors born during the run that are still alive
+    (holder only; ``born_before``: the storages alive when the program started). The note says what the
+    naming rests on."""
+    if not leak.leaking or leak.culprits:
+        return leak
+    from torchmem.analysis.leaks import attribute
+    from torchmem.results.leaks import SiteGrowth
+
+    unit = "s" if leak.boundary == "second" else "step"
+    rate = leak.bytes_per_step
+    facts: list[SiteGrowth] = []
+    note = ""
+    groups = [g for g in getattr(survivors, "groups", ()) if g.live_bytes > 0 and g.holders]
+    if groups:
+        big = max(g.live_bytes for g in groups)
+        # the groups that matter at this rate: the largest, and any within 1/8 of it
+        chosen = [g for g in groups if g.live_bytes >= big / 8]
+        total = sum(g.live_bytes for g in chosen) or 1
+        for g in chosen:
+            share = rate * g.live_bytes / total
+            facts.append(SiteGrowth(g.site, share, g.live_bytes, g.count, 1.0, tuple(g.holders)))
+        from torchmem.results.survivors import step_ranges
+
+        covered = step_ranges(tuple(getattr(survivors, "covered", ()) or ()))
+        note = (
+            f"named from what the loop's recorded steps ({covered}) allocated and still hold: the growth "
+            "was found from the readings, after the exact ledger's window"
+        )
+    else:
+        try:
+            culprits, _ = timeline_culprits(device, born_before, rate, unit)
+        except Exception:
+            culprits = ()
+        if culprits:
+            return dataclasses.replace(
+                leak,
+                culprits=culprits,
+                notes=(
+                    *leak.notes,
+                    "named from the tensors born during the run that are still alive "
+                    "(no allocation site: the exact ledger did not record these steps)",
+                ),
+            )
+        return leak
+    culprits = attribute(facts, min_bytes_per_step=0.0, unit=unit, device=str(device))
+    if not culprits:
+        return leak
+    return dataclasses.replace(leak, culprits=culprits, notes=(*leak.notes, note))
+
+
+def survivors_beside(survivors: Any, leak: LeakReport | None, steps: int) -> Any:
+    """The loop's survivors report, for information only when the loop ran long enough for the growth
+    detector: its verdict stands, and what the first steps left alive (a cache, a history) is listed."""
+    if survivors.leaking and leak is not None and leak.verdict not in ("too_few", "no_steps"):
+        return dataclasses.replace(
+            survivors,
+            leaking=False,
+            notes=(
+                *survivors.notes,
+                f"the loop ran {steps} steps, enough for the growth detector's verdict "
+                f"({leak.verdict}): these survivors are listed for information",
+            ),
+        )
+    return survivors
+
+
+def host_verdict(host: LeakReport, leak: LeakReport | None, device: torch.device) -> LeakReport:
+    """The host watcher's report as the run's host verdict, beside the device's ``leak``."""
+    host = _host_policy(host)
+    inner = leak is not None and leak.verdict == "inner_growth"
+    if (
+        host.leaking
+        and device.type == "cpu"
+        and leak is not None
+        and (leak.leaking or inner)
+        and not (host.culprits and not leak.culprits)  # the host names what the device cannot
+    ):
+        # On the CPU the device figure is the C heap: the device report already is this growth.
+        host = dataclasses.replace(
+            host,
+            leaking=False,
+            verdict="flat" if not host.culprits else host.verdict,
+            notes=(*host.notes, "on the CPU the device report covers this growth"),
+        )
+    if host.leaking and leak is not None and leak.verdict == "inner_growth":
+        host = _host_inner(host)  # the device saw growth inside each call: the host's is the same
+    return host
+
+
+def _host_inner(host: LeakReport) -> LeakReport:
+    """Host growth that climbs inside each call and falls back at its end (autograd nodes of a graph
+    carried across an inner loop) is not a leak: the same verdict as the device's."""
+    from torchmem.analysis.leaks import inner_growth
+
+    found = inner_growth(host.series, max(host.min_bytes_per_step, 1.0))
+    if found is None:
+        return host
+    rate, length, height, ramps = found
+    return dataclasses.replace(
+        host,
+        leaking=False,
+        bytes_per_step=0.0,
+        verdict="inner_growth",
+        trend_per_step=rate,
+        reason=(
+            f"host memory climbs by {fmt_bytes(int(rate))}/step for about {length} steps and falls back at "
+            f"the end ({ramps} times, {fmt_bytes(height)} at its peak): growth inside each call, nothing "
+            "kept across calls"
+        ),
+    )
+
+
+def _host_policy(host: LeakReport) -> LeakReport:
+    """A host verdict is a leak when it names what grows, or grows like a device leak (256 KiB/step)."""
+    from torchmem.analysis.leaks import large_total
+
+    seen = host.leaking or host.detected_at is not None
+    rate = max(host.bytes_per_step, host.trend_per_step)
+    large = host.leaking and len(host.series) > 1 and large_total(host.series[0][1], host.series[-1][1])
+    if not seen or host.culprits or rate >= _HOST_UNEXPLAINED_MIN or large:
+        return host
+    return dataclasses.replace(
+        host,
+        leaking=False,
+        verdict="below_threshold",
+        detected_at=None,
+        stopped_at=None,
+        trend_per_step=rate,
+        bytes_per_step=0.0,
+        reason=(
+            f"host memory grew by {fmt_bytes(int(rate))}/step with no growing autograd chain "
+            f"and no accumulating Python objects: data the program keeps (reported as a leak from "
+            f"{fmt_bytes(_HOST_UNEXPLAINED_MIN)}/step)"
+        ),
+    )
+
+
+def forecast(leak: LeakReport | None, device: torch.device, reading: Any, step_s: float | None) -> Any:
+    """When ``device`` (or the RAM) runs out at the leak's rate (a
+    :class:`~torchmem.results.forecast.Forecast`), ``None`` without a leak or a known capacity. ``reading``
+    reads the session's figure now; ``step_s``: the program's median step."""
+    if leak is None or not leak.leaking or leak.bytes_per_step <= 0:
+        return None
+    from torchmem.analysis.forecast import forecast as at_rate
+
+    unit = "s" if leak.boundary == "second" else "step"
+    r = reading()
+    if device.type == "cpu":
+        from torchmem.devices._host import host_memory, process_rss
+
+        hm = host_memory()
+        used = r.allocated
+        if used is None or hm.available is None:
+            return None
+        room, what = hm.available, "the RAM"
+        rss = process_rss()
+        if hm.cgroup_limit is not None and rss is not None and hm.cgroup_limit - rss < room:
+            room, what = max(hm.cgroup_limit - rss, 0), "the cgroup's memory limit"
+        return at_rate(leak.bytes_per_step, unit, used, used + room, what, step_s)
+    from torchmem.devices import backend
+
+    info = backend(device).mem_info()
+    if info is None or r.allocated is None:
+        return None
+    free, _total = info
+    # growth fills the allocator's cached blocks first, then takes what the driver has free
+    capacity = (r.reserved if r.reserved is not None else r.allocated) + free
+    return at_rate(leak.bytes_per_step, unit, r.allocated, capacity, str(device), step_s)
