@@ -46,7 +46,6 @@ def run_program(args: RunOptions, program_argv: list[str]) -> int:
         return exc.exit_code
     if args.nproc is not None:
         return _launch(args, program_argv, program.name, err)
-        return _launch(args, program_argv, program.name, err)
     from torchmem._outputs import process_rank, unique_name
     from torchmem.capture.ranks import STAMP_ENV, rank_info, rank_path
 
