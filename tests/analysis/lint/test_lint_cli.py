@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from torchmem.cli import lint as lint_cmd
 from torchmem.lint import RULES, LintConfigError, explain_rule, lint_paths, lint_source
 from torchmem.lint._pages import PAGES
-from torchmem.cli import lint as lint_cmd
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 
