@@ -46,8 +46,8 @@ from torchmem.results.capture import (
     Sample,
     StatsRecord,
     StepMark,
-    _float,
 )
+from torchmem.results.capture_records import _float
 
 _FSYNC_EVERY = 1.0  # seconds between forced writes to disk
 
