@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable
 
 from torchmem._warn import emit_warning
-from torchmem.capture.session import Session, _StatusAwareStream
+from torchmem.run.status import StatusAwareStream, StatusLine
 
 N = 20000
 REPEATS = 7
@@ -39,21 +39,16 @@ def _per_call(fn: Callable[[], None], n: int = N) -> float:
 
 def _print_costs() -> tuple[float, float]:
     sink = io.StringIO()
-    session = Session.__new__(Session)  # only the status-line state the wrapper uses
-    session.status = True
-    session._status_file = io.StringIO()
-    session._status_len = 40  # a status line is showing: every write clears it first
-    import threading
-
-    session._status_lock = threading.RLock()
-    session._user_line_open = False
-    wrapped = _StatusAwareStream(sink, session)
+    line = StatusLine(io.StringIO(), True)
+    wrapped = StatusAwareStream(sink, line)
+    shown = "[torchmem] step 12 | allocated 1.00 GiB"  # a status line is showing: every write clears it first
 
     def plain() -> None:
+        line.show(shown)  # the same drawing on both sides: the difference is the wrapper's clearing
         print("step 12 loss 0.1234", file=sink)
 
     def through() -> None:
-        session._status_len = 40
+        line.show(shown)
         print("step 12 loss 0.1234", file=wrapped)
 
     a = b = 0.0
