@@ -29,7 +29,7 @@ import torch
 
 from torchmem.analysis.holders.find import _shared_value
 from torchmem.analysis.holders.roots import FrameSnapshots
-from torchmem.devices._ledger import _internal_dirs
+from torchmem.devices._ledger_sites import internal_dirs as _internal_dirs
 
 _CONTAINERS = (list, dict, collections.deque)
 _PLAIN_DICT = frozenset({dict})

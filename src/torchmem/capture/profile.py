@@ -20,15 +20,18 @@ How it measures (see docs/profile.md):
 
 Every hook is removed at exit, also when the block raises; an error inside a hook is reported once and the
 step goes on.
+
+The :class:`Profiler` is the hooks and the report; its parts: the module table
+(:mod:`~torchmem.capture.profile_plan`), the level, peaks and phase windows
+(:mod:`~torchmem.capture.profile_peaks`) and the storage sets it counts
+(:mod:`~torchmem.capture.profile_storages`).
 """
 
 from __future__ import annotations
 
 import functools
-import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -36,12 +39,12 @@ import torch
 
 from torchmem._errors import TorchmemError, TrackingError
 from torchmem._warn import emit_warning
-from torchmem.analysis.profile import ProfileReport, RawModule, build_profile, reconcile
-from torchmem.capture.track import _Frame as _TrackFrame
-from torchmem.capture.track import _open, _open_lock
-from torchmem.devices import Backend, CpuBackend, DeviceLike, backend, default_device, ledger, resolve
+from torchmem.analysis.profile import ProfileReport, build_profile, reconcile
+from torchmem.capture.profile_peaks import PeakMeter, PhaseWindow
+from torchmem.capture.profile_plan import ORIG, is_compiled_wrapper, plan_modules
+from torchmem.capture.profile_storages import Activations, Alive, storage_of, tensors_in
+from torchmem.devices import DeviceLike, backend, default_device, resolve
 
-_ORIG = "_orig_mod"
 _active: Profiler | None = None
 
 
@@ -65,134 +68,6 @@ def _queue_engine_callback(cb: Callable[[], None]) -> bool:
     return True
 
 
-def _storage(t: torch.Tensor) -> Any | None:
-    try:
-        return t.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None
-
-
-def _tensors(obj: Any, depth: int = 0) -> Iterator[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif depth > 3:
-        return
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from _tensors(v, depth + 1)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors(v, depth + 1)
-
-
-def _is_compiled_wrapper(m: torch.nn.Module) -> bool:
-    return type(m).__name__ == "OptimizedModule" and isinstance(getattr(m, _ORIG, None), torch.nn.Module)
-
-
-def _clean_name(name: str) -> str | None:
-    """The user's name of a module under a ``torch.compile`` wrapper; ``None`` for the wrapped module."""
-    parts = name.split(".") if name else []
-    if parts and parts[-1] == _ORIG:
-        return None
-    return ".".join(p for p in parts if p != _ORIG)
-
-
-class _Alive:
-    """Bytes of a set of storages that are still alive (each storage once; weak references)."""
-
-    __slots__ = ("__weakref__", "bytes", "refs")
-
-    def __init__(self) -> None:
-        self.bytes = 0
-        self.refs: dict[int, tuple[int, weakref.ref[Any]]] = {}
-
-    def add(self, storage: Any) -> tuple[int, weakref.ref[Any]]:
-        key = storage._cdata
-        old = self.refs.get(key)
-        if old is not None and old[1]() is not None:
-            return old
-        nb = int(storage.nbytes())
-        me = weakref.ref(self)
-
-        def gone(r: weakref.ref[Any], key: int = key, nb: int = nb) -> None:
-            owner = me()
-            if owner is not None and owner.refs.get(key, (0, None))[1] is r:
-                del owner.refs[key]
-                owner.bytes -= nb
-
-        entry = (nb, weakref.ref(storage, gone))
-        self.refs[key] = entry
-        self.bytes += nb
-        return entry
-
-    def __contains__(self, key: int) -> bool:
-        e = self.refs.get(key)
-        return e is not None and e[1]() is not None
-
-    def clear(self) -> None:
-        self.refs.clear()
-        self.bytes = 0
-
-
-class _Saved:
-    """Bytes of storages autograd still holds as saved tensors (each storage once).
-
-    A storage counts while at least one packed tensor (what the pack hook handed to autograd) is alive: when
-    the graph is freed the packed tensors die, even if the user still holds the storage (an input).
-    """
-
-    __slots__ = ("__weakref__", "bytes", "keys", "refs")
-
-    def __init__(self) -> None:
-        self.bytes = 0
-        self.keys: dict[int, list[int]] = {}  # storage key -> [nbytes, live packed tensors]
-        self.refs: set[weakref.ref[Any]] = set()
-
-    def add(self, storage: Any, packed: torch.Tensor) -> int:
-        key = storage._cdata
-        e = self.keys.get(key)
-        if e is None:
-            e = self.keys[key] = [int(storage.nbytes()), 0]
-            self.bytes += e[0]
-        e[1] += 1
-        me = weakref.ref(self)
-
-        def gone(r: weakref.ref[Any], key: int = key) -> None:
-            owner = me()
-            if owner is None or r not in owner.refs:
-                return
-            owner.refs.discard(r)
-            ent = owner.keys.get(key)
-            if ent is not None:
-                ent[1] -= 1
-                if ent[1] <= 0:
-                    del owner.keys[key]
-                    owner.bytes -= ent[0]
-
-        self.refs.add(weakref.ref(packed, gone))
-        return e[0]
-
-    def held(self, key: int) -> bool:
-        return key in self.keys
-
-    def clear(self) -> None:
-        self.refs.clear()
-        self.keys.clear()
-        self.bytes = 0
-
-
-@dataclass
-class _PhaseWindow:
-    """One module phase (forward, backward) or the optimizer step being measured: where it started and the
-    highest allocated bytes seen inside it."""
-
-    row: int
-    kind: str  # "forward", "backward", "step"
-    start: int
-    peak: int
-    task: int = -1
-
-
 class _Call:
     """One forward call of a module, carried to its backward hooks."""
 
@@ -200,14 +75,14 @@ class _Call:
 
     def __init__(self, row: int) -> None:
         self.row = row
-        self.bw: _PhaseWindow | None = None
+        self.bw: PhaseWindow | None = None
         self.done = False
 
 
 class _Fwd:
     __slots__ = ("recompute", "row", "saved", "window")
 
-    def __init__(self, row: int, window: _PhaseWindow | None, recompute: bool) -> None:
+    def __init__(self, row: int, window: PhaseWindow | None, recompute: bool) -> None:
         self.row = row
         self.window = window
         self.recompute = recompute
@@ -305,7 +180,7 @@ class Profiler:
 
         def add(t: Any) -> None:
             if isinstance(t, torch.Tensor):
-                s = _storage(t)
+                s = storage_of(t)
                 if s is not None:
                     seen[s._cdata] = int(s.nbytes())
 
@@ -329,74 +204,20 @@ class Profiler:
             return resolve(self._model)
         return default_device()
 
-    def _plan(self) -> None:
-        """Rows, the modules to hook and the parameter table."""
-        model = self._model
-        self._rows: list[RawModule] = []
-        self._row_of: dict[int, int] = {}  # id(module) -> row (alive for the block: the model holds them)
-        self._hooked: list[torch.nn.Module] = []
-        skip_under: list[str] = []  # prefixes (raw names) whose modules get no hooks
-        params = list(model.parameters())
-        self._params = params
-        pidx = {id(p): i for i, p in enumerate(params)}
-        names_seen: dict[int, str] = {}
-        for raw, m in model.named_modules(remove_duplicate=False):
-            if id(m) in names_seen:
-                first = _clean_name(names_seen[id(m)])
-                alias = _clean_name(raw)
-                if first is not None and alias is not None and first != alias and id(m) in self._row_of:
-                    rec = self._rows[self._row_of[id(m)]]
-                    note = f"also reachable as '{alias}' (one module: counted once)"
-                    if note not in rec.notes:
-                        rec.notes.append(note)
-                continue
-            names_seen[id(m)] = raw
-            name = _clean_name(raw)
-            if name is None:  # the module inside a compile wrapper: the wrapper's row stands for it
-                continue
-            row = len(self._rows)
-            sub = tuple(sorted({pidx[id(p)] for p in m.parameters() if id(p) in pidx}))
-            self._rows.append(RawModule(name=name, type=type(m).__name__, params=sub))
-            self._row_of[id(m)] = row
-            inside = any(raw == s or raw.startswith(s + ".") for s in skip_under)
-            if inside:
-                self._rows[row].activations = None
-                self._rows[row].notes.append("inside a compiled module: only its parameters are measured")
-                continue
-            if getattr(m, "_compiled_call_impl", None) is not None:  # module.compile() in place
-                skip_under.append(raw)
-                self._rows[row].activations = None
-                self._rows[row].notes.append(
-                    "compiled in place (module.compile()): hooks would run inside the compiled code, so "
-                    "only its parameters are measured; profile it before compiling, or use torch.compile(m)"
-                )
-                continue
-            if isinstance(m, torch.jit.ScriptModule):
-                skip_under.append(raw)
-                self._rows[row].activations = None
-                self._rows[row].notes.append("TorchScript module: hooks are not supported; parameters only")
-                continue
-            if _is_compiled_wrapper(m):
-                skip_under.append(f"{raw}.{_ORIG}" if raw else _ORIG)
-                self._rows[row].notes.append(
-                    "torch.compile'd: measured as one block (hooks inside compiled code break the graph)"
-                )
-            self._hooked.append(m)
-
     def _register_static(self) -> None:
         """Storages of parameters and buffers: excluded from activations, counted in the reconciliation."""
-        static = _Alive()
-        bufs = _Alive()
+        static = Alive()
+        bufs = Alive()
         for p in self._params:
-            s = _storage(p)
+            s = storage_of(p)
             if s is not None:
                 static.add(s)
-                self._note_pre(s)
+                self._meter.note_pre(s)
         for b in self._model.buffers():
-            s = _storage(b)
+            s = storage_of(b)
             if s is not None:
                 bufs.add(s)
-                self._note_pre(s)
+                self._meter.note_pre(s)
         self._static = static
         self._bufs = bufs
         self._observe_grads()
@@ -405,62 +226,26 @@ class Profiler:
     def _start(self) -> None:
         dev = self._device()
         self._dev = str(dev)
-        self._be: Backend = backend(dev)
-        self._cpu = isinstance(self._be, CpuBackend)
-        self._plan()
+        be = backend(dev)
+        self._rows, self._row_of, self._hooked, self._params = plan_modules(self._model)
+        self._meter = PeakMeter(self._dev, be, self._rows)
         n = len(self._params)
         self._grad_bytes = [0] * n
         self._state_bytes = [0] * n if self._opts else None
         self._pidx = {id(p): i for i, p in enumerate(self._params)}
-        self._grads = _Alive()
-        self._ostate = _Alive()
-        self._act = _Saved()
-        self._pre = _Alive()  # CPU: storages the ledger does not count (born before it was on)
+        self._grads = Alive()
+        self._ostate = Alive()
+        self._act = Activations(self._rows)
         self._handles: list[Any] = []
         self._grad_handles: list[Any] = []
         self._restore: list[tuple[torch.Tensor, str]] = []
         self._fwd: list[_Fwd] = []
-        self._open_w: list[_PhaseWindow] = []
-        self._pass: dict[int, dict[int, int]] = {}
-        self._outside: dict[int, int] = {}
-        self._saved_outside = 0
         self._steps = 0
         self._tasks: set[int] = set()
         self._recomputed: set[int] = set()
-        self._measure = True
-        self._tframe: _TrackFrame | None = None
-        self._ptoken: int | None = None  # the shared peak counter's reader (CUDA)
-        self._ptoken_used: bool | None = None
-        self._mark: Any = None
-        self._started = False
-        self._entry_other = 0
 
         # Level and peaks.
-        if self._cpu:
-            led = ledger()
-            self._stack.enter_context(led.enabled())
-            self._led = led
-            self._mark = led.open_watermark(self._dev)
-        else:
-            h = self._be.hot()
-            if h.allocated is not None:
-                self._entry_other = max(int(h.allocated) - self._model_bytes(), 0)
-            if h.allocated is None:
-                self._measure = False
-                self._notes.append(f"{self._dev} has no allocator statistics: peaks are not measured")
-            elif self._peaks:
-                self._tframe = _TrackFrame()
-                self._ptoken = self._be.open_peak()  # CUDA: the shared counter, the program's peaks stay
-                self._ptoken_used = self._ptoken is not None
-                if self._ptoken is None:
-                    with _open_lock:
-                        prior = h.peak_allocated or 0
-                        for other in _open.get(self._dev, ()):
-                            other.carried = max(other.carried, prior)
-                        self._be.reset_peak()
-                        _open.setdefault(self._dev, []).append(self._tframe)
-            else:
-                self._notes.append("peaks=False: forward/backward peaks and the measured peak are not read")
+        self._meter.open(self._stack, self._peaks, self._model_bytes, self._notes.append)
         self._register_static()
 
         # Hooks.
@@ -486,109 +271,10 @@ class Profiler:
             self._notes.append(f"saved-tensor hooks are unavailable here ({exc}): activations not measured")
             for r in self._rows:
                 r.activations = None
-        self._level = 0
-        self._best = -1
-        self._snap: tuple[int, int, int, int, str] = (0, 0, 0, 0, "at the start of the block")
-        self._tick()
-        self._best = self._level
-        self._set_snap()
-        self._best_snap = self._snap
-        self._started = True
-
-    # -- measurement core ----------------------------------------------------------------------------
-    def _note_pre(self, storage: Any) -> None:
-        """CPU: count a storage the ledger does not (born before it was on) in the absolute level.
-
-        Found mid-block, it was alive all along: the level, the best peak and every open window move up
-        together, so no window sees a rise that is only a discovery.
-        """
-        if not self._cpu or storage._cdata in self._led._live or storage.device.type != "cpu":
-            return
-        before = self._pre.bytes
-        self._pre.add(storage)
-        nb = self._pre.bytes - before
-        if nb and self._started:
-            self._level += nb
-            self._best += nb
-            lv, g, o, a, where = self._best_snap
-            self._best_snap = (lv + nb, g, o, a, where)
-            lv, g, o, a, where = self._snap
-            self._snap = (lv + nb, g, o, a, where)
-            for w in self._open_w:
-                w.start += nb
-                w.peak += nb
-
-    def _read(self) -> tuple[int, int] | None:
-        if self._cpu:
-            led = self._led
-            cur = led.current(self._dev) + self._pre.bytes
-            pk = self._mark.peak + self._pre.bytes
-            self._mark.peak = led.current(self._dev)
-            return cur, max(pk, cur)
-        if not self._measure:
-            return None
-        h = self._be.hot()
-        if h.allocated is None:
-            return None
-        cur = h.allocated
-        if self._tframe is None:
-            return cur, cur
-        if self._ptoken is not None:  # the interval's peak, then a new interval
-            got = self._be.restart_peak(self._ptoken)
-            return cur, max(got[0] if got else cur, cur)
-        pk = max(h.peak_allocated or cur, self._tframe.carried, cur)
-        with _open_lock:
-            self._tframe.carried = 0
-            for other in _open.get(self._dev, ()):
-                if other is not self._tframe:
-                    other.carried = max(other.carried, pk)
-            self._be.reset_peak()
-        return cur, pk
-
-    def _tick(self) -> None:
-        r = self._read()
-        if r is None:
-            return
-        cur, pk = r
-        if pk > self._best:
-            self._best = pk
-            self._best_snap = self._snap
-        for w in self._open_w:
-            if pk > w.peak:
-                w.peak = pk
-        self._level = cur
-
-    def _where(self) -> str:
-        if not self._open_w:
-            return "outside the model's modules"
-        w = self._open_w[-1]
-        if w.kind == "step":
-            return "optimizer step"
-        name = self._rows[w.row].name
-        label = f"'{name}'" if name else f"the model ({self._rows[w.row].type})"
-        return f"{w.kind} of {label}"
+        self._meter.begin(self._grads.bytes, self._ostate.bytes, self._act.bytes)
 
     def _set_snap(self) -> None:
-        self._snap = (self._level, self._grads.bytes, self._ostate.bytes, self._act.bytes, self._where())
-
-    def _open_window(self, row: int, kind: str, task: int = -1) -> _PhaseWindow:
-        w = _PhaseWindow(row, kind, self._level, self._level, task)
-        self._open_w.append(w)
-        return w
-
-    def _close_window(self, w: _PhaseWindow) -> None:
-        if w in self._open_w:
-            self._open_w.remove(w)
-        if not self._measure or (self._tframe is None and not self._cpu):
-            return
-        rise = max(w.peak - w.start, 0)
-        r = self._rows[w.row] if w.kind != "step" else None
-        if r is None:
-            return
-        if w.kind == "forward":
-            r.forward_peak = rise if r.forward_peak is None else max(r.forward_peak, rise)
-        else:
-            r.backward_peak = rise if r.backward_peak is None else max(r.backward_peak, rise)
+        self._meter.set_snap(self._grads.bytes, self._ostate.bytes, self._act.bytes)
 
     def _error(self, where: str, exc: BaseException) -> None:
         if where in self._errors:
@@ -614,9 +300,9 @@ class Profiler:
                 return
             if not any(not f.recompute for f in self._fwd):
                 self._steps += 1
-                self._flush_outside()
-            self._tick()
-            self._fwd.append(_Fwd(row, self._open_window(row, "forward"), False))
+                self._act.flush_outside()
+            self._meter.tick()
+            self._fwd.append(_Fwd(row, self._meter.open_window(row, "forward"), False))
             self._set_snap()
         except Exception as exc:
             self._error("a forward pre-hook", exc)
@@ -631,19 +317,17 @@ class Profiler:
             del self._fwd[pos:]  # frames above it belong to calls that raised
             if frame.recompute:
                 return
-            self._tick()
+            self._meter.tick()
             if frame.window is not None:
-                self._close_window(frame.window)
+                self._meter.close_window(frame.window)
             r = self._rows[row]
             r.calls += 1
-            held = self._act.held
-            alive = {k: v for k, v in frame.saved.items() if held(k)}
-            self._pass.setdefault(row, {}).update(alive)
+            alive = self._act.forward_ended(row, frame.saved)
             parent = next((f for f in reversed(self._fwd) if not f.recompute), None)
             if parent is not None:
                 parent.saved.update(alive)
             else:
-                self._end_pass()
+                self._act.end_pass()
             if output is not None and torch.is_grad_enabled():
                 self._hook_backward(row, args, kwargs, output)
             self._set_snap()
@@ -651,48 +335,30 @@ class Profiler:
             self._error("a forward hook", exc)
 
     def _hook_backward(self, row: int, args: Any, kwargs: Any, output: Any) -> None:
-        outs = [t for t in _tensors(output) if t.requires_grad]
+        outs = [t for t in tensors_in(output) if t.requires_grad]
         if not outs:
             return
         call = _Call(row)
         mg = torch.autograd.graph.register_multi_grad_hook
         self._grad_handles.append(mg(outs, lambda _g, c=call: self._bw_pre(c), mode="any"))
-        ins = [t for t in _tensors((args, kwargs)) if t.requires_grad and t.grad_fn is not None]
+        ins = [t for t in tensors_in((args, kwargs)) if t.requires_grad and t.grad_fn is not None]
         if ins:
             self._grad_handles.append(mg(ins, lambda _g, c=call: self._bw_post(c), mode="all"))
-
-    def _end_pass(self) -> None:
-        for row, saved in self._pass.items():
-            r = self._rows[row]
-            if r.activations is None:
-                continue
-            b = sum(saved.values())
-            r.activations = max(r.activations, b)
-        self._pass.clear()
-
-    def _flush_outside(self) -> None:
-        if self._outside:
-            b = sum(nb for k, nb in self._outside.items() if self._act.held(k))
-            self._saved_outside = max(self._saved_outside, b)
-            self._outside.clear()
 
     # -- autograd hooks --------------------------------------------------------------------------------
     def _pack(self, t: torch.Tensor) -> Any:
         packed = t.detach()  # never the tensor itself: that makes a reference cycle through its grad_fn
         try:
-            s = _storage(t)
+            s = storage_of(t)
             if s is not None and s._cdata not in self._static and s.device.type != "meta":
-                self._note_pre(s)
+                self._meter.note_pre(s)
                 nb = self._act.add(s, packed)
                 if not self._in_backward():
                     frame = next((f for f in reversed(self._fwd) if not f.recompute), None)
                     if frame is not None:
                         frame.saved[s._cdata] = nb
                     else:  # the loss, usually: freed early in backward, so its high mark is taken now
-                        self._outside[s._cdata] = nb
-                        held = self._act.held
-                        b = sum(n for k, n in self._outside.items() if held(k))
-                        self._saved_outside = max(self._saved_outside, b)
+                        self._act.add_outside(s._cdata, nb)
         except Exception as exc:
             self._error("the saved-tensor pack hook", exc)
         return packed
@@ -708,12 +374,12 @@ class Profiler:
             task = _graph_task_id()
             if task not in self._tasks:
                 self._tasks.add(task)
-                self._flush_outside()
+                self._act.flush_outside()
                 end: Callable[[], None] = functools.partial(self._bw_end, task)
                 if task == -1 or not _queue_engine_callback(end):
                     self._notes.append("backward end is not observable here: open windows close at exit")
-            self._tick()
-            call.bw = self._open_window(call.row, "backward", task)
+            self._meter.tick()
+            call.bw = self._meter.open_window(call.row, "backward", task)
             self._set_snap()
         except Exception as exc:
             self._error("a backward pre-hook", exc)
@@ -723,8 +389,8 @@ class Profiler:
             if call.bw is None or call.done:
                 return
             call.done = True
-            self._tick()
-            self._close_window(call.bw)
+            self._meter.tick()
+            self._meter.close_window(call.bw)
             self._set_snap()
         except Exception as exc:
             self._error("a backward hook", exc)
@@ -732,9 +398,8 @@ class Profiler:
     def _bw_end(self, task: int) -> None:
         try:
             self._tasks.discard(task)
-            self._tick()
-            for w in [w for w in self._open_w if w.kind == "backward" and w.task == task]:
-                self._close_window(w)
+            self._meter.tick()
+            self._meter.close_windows("backward", task)
             self._observe_grads()
             self._set_snap()
         except Exception as exc:
@@ -744,9 +409,9 @@ class Profiler:
         try:
             g = p.grad
             if g is not None:
-                s = _storage(g)
+                s = storage_of(g)
                 if s is not None:
-                    self._note_pre(s)
+                    self._meter.note_pre(s)
                     self._grads.add(s)
         except Exception as exc:
             self._error("a gradient hook", exc)
@@ -754,18 +419,17 @@ class Profiler:
     # -- optimizer hooks -------------------------------------------------------------------------------
     def _step_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
         try:
-            self._tick()
+            self._meter.tick()
             self._observe_grads()
-            self._open_window(-1, "step")
+            self._meter.open_window(-1, "step")
             self._set_snap()
         except Exception as exc:
             self._error("the optimizer step pre-hook", exc)
 
     def _step_post(self, opt: Any, args: Any, kwargs: Any) -> None:
         try:
-            self._tick()
-            for w in [w for w in self._open_w if w.kind == "step"]:
-                self._close_window(w)
+            self._meter.tick()
+            self._meter.close_windows("step")
             self._observe_state()
             self._set_snap()
         except Exception as exc:
@@ -777,9 +441,9 @@ class Profiler:
             if g is None:
                 continue
             self._grad_bytes[i] = max(self._grad_bytes[i], g.numel() * g.element_size())
-            s = _storage(g)
+            s = storage_of(g)
             if s is not None:
-                self._note_pre(s)
+                self._meter.note_pre(s)
                 self._grads.add(s)
 
     def _observe_state(self) -> None:
@@ -793,22 +457,22 @@ class Profiler:
                 seen: dict[int, int] = {}
                 for v in st.values():
                     if isinstance(v, torch.Tensor):
-                        s = _storage(v)
+                        s = storage_of(v)
                         if s is not None:
                             seen[s._cdata] = int(s.nbytes())
-                            self._note_pre(s)
+                            self._meter.note_pre(s)
                             self._ostate.add(s)
                 self._state_bytes[i] = max(self._state_bytes[i], sum(seen.values()))
 
     # -- exit --------------------------------------------------------------------------------------------
     def _finish(self) -> ProfileReport:
-        self._tick()
-        while self._open_w:
-            self._close_window(self._open_w[-1])
+        meter = self._meter
+        meter.tick()
+        meter.close_all()
         if any(not f.recompute for f in self._fwd):
-            self._end_pass()
+            self._act.end_pass()
         self._fwd.clear()
-        self._flush_outside()
+        self._act.flush_outside()
         self._observe_grads()
         self._observe_state()
         for row in self._recomputed:
@@ -816,8 +480,8 @@ class Profiler:
                 "recomputed in backward (activation checkpointing): activations are approximate "
                 "(not kept after forward), the backward peak includes the recomputation"
             )
-        measured = self._best if self._best >= 0 and (self._cpu or self._tframe is not None) else None
-        level, grads, ostate, act, where = self._best_snap
+        measured = meter.measured
+        level, grads, ostate, act, where = meter.best_snap
         rec = reconcile(
             measured,
             level if measured is not None else None,
@@ -829,19 +493,19 @@ class Profiler:
                 "activations": act,
             },
             where,
-            other_at_entry=self._entry_other,
+            other_at_entry=meter.entry_other,
         )
         notes = list(self._notes)
         if self._steps == 0:
             notes.append("no forward pass of the model ran inside the block: only static figures")
         if not self._opts:
             notes.append("no optimizer given: optimizer state is n/a (pass optimizer=...)")
-        if self._cpu:
+        if meter.cpu:
             notes.append(
                 "CPU: exact ledger figures; tensors made before the block count only if they belong to the "
                 "model, its optimizer, or are saved for backward"
             )
-        elif self._tframe is not None and self._ptoken_used is False:
+        elif meter.counters_reset:
             notes.append(
                 "torch's peak counters were reset at every hook event; after the block "
                 "max_memory_allocated() covers only its last interval (the block's peak is measured_peak)"
@@ -849,8 +513,8 @@ class Profiler:
         return build_profile(
             device=self._dev,
             model=(
-                f"{type(getattr(self._model, _ORIG)).__name__} (torch.compile)"
-                if _is_compiled_wrapper(self._model)
+                f"{type(getattr(self._model, ORIG)).__name__} (torch.compile)"
+                if is_compiled_wrapper(self._model)
                 else type(self._model).__name__
             ),
             steps=self._steps,
@@ -858,7 +522,7 @@ class Profiler:
             param_bytes=[p.numel() * p.element_size() for p in self._params],
             grad_bytes=self._grad_bytes,
             state_bytes=self._state_bytes,
-            saved_outside=self._saved_outside,
+            saved_outside=self._act.outside_peak,
             reconciliation=rec,
             notes=notes,
         )
@@ -874,25 +538,15 @@ class Profiler:
                 hooks = getattr(t, attr, None)
                 if hooks is not None and len(hooks) == 0:
                     setattr(t, attr, None)
-            token = getattr(self, "_ptoken", None)
-            if token is not None:
-                self._ptoken = None
-                self._be.close_peak(token)
-            if getattr(self, "_tframe", None) is not None:
-                with _open_lock:
-                    frames = _open.get(self._dev, [])
-                    if self._tframe in frames:
-                        frames.remove(self._tframe)
-                    for other in frames:
-                        other.carried = max(other.carried, max(self._best, 0))
-            if getattr(self, "_mark", None) is not None:
-                self._led.close_watermark(self._mark)
+            meter = getattr(self, "_meter", None)
+            if meter is not None:
+                meter.close()
         finally:
             self._stack.close()
-            for a in ("_grads", "_ostate", "_act", "_pre"):
-                alive = getattr(self, a, None)
-                if alive is not None:
-                    alive.clear()
+            for a in ("_grads", "_ostate", "_act", "_meter"):
+                part = getattr(self, a, None)
+                if part is not None:
+                    part.clear()
             self._handles = []
             self._grad_handles = []
             self._state = "done"

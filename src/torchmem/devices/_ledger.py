@@ -17,20 +17,29 @@ much again): opt-in, or on only while it is needed (``benchmarks/ledger_cost.py`
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
-import sysconfig
 import threading
-import types
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from torchmem._warn import emit_warning
+from torchmem.devices._ledger_ops import (
+    MANY_OUTPUTS,
+    OpFacts,
+    inner_tensors,
+    input_storage_keys,
+    is_input_storage,
+    op_facts,
+    written_sizes,
+)
+from torchmem.devices._ledger_sites import EngineCalls
+from torchmem.devices._ledger_sites import Site as Site  # imported from here too (capture/)
+from torchmem.devices._ledger_sites import birth_site as birth_site  # (capture/host.py, oom.py)
+from torchmem.devices._ledger_threads import ThreadSwitch
 
 try:  # private module, present in every torch >= 2.0; guarded so a rename degrades to "unavailable"
     from torch.utils._python_dispatch import TorchDispatchMode as _TorchDispatchMode
@@ -39,16 +48,6 @@ except ImportError:  # pragma: no cover - exercised only on a torch that dropped
 
 
 _SKIP_DEVICES = frozenset({"meta"})
-# Ops that return their input as a *new* tensor: torch.tensor(data) builds the storage below the dispatcher
-# and hands it through lift_fresh, so the output aliases the input and is still a fresh allocation.
-_FRESH = frozenset(
-    op
-    for op in (
-        getattr(getattr(torch.ops.aten, "lift_fresh", None), "default", None),
-        getattr(getattr(torch.ops.aten, "lift", None), "default", None),
-    )
-    if op is not None
-)
 
 
 class Cohort:
@@ -128,198 +127,13 @@ class _Entry(weakref.ref):  # type: ignore[type-arg]
     site: Site | None
 
 
-class Site(NamedTuple):
-    """Where a storage was born: the innermost frame outside torch, torchmem and the standard library."""
-
-    filename: str
-    lineno: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{os.path.basename(self.filename)}:{self.lineno}"
-
-
-def _internal_dirs() -> tuple[str, ...]:
-    dirs = {os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(__file__))}
-    for key in ("stdlib", "platstdlib"):
-        with contextlib.suppress(KeyError, OSError):
-            dirs.add(sysconfig.get_paths()[key])
-    return tuple(os.path.join(d, "") for d in dirs if d)
-
-
-_INTERNAL: tuple[str, ...] | None = None
-_DEMO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_demo", "")
-_internal_code: dict[Any, int] = {}
-
-
-def _dispatch_depth() -> int:
-    """How many dispatch modes the calling thread has on (0 where torch cannot say)."""
-    fn = getattr(torch._C, "_len_torch_dispatch_stack", None)
-    try:
-        return int(fn()) if fn is not None else 0
-    except Exception:
-        return 0
-
-
-def birth_site(skip: int = 1) -> Site | None:
-    """The user's frame that caused the current allocation (None when every frame is internal).
-
-    Frames of torch, torchmem and the standard library are skipped, and so are installed libraries
-    (``site-packages``: transformers' generate, Lightning's loop) when a frame of the program itself is
-    further out; a library's frame is the site only when no program frame is on the stack. The decision is
-    cached per code object, so a birth costs a few frame hops.
-    """
-    return _site_in(sys._getframe(skip))
-
-
-def _site_in(f: types.FrameType | None) -> Site | None:
-    """The first program frame from ``f`` outwards (a library's when there is none; see birth_site)."""
-    global _INTERNAL
-    if _INTERNAL is None:
-        _INTERNAL = _internal_dirs()
-    cache = _internal_code
-    library: Site | None = None
-    while f is not None:
-        code = f.f_code
-        kind = cache.get(code)
-        if kind is None:
-            fn = code.co_filename
-            # The bundled demo script lives in the package but is user code.
-            if (fn.startswith(_INTERNAL) and not fn.startswith(_DEMO)) or fn.startswith("<frozen"):
-                kind = 1  # internal
-            elif _LIBRARY in fn or _LIBRARY_DEB in fn:
-                kind = 2  # an installed library
-            else:
-                kind = 0  # the program
-            cache[code] = kind
-        if not kind:
-            return Site(code.co_filename, f.f_lineno, code.co_name)
-        if kind == 2 and library is None:
-            library = Site(code.co_filename, f.f_lineno, code.co_name)
-        f = f.f_back
-    return library
-
-
-_LIBRARY = os.sep + "site-packages" + os.sep
-_LIBRARY_DEB = os.sep + "dist-packages" + os.sep
-
-
-def _storage_key(t: torch.Tensor) -> tuple[int, Any] | None:
-    try:
-        s = t.untyped_storage()
-    except (RuntimeError, NotImplementedError, TypeError):  # sparse, nested and other storage-less layouts
-        return None
-    return s._cdata, s
-
-
-def _tensors_in(args: tuple[Any, ...], kwargs: dict[str, Any] | None) -> Iterator[torch.Tensor]:
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            yield a
-        elif isinstance(a, (list, tuple)):
-            for b in a:
-                if isinstance(b, torch.Tensor):
-                    yield b
-    if kwargs:
-        for a in kwargs.values():
-            if isinstance(a, torch.Tensor):
-                yield a
-            elif isinstance(a, (list, tuple)):
-                for b in a:
-                    if isinstance(b, torch.Tensor):
-                        yield b
-
-
-def _is_input_storage(key: int, out: torch.Tensor, args: tuple[Any, ...], kwargs: Any) -> bool:
-    """Whether the storage ``key`` of an op's output is one of its input tensors' (read after the op: set_()
-    and out= may have changed which storage an input has)."""
-    tensor = torch.Tensor
-    for a in args:
-        if isinstance(a, tensor):
-            if a is out:
-                return True
-            try:
-                if a.untyped_storage()._cdata == key:
-                    return True
-            except (RuntimeError, NotImplementedError, TypeError):
-                pass
-        elif type(a) is list or type(a) is tuple:
-            for b in a:
-                if isinstance(b, tensor):
-                    if b is out:
-                        return True
-                    try:
-                        if b.untyped_storage()._cdata == key:
-                            return True
-                    except (RuntimeError, NotImplementedError, TypeError):
-                        pass
-    if kwargs:
-        for b in _tensors_in((), kwargs):
-            if b is out:
-                return True
-            found = _storage_key(b)
-            if found is not None and found[0] == key:
-                return True
-    return False
-
-
-# An op with more outputs than this checks them against one set of its inputs' storages (a _foreach_ op over
-# N parameters would otherwise compare N outputs with N inputs each).
-_MANY_OUTPUTS = 4
-
-
-def _input_storage_keys(args: tuple[Any, ...], kwargs: Any) -> set[int]:
-    """The storage keys of an op's input tensors (read after the op), for ops with many outputs
-    (``_foreach_*`` over a model's parameters): one pass instead of one per output. A tensor subclass that
-    wraps others (DTensor) gives its inner tensors' keys too."""
-    keys = set()
-    for a in _tensors_in(args, kwargs):
-        for b in _with_inner(a):
-            try:
-                keys.add(b.untyped_storage()._cdata)
-            except (RuntimeError, NotImplementedError, TypeError):
-                pass
-    return keys
-
-
-def _inner_tensors(t: torch.Tensor) -> list[torch.Tensor] | None:
-    """The tensors a wrapper subclass holds (DTensor: its local shard), ``None`` for any other tensor. A
-    wrapper's own storage holds no memory: it reports the full logical size (the unsharded size for a
-    DTensor), so the memory is its inner tensors'."""
-    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
-        return None
-    flatten = getattr(t, "__tensor_flatten__", None)
-    if flatten is None:
-        return None
-    try:
-        names, _ = flatten()
-        inner = [getattr(t, n) for n in names]
-    except Exception:
-        return None
-    return [x for x in inner if isinstance(x, torch.Tensor)]
-
-
-def _with_inner(t: torch.Tensor) -> list[torch.Tensor]:
-    inner = _inner_tensors(t)
-    if inner is None:
-        return [t]
-    out = [t]
-    for x in inner:
-        out.extend(_with_inner(x))
-    return out
-
-
-class _OpFacts(NamedTuple):
-    func: Any
-    written: tuple[tuple[int, str], ...]  # (position or -1 for keyword-only, name) of each written argument
-    fresh: bool  # in _FRESH
-
-
 class Ledger:
     """Live bytes per device, counted exactly from storage births and deaths.
 
     One process-wide instance (:func:`ledger`) is shared by every thread that turns it on; counts are
-    kept per device string (``"cpu"``, ``"cuda:0"``).
+    kept per device string (``"cpu"``, ``"cuda:0"``). Which threads record is its :class:`ThreadSwitch`'s
+    business (``devices/_ledger_threads.py``); where a storage was born, its :class:`EngineCalls`' and
+    :func:`birth_site`'s (``devices/_ledger_sites.py``).
     """
 
     def __init__(self) -> None:
@@ -329,19 +143,14 @@ class Ledger:
         self._peak: dict[str, int] = {}
         self._cohorts: list[Cohort] = []
         self._watermarks: list[Watermark] = []
-        self._users = 0
-        self._tls = threading.local()
-        self._ops: dict[int, _OpFacts] = {}  # id(op) -> its facts (each keeps its op alive)
+        self._ops: dict[int, OpFacts] = {}  # id(op) -> its facts (each keeps its op alive)
         self._errors_reported: set[str] = set()
         self._caps: list[Cap] = []  # limit()/budget(): see the "caps" section
+        self._crossing = threading.local()  # per thread: the caps the last op crossed
         self._device_names: dict[Any, str] = {}  # torch.device -> "cpu", "cuda:0"
         self._on_death = self._released  # one bound method for every entry's callback
-        # The program's call into an engine that allocates on its own threads (CUDA's backward runs on the
-        # autograd engine's device threads, which have no program frame): (caller's thread, its site).
-        self._engine_caller: tuple[int, Site] | None = None
-        self._following = 0  # follow_threads() users
-        self._followed: set[int] = set()  # idents of the threads recording while followed
-        self._releasing: set[int] = set()  # followed threads that have not turned recording off yet
+        self._engine = EngineCalls()
+        self._switch = ThreadSwitch(self._lock, lambda: _mode_class()(self), self._forget)
 
     # -- births on engine threads ----------------------------------------------------------------
     @property
@@ -353,26 +162,31 @@ class Ledger:
         """The program calls into an engine that allocates on other threads (``backward()``): births on a
         thread with no program frame are given the caller's site until :meth:`leave_engine_call`. Returns
         what to hand back to it."""
-        prev = self._engine_caller
-        site = birth_site(skip + 1)
-        if site is not None:
-            self._engine_caller = (threading.get_ident(), site)
-        return prev
+        return self._engine.enter(skip + 1)
 
     def leave_engine_call(self, prev: tuple[int, Site] | None) -> None:
-        self._engine_caller = prev
+        self._engine.leave(prev)
+
+    @property
+    def _engine_caller(self) -> tuple[int, Site] | None:
+        """The engine call under way: (the caller's thread, its site) (read by tests)."""
+        return self._engine.caller
 
     # -- reading ---------------------------------------------------------------------------------
     @property
     def active(self) -> bool:
         """Whether any thread has the ledger on."""
-        return self._users > 0
+        return self._switch.users > 0
 
     def current(self, device: str) -> int:
         return self._current.get(device, 0)
 
     def peak(self, device: str) -> int:
         return self._peak.get(device, 0)
+
+    def counts(self, key: int) -> bool:
+        """Whether the storage with this key (``untyped_storage()._cdata``) is counted (cheap: no lock)."""
+        return key in self._live
 
     def live_storages(self, device: str | None = None) -> int:
         with self._lock:
@@ -456,32 +270,16 @@ class Ledger:
                 "This torch build has no torch.utils._python_dispatch.TorchDispatchMode.",
                 "Exact tensor accounting needs torch >= 2.0.",
             )
-        # Users of one thread may end in any order (a watcher started before a limit and stopped after
-        # it): count them, push the mode on the first and pop it with the last, whoever that is.
-        with self._lock:
-            self._users += 1
-        depth = getattr(self._tls, "depth", 0)
-        if depth == 0:
-            mode = _mode_class()(self)
-            mode.__enter__()
-            self._tls.mode = mode
-        self._tls.depth = depth + 1
-        try:
+        with self._switch.on():
             yield self
-        finally:
-            self._tls.depth = getattr(self._tls, "depth", 1) - 1
-            if self._tls.depth == 0:
-                pushed: Any = getattr(self._tls, "mode", None)
-                self._tls.mode = None
-                if pushed is not None:
-                    pushed.__exit__(None, None, None)
-            with self._lock:
-                self._users -= 1
-                if self._users == 0:
-                    self._forget()
 
     def on_this_thread(self) -> bool:
-        return getattr(self._tls, "depth", 0) > 0
+        return self._switch.on_this_thread()
+
+    @property
+    def _tls(self) -> threading.local:
+        """This thread's recording state (``mode``: the mode pushed, ``depth``: its users; read by tests)."""
+        return self._switch.local
 
     # -- the program's other threads -------------------------------------------------------------
     def follow_threads(self) -> bool:
@@ -491,83 +289,24 @@ class Ledger:
         own is on. Returns whether it did: not before Python 3.12 (no way to reach a running thread), and
         not while any profile function is set (``cProfile``, ``torch.profiler``'s Python tracer: replacing
         it would change what the program measures) — births on other threads then stay unrecorded."""
-        set_all = getattr(threading, "setprofile_all_threads", None)
-        if set_all is None or sys.getprofile() is not None or threading.getprofile() is not None:
-            return False
-        with self._lock:
-            if self._following:
-                self._following += 1
-                return True
-            self._following = 1
-        main = threading.get_ident()
-        set_all(lambda frame, event, arg: self._follow_here(main))
-        threading.setprofile(None)  # threads started from now on: not followed (a new thread gets nothing)
-        return True
+        return self._switch.follow()
 
     def unfollow_threads(self) -> None:
         """Undo :meth:`follow_threads`. The followed threads stop counting as users now (the ledger is off
         once the program's own users are gone, whatever those threads do); each turns its recording off at
         its next Python event — a thread blocked in C for the rest of the run keeps an idle mode pushed,
         which records nothing while it is blocked."""
-        with self._lock:
-            if self._following == 0:
-                return
-            self._following -= 1
-            if self._following:
-                return
-            followed, self._followed = self._followed, set()
-            self._releasing |= followed
-            self._users -= len(followed)
-            if followed and self._users <= 0:
-                self._users = 0
-                self._forget()
-        set_all = getattr(threading, "setprofile_all_threads", None)
-        if set_all is None:
-            return
-        alive = {t.ident for t in threading.enumerate()}
-        with self._lock:
-            self._releasing &= alive  # those that ended: their state went with them
-            pending = bool(self._releasing)
-        set_all((lambda frame, event, arg: self._unfollow_here()) if pending else None)
-        threading.setprofile(None)
+        self._switch.unfollow()
 
-    def _follow_here(self, main: int) -> None:
-        """On a thread, at its first Python event after :meth:`follow_threads`: turn recording on here."""
-        sys.setprofile(None)  # one-shot, this thread only
-        try:
-            ident = threading.get_ident()
-            name = threading.current_thread().name
-            if ident == main or name.startswith("torchmem") or not self._following or self.on_this_thread():
-                return
-            if _dispatch_depth() != 0:  # the thread's own mode (fake tensors, a profiler): leave it alone
-                return
-            mode = _mode_class()(self)
-            with self._lock:
-                if not self._following:
-                    return
-                mode.__enter__()  # counted only once it is on
-                self._users += 1
-                self._followed.add(ident)
-            self._tls.mode = mode
-            self._tls.depth = 1
-        except Exception:  # never break the program's thread
-            return
+    @property
+    def _followed(self) -> frozenset[int]:
+        """The threads recording because they are followed (read by tests)."""
+        return self._switch.followed
 
-    def _unfollow_here(self) -> None:
-        sys.setprofile(None)
-        try:
-            ident = threading.get_ident()
-            with self._lock:
-                if ident not in self._releasing:
-                    return
-                self._releasing.discard(ident)
-            mode: Any = getattr(self._tls, "mode", None)
-            self._tls.mode = None
-            self._tls.depth = 0
-            if mode is not None and _dispatch_depth() > 0:
-                mode.__exit__(None, None, None)
-        except Exception:
-            return
+    @property
+    def _releasing(self) -> frozenset[int]:
+        """The threads no longer followed that have not turned their recording off yet (read by tests)."""
+        return self._switch.releasing
 
     def _forget(self) -> None:
         # Last user gone: forget every entry; a late callback finds its entry gone and does nothing.
@@ -576,21 +315,12 @@ class Ledger:
         self._peak.clear()
 
     # -- recording -------------------------------------------------------------------------------
-    def _facts(self, func: Any) -> _OpFacts:
+    def _facts(self, func: Any) -> OpFacts:
         """What the recording path needs to know about an op, read from its schema once."""
         found = self._ops.get(id(func))
         if found is not None and found.func is func:
             return found
-        written: list[tuple[int, str]] = []
-        schema = getattr(func, "_schema", None)
-        try:
-            for i, a in enumerate(getattr(schema, "arguments", ())):
-                info = a.alias_info
-                if info is not None and info.is_write:
-                    written.append((-1 if a.kwarg_only else i, a.name))
-        except Exception:  # an op without a readable schema: treat every tensor argument as written
-            written = [(-2, "")]
-        facts = _OpFacts(func, tuple(written), func in _FRESH)
+        facts = op_facts(func)
         self._ops[id(func)] = facts  # keeps func alive: its id is never reused while it is a key
         return facts
 
@@ -611,11 +341,8 @@ class Ledger:
             if cohorts:
                 e.cohorts = cohorts
                 if any(c.sites for c in cohorts):
-                    e.site = birth_site(3)
-                    if e.site is None:
-                        caller = self._engine_caller
-                        if caller is not None and caller[0] != threading.get_ident():
-                            e.site = caller[1]
+                    site = birth_site(3)
+                    e.site = site if site is not None else self._engine.site_elsewhere()
                 for c in cohorts:
                     c._keys.add(key)
                     c.devices.add(device)
@@ -682,11 +409,11 @@ class Ledger:
     ) -> None:
         """Account for one output tensor of an op (called under the lock). ``fresh``: an op whose output
         is a new allocation even when it is handed through as an input (``lift_fresh``). ``inputs``: the
-        inputs' storage keys when the op has many outputs (see :func:`_input_storage_keys`)."""
+        inputs' storage keys when the op has many outputs (see :func:`input_storage_keys`)."""
         if type(t) is not torch.Tensor:
-            inner = _inner_tensors(t)
+            inner = inner_tensors(t)
             if inner is not None:  # a wrapper subclass (DTensor): what it holds is its inner tensors
-                keys = inputs if inputs is not None else _input_storage_keys(args, kwargs)
+                keys = inputs if inputs is not None else input_storage_keys(args, kwargs)
                 for x in inner:
                     self._record_output(fresh, args, kwargs, x, keys)
                 return
@@ -703,7 +430,7 @@ class Ledger:
             return
         # A storage the ledger has not seen is new unless it is an input's: a view or in-place result of a
         # storage that predates the ledger.
-        if not fresh and (key in inputs if inputs is not None else _is_input_storage(key, t, args, kwargs)):
+        if not fresh and (key in inputs if inputs is not None else is_input_storage(key, t, args, kwargs)):
             return
         dev = s.device
         name = self._device_names.get(dev)
@@ -719,7 +446,7 @@ class Ledger:
             if isinstance(out, torch.Tensor):
                 self._record_output(fresh, args, kwargs, out)
             elif isinstance(out, (tuple, list)):
-                inputs = _input_storage_keys(args, kwargs) if len(out) > _MANY_OUTPUTS else None
+                inputs = input_storage_keys(args, kwargs) if len(out) > MANY_OUTPUTS else None
                 for t in out:
                     if isinstance(t, torch.Tensor):
                         self._record_output(fresh, args, kwargs, t, inputs)
@@ -746,32 +473,7 @@ class Ledger:
         """Before a mutating op: the storages of the arguments it writes (only those can be resized or
         re-pointed: ``resize_``, ``out=``, ``set_``), with their sizes; ``None`` for an op that writes
         none."""
-        return self._sizes_before(self._facts(func), args, kwargs)
-
-    def _sizes_before(
-        self, facts: _OpFacts, args: tuple[Any, ...], kwargs: dict[str, Any] | None
-    ) -> dict[int, tuple[Any, int]] | None:
-        written = facts.written
-        if not written:
-            return None
-        if len(written) == 1 and 0 <= written[0][0] < len(args):  # the common case: one written `self`
-            a = args[written[0][0]]
-            if isinstance(a, torch.Tensor):
-                try:
-                    s = a.untyped_storage()
-                except (RuntimeError, NotImplementedError, TypeError):
-                    return None
-                return {s._cdata: (s, s.nbytes())}
-        if written[0][0] == -2:
-            picked: tuple[Any, ...] = tuple(_tensors_in(args, kwargs))
-        else:
-            picked = tuple(args[i] if 0 <= i < len(args) else (kwargs or {}).get(name) for i, name in written)
-        before: dict[int, tuple[Any, int]] = {}
-        for a in _tensors_in(picked, None):
-            k = _storage_key(a)
-            if k is not None:
-                before[k[0]] = (k[1], k[1].nbytes())
-        return before
+        return written_sizes(self._facts(func), args, kwargs)
 
     # -- caps (torchmem.limit() / torchmem.budget()) -------------------------------------------------
     def add_cap(self, cap: Cap) -> None:
@@ -816,15 +518,15 @@ class Ledger:
                 continue
             c.crossed = True
             c.requested = delta
-            pending: list[Cap] = getattr(self._tls, "crossed", None) or []
+            pending: list[Cap] = getattr(self._crossing, "crossed", None) or []
             if c not in pending:
                 pending.append(c)
-            self._tls.crossed = pending
+            self._crossing.crossed = pending
         return refused
 
     def after_op(self) -> str | None:
         """After an op: the OOM message if a hard cap refused it (callbacks wait for run_cap_callbacks)."""
-        pending: list[Cap] | None = getattr(self._tls, "crossed", None)
+        pending: list[Cap] | None = getattr(self._crossing, "crossed", None)
         if not pending:
             return None
         message = None
@@ -843,10 +545,10 @@ class Ledger:
 
     def run_cap_callbacks(self) -> None:
         """Run the ``on_cross`` callbacks of the caps the last op crossed (a refused op freed its outputs)."""
-        pending: list[Cap] | None = getattr(self._tls, "crossed", None)
+        pending: list[Cap] | None = getattr(self._crossing, "crossed", None)
         if not pending:
             return
-        self._tls.crossed = None
+        self._crossing.crossed = None
         for c in pending:
             if c.on_cross is not None:
                 try:
@@ -876,7 +578,7 @@ def _dispatch(
         if facts is None or facts.func is not func:
             facts = owner._facts(func)
         if facts.written:  # an op that may resize or re-point an argument (resize_, out=, set_)
-            before = owner._sizes_before(facts, args, kwargs)
+            before = written_sizes(facts, args, kwargs)
     except Exception as exc:
         owner.report_error("pre-op", exc)
     out = func(*args, **kwargs) if kwargs else func(*args)
@@ -886,7 +588,7 @@ def _dispatch(
             if isinstance(out, torch.Tensor):
                 owner._record_output(fresh, args, kwargs, out)
             elif isinstance(out, (tuple, list)):
-                inputs = _input_storage_keys(args, kwargs) if len(out) > _MANY_OUTPUTS else None
+                inputs = input_storage_keys(args, kwargs) if len(out) > MANY_OUTPUTS else None
                 for t in out:
                     if isinstance(t, torch.Tensor):
                         owner._record_output(fresh, args, kwargs, t, inputs)

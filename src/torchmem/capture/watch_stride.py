@@ -1,0 +1,147 @@
+"""The watcher's reading schedule: which step boundaries :class:`~torchmem.capture.watch.Watcher` reads its
+figure at.
+
+Every step, or every k-th step (the *stride*) when one reading would cost more than 0.5 % of a step, chosen
+at the end of the warm-up from the warm-up's step durations and readings, at most ``max_stride`` steps apart.
+A host figure (the C heap, RSS: a reading grows with the heap's fragmentation, tens of µs) is timed again
+every :data:`RETUNE_EVERY` readings and read rarely enough to stay under 2 % of the run whatever
+``max_stride`` says; a *relaxed* schedule (``torchmem run``'s watcher, after ``relax_after`` readings) keeps
+its readings under :data:`RELAXED_SHARE` of the run the same way. The ledger as the figure is read at every
+step (a reading is a dictionary look-up).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Callable
+
+# A host figure's reading is timed every this many readings, and the stride chosen again.
+RETUNE_EVERY = 64
+# A relaxed schedule (see ReadingSchedule.relax_after): the readings' share of a step, and the widest stride.
+RELAXED_SHARE = 0.0025
+RELAXED_MAX_STRIDE = 256
+
+
+class ReadingSchedule:
+    """The stride of one watcher's readings, and what it was chosen from.
+
+    ``fixed``: the stride the user asked for (``None``: chosen here). ``stride``: the one in use.
+    ``note``: why it is more than 1 (for the report). ``readings``: readings taken after the warm-up.
+    ``relax_after``: after this many readings (a long run under ``torchmem run``) the stride is chosen again
+    now and then from the readings' cost in the loop, to keep them under :data:`RELAXED_SHARE` of the run,
+    ``max_stride`` aside.
+    """
+
+    def __init__(self, warmup: int, stride: int | None, max_stride: int | None) -> None:
+        self.warmup = warmup
+        self.fixed = stride
+        self.max_stride = max_stride
+        self.stride = 1
+        self.note: str | None = None
+        self.readings = 0  # after the warm-up
+        self.relax_after: int | None = None
+        self._every_step = False  # the ledger is the figure: no stride is chosen
+        self._host_figure = False  # the C heap or RSS: costly readings, timed again now and then
+        self._tune_cost: float | None = None
+        self._tune_at: tuple[int, float] | None = None  # (step, time) of the last timed reading
+        self._read_cost = 0.0
+        self._read_times: list[float] = []
+        self._last_t: float | None = None
+        self._durations: collections.deque[float] = collections.deque(maxlen=16)
+
+    def start(self, source: str, read: Callable[[], int]) -> None:
+        """The watch starts on the figure ``source`` (the watcher's), read by ``read``: the user's stride is
+        taken, and what one reading costs is timed (to choose a stride that keeps light mode under 1 % of a
+        step)."""
+        self._every_step = source == "ledger"
+        self._host_figure = source in ("heap", "rss")
+        if self.fixed is not None:
+            self.stride = self.fixed
+        t0 = time.perf_counter()
+        for _ in range(5):
+            read()
+        self._read_cost = (time.perf_counter() - t0) / 5
+
+    def clock(self) -> None:
+        """The first step starts now."""
+        self._last_t = time.perf_counter()
+
+    def step_ended(self, n: int) -> None:
+        """Step ``n`` of the warm-up (or the one after it) ended: its duration is kept, and the stride chosen
+        at the end of the warm-up (step durations matter only for that)."""
+        now = time.perf_counter()
+        if self._last_t is not None:
+            self._durations.append(now - self._last_t)
+        self._last_t = now
+        if n == self.warmup + 1 and self.fixed is None and self._durations:
+            self._choose()
+
+    def warmup_reading(self, reader: Callable[[], int]) -> int:
+        """A reading in the warm-up, timed (the stride is chosen from the readings' cost in the loop too)."""
+        t0 = time.perf_counter()
+        value = reader()
+        self._read_times.append(time.perf_counter() - t0)
+        return value
+
+    def reading(self, n: int, reader: Callable[[], int]) -> int:
+        """A reading after the warm-up, at step ``n``; now and then timed, and the stride chosen again."""
+        self.readings = k = self.readings + 1
+        if (
+            k % RETUNE_EVERY
+            or self.fixed is not None
+            or not (self._host_figure or (self.relax_after is not None and k >= self.relax_after))
+        ):
+            return reader()
+        t0 = time.perf_counter()
+        value = reader()
+        t1 = time.perf_counter()
+        self._retune(n, t1 - t0, t1)
+        return value
+
+    def _choose(self) -> None:
+        """Read every step, or every k-th step when a reading would cost more than 0.5 % of a step."""
+        step_time = sorted(self._durations)[len(self._durations) // 2]
+        in_loop = sorted(self._read_times)[len(self._read_times) // 2] if self._read_times else 0.0
+        self.set_stride(step_time, max(self._read_cost, in_loop))
+
+    def set_stride(self, step_time: float, cost: float) -> None:
+        """The stride for readings of ``cost`` seconds on steps of ``step_time``: each under 0.5 % of a step,
+        at most ``max_stride`` steps apart; a host figure (whose reading grows with the heap's fragmentation:
+        tens of µs) is read rarely enough to stay under 2 % of the run whatever ``max_stride`` says."""
+        if self._every_step or step_time <= 0:
+            return
+        relaxed = self.relax_after is not None and self.readings >= self.relax_after
+        if relaxed:  # a long run: the readings' share of it, whatever max_stride says
+            k = min(RELAXED_MAX_STRIDE, max(1, math.ceil(cost / (RELAXED_SHARE * step_time))))
+            capped = False
+        else:
+            k = max(1, math.ceil(cost / (0.005 * step_time)))
+            capped = self.max_stride is not None and k > self.max_stride
+            if self.max_stride is not None:
+                k = min(k, self.max_stride)
+        floor = math.ceil(cost / (0.02 * step_time)) if self._host_figure else 1
+        if floor > k:
+            k, capped = floor, False
+        if k == self.stride:
+            return
+        self.stride = k
+        self.note = (
+            f"a step takes {step_time * 1e6:.0f} µs and a reading {cost * 1e6:.1f} µs: reading every {k} "
+            "steps" + (" (max_stride caps it, to keep detection within 10 steps)" if capped else "")
+            if k > 1
+            else None
+        )
+
+    def _retune(self, n: int, cost: float, now: float) -> None:
+        """Now and then, for a host figure or a relaxed schedule: choose the stride again from the reading's
+        cost in the loop (a moving average: one reading may wait for the GIL or find a cold cache)."""
+        avg = self._tune_cost
+        self._tune_cost = avg = cost if avg is None else 0.7 * avg + 0.3 * cost
+        if self._tune_at is not None and n > self._tune_at[0]:
+            self.set_stride((now - self._tune_at[1]) / (n - self._tune_at[0]), avg)
+        self._tune_at = (n, now)
+
+
+__all__ = ["RELAXED_MAX_STRIDE", "RELAXED_SHARE", "RETUNE_EVERY", "ReadingSchedule"]
