@@ -17,8 +17,9 @@ Per case (all built from transformers configs or torch.nn, random weights, no do
 - **measured estimate()** (``--with-estimate``): ``torchmem.estimate(model, batch of 2, device=...)``.
 - **accelerate** / **DeepSpeed ZeRO-2 formula** (``--with-estimate``): as in issue 16's table.
 - **cuDNN recurrent layers** (CUDA): the reserve space ``_cudnn_rnn`` keeps for backward (read from its
-  saved tensors) against the formula the fake run uses (``capture.fake._cudnn_reserve_bytes``), and what
-  its forward and backward hold transiently (workspaces, seq-first copies), for a few LSTM/GRU/RNN shapes.
+  saved tensors) against the formula the fake run uses (``capture.fake.kernels._cudnn_reserve_bytes``), and
+  what its forward and backward hold transiently (workspaces, seq-first copies), for a few LSTM/GRU/RNN
+  shapes.
 
 Every case is caught on its own: one that fails prints its error and the others go on.
 
@@ -41,13 +42,9 @@ from typing import Any
 import torch
 
 from torchmem.analysis.targets import Target, resolve_target
-from torchmem.capture.fake import (
-    _CUDNN_DROPOUT_STATE,
-    _blocks,
-    _checkpointed,
-    _cudnn_reserve_bytes,
-    estimate_fake,
-)
+from torchmem.capture.fake import estimate_fake
+from torchmem.capture.fake.kernels import _CUDNN_DROPOUT_STATE, _cudnn_reserve_bytes
+from torchmem.capture.fake.plan import _blocks, _checkpointed
 from torchmem.devices import ledger
 
 Factory = Callable[[], torch.nn.Module]

@@ -308,7 +308,8 @@ def peak_of_last_step(prof):
 def main(rank, world, port, out):
     os.environ["MASTER_ADDR"] = "127.0.0.1"; os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from torchmem.capture.fake import _Ledger, _ledger_mode, _storage_resizes
+    from torchmem.capture.fake.ledger import _Ledger, _ledger_mode
+    from torchmem.capture.fake.sharding import _storage_resizes
     tensors = _Ledger(False)  # the tensors' storages, a DTensor by its local shard, resize_ followed
     with (profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
           _ledger_mode(tensors), _storage_resizes(tensors)):
@@ -367,7 +368,7 @@ def test_fsdp_per_rank_estimate_against_two_gloo_ranks(
     safe side."""
     import torch.distributed as dist
 
-    import torchmem.capture.fake as fake
+    import torchmem.capture.fake.sharding as fake
 
     pytest.importorskip("torch.distributed.fsdp")
     if not hasattr(torch.distributed.fsdp, "fully_shard") or not torch.distributed.is_gloo_available():
@@ -562,7 +563,7 @@ def test_fsdp2_on_a_fake_process_group_runs_and_leaves_nothing_behind(
     process group and the storage-resize hook are gone afterwards."""
     import torch.distributed as dist
 
-    import torchmem.capture.fake as fake
+    import torchmem.capture.fake.sharding as fake
 
     if not dist.is_available() or fake._fully_shard() is None:
         pytest.skip("needs torch.distributed and FSDP2")
@@ -580,7 +581,7 @@ def test_fsdp2_on_a_fake_process_group_runs_and_leaves_nothing_behind(
 def test_fsdp_never_touches_a_process_group_the_user_has(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.distributed as dist
 
-    import torchmem.capture.fake as fake
+    import torchmem.capture.fake.sharding as fake
 
     if not dist.is_available() or fake._fully_shard() is None:
         pytest.skip("needs torch.distributed and FSDP2")
@@ -621,7 +622,7 @@ def test_checkpointing_blocks_that_end_in_dropout_on_a_gpu() -> None:
     # Checkpoint's recompute stops once every saved tensor is back, by raising from its saved-tensor hook
     # inside the GPU dropout stand-in's native_dropout; the stand-in took that for "cannot run here" and
     # ran torch's dropout after it, which saved one tensor more: AssertionError "early_stop is set".
-    from torchmem.capture import fake
+    from torchmem.capture.fake import kernels as fake
 
     before = set(fake._STAND_IN_ERRORS)
     x = torch.randn(8, 128, 64)
@@ -811,7 +812,7 @@ _CUDNN_RESERVE_H100 = [
 
 @pytest.mark.parametrize(("shape", "measured"), _CUDNN_RESERVE_H100)
 def test_the_cudnn_reserve_formula_is_the_h100s(shape: tuple[Any, ...], measured: int) -> None:
-    from torchmem.capture.fake import _cudnn_reserve_bytes
+    from torchmem.capture.fake.kernels import _cudnn_reserve_bytes
 
     mode, layers, hidden, bidirectional, dropout, steps, batch = shape
     formula = _cudnn_reserve_bytes(mode, layers, 2 if bidirectional else 1, steps, batch, hidden, 4, dropout)
@@ -824,7 +825,7 @@ def test_a_recurrent_layer_keeps_cudnns_reserve_on_a_gpu(cell: str) -> None:
     # fake LSTM language model was -7.6 %. A GPU target's fake run saves what _cudnn_rnn does: the input,
     # the initial states, the output, the reserve space and (with dropout) cuDNN's dropout state.
     from torchmem.analysis.targets import round_block
-    from torchmem.capture.fake import _CUDNN_DROPOUT_STATE, _cudnn_reserve_bytes
+    from torchmem.capture.fake.kernels import _CUDNN_DROPOUT_STATE, _cudnn_reserve_bytes
 
     def rnn() -> torch.nn.Module:
         return getattr(torch.nn, cell)(64, 128, num_layers=2, batch_first=True, dropout=0.2)

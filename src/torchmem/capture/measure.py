@@ -22,24 +22,24 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager, nullcontext
-from typing import Any, overload
+from typing import Any
 
 import torch
 
 from torchmem.analysis.estimate import FitArgumentError, build_estimate
-from torchmem.analysis.targets import Target
-from torchmem.capture.fake import (
-    OptimizerSpec,
-    _batch_of,
-    _call,
-    _make_optimizer,
-    default_loss,
-    estimate_fake,
+from torchmem.capture.fake.estimate import device_free_estimate
+from torchmem.capture.fake.options import (
+    DEFAULT_TARGET,
+    EstimateArgs,
+    Inputs,
+    ModelArg,
+    takes_estimate_args,
 )
+from torchmem.capture.fake.step import _batch_of, _call, _make_optimizer, default_loss
 from torchmem.capture.track import Tracker
-from torchmem.devices import DeviceLike, backend, ledger, resolve
 from torchmem.devices import _ops as ops
-from torchmem.results.fit import MemoryEstimate, StepMeasurement, TargetEstimate
+from torchmem.devices import backend, ledger, resolve
+from torchmem.results.fit import MemoryEstimate, StepMeasurement
 
 
 def _storage_bytes(tensors: Iterator[torch.Tensor]) -> int:
@@ -264,79 +264,8 @@ def _probe(
     return None
 
 
-_FAKE_DEVICES = ("fake", "meta")
-
-
-def _on_meta(model: Any) -> bool:
-    if not isinstance(model, torch.nn.Module):
-        return False
-    t = next(iter([*model.parameters(), *model.buffers()]), None)
-    return t is not None and t.device.type == "meta"
-
-
-@overload
-def estimate(
-    model: torch.nn.Module | Callable[[], torch.nn.Module],
-    example_inputs: Any,
-    *,
-    optimizer: OptimizerSpec = ...,
-    batch_sizes: Sequence[int] | None = ...,
-    training: bool = ...,
-    device: DeviceLike = ...,
-    dtype: torch.dtype | None = ...,
-    amp: torch.dtype | None = ...,
-    loss_fn: Callable[[Any], torch.Tensor] | None = ...,
-    probe_sizes: Sequence[int] | None = ...,
-    target: str | Target,
-    checkpoint: Sequence[str] | str | bool | None = ...,
-    grad_accum: int = ...,
-    sharding: str | None = ...,
-    world_size: int = ...,
-    generate_tokens: int = ...,
-) -> TargetEstimate: ...
-
-
-@overload
-def estimate(
-    model: torch.nn.Module | Callable[[], torch.nn.Module],
-    example_inputs: Any,
-    *,
-    optimizer: OptimizerSpec = ...,
-    batch_sizes: Sequence[int] | None = ...,
-    training: bool = ...,
-    device: DeviceLike = ...,
-    dtype: torch.dtype | None = ...,
-    amp: torch.dtype | None = ...,
-    loss_fn: Callable[[Any], torch.Tensor] | None = ...,
-    probe_sizes: Sequence[int] | None = ...,
-    target: None = ...,
-    checkpoint: Sequence[str] | str | bool | None = ...,
-    grad_accum: int = ...,
-    sharding: str | None = ...,
-    world_size: int = ...,
-    generate_tokens: int = ...,
-) -> MemoryEstimate: ...
-
-
-def estimate(
-    model: torch.nn.Module | Callable[[], torch.nn.Module],
-    example_inputs: Any,
-    *,
-    optimizer: OptimizerSpec = None,
-    batch_sizes: Sequence[int] | None = None,
-    training: bool = True,
-    device: DeviceLike = None,
-    dtype: torch.dtype | None = None,
-    amp: torch.dtype | None = None,
-    loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    probe_sizes: Sequence[int] | None = None,
-    target: str | Target | None = None,
-    checkpoint: Sequence[str] | str | bool | None = None,
-    grad_accum: int = 1,
-    sharding: str | None = None,
-    world_size: int = 1,
-    generate_tokens: int = 0,
-) -> MemoryEstimate:
+@takes_estimate_args
+def estimate(model: ModelArg, example_inputs: Inputs, **options: Any) -> MemoryEstimate:
     """Predict the peak memory of training and inference steps at several batch sizes.
 
     **Two ways.** Measured (the default): small real steps on a copy of the model on ``device``.
@@ -346,7 +275,8 @@ def estimate(
     :class:`~torchmem.results.fit.TargetEstimate` — the same rows plus "fits / does not fit on <target>,
     peak X of Y GiB, largest batch size N" and, when it does not fit, the changes ranked by the bytes
     they save. Only the device-free path takes ``checkpoint``, ``grad_accum``, ``sharding``,
-    ``world_size`` and ``generate_tokens``; its ``batch_sizes`` default to the example's batch size.
+    ``world_size``, ``generate_tokens``, ``fragmentation`` and ``suggest``; its ``batch_sizes`` default to
+    the example's batch size.
 
         >>> import torch, torchmem
         >>> est = torchmem.estimate(lambda: torch.nn.Linear(512, 512), torch.randn(8, 512),
@@ -378,28 +308,14 @@ def estimate(
     kind and settings is used) and the RNG state (``torch.random.fork_rng``).
 
     Args:
-        model: The model.
-        example_inputs: One batch: a tensor, a tuple/list (positional arguments) or a dict (keyword
-            arguments); tensors whose first dimension is the batch size are resized for the probes.
-        optimizer: ``None`` (no optimizer step), a ``torch.optim`` name (``"adamw"``), a class, a factory
-            ``params -> optimizer``, or an optimizer instance (its kind and settings are copied).
-        batch_sizes: The batch sizes to predict (default ``(1, 8, 32, 128)``; device-free: the example's).
-        training: Predict training steps (else inference only).
-        device: The device to estimate for (default: the model's device); ``"fake"`` or ``"meta"``: the
-            device-free estimate (for ``target``, default ``"H100-80GB"``).
-        dtype: Cast the copy to this dtype first (e.g. ``torch.bfloat16``).
-        amp: Run forward under ``torch.autocast`` with this dtype.
-        loss_fn: ``output -> scalar loss`` (default: :func:`default_loss`).
-        probe_sizes: The two (or more) batch sizes to measure (default: probed as above).
-        target: The GPU to estimate for without a device (see above and
-            :func:`torchmem.capture.fake.estimate_fake` for ``checkpoint``, ``grad_accum``, ``sharding``,
-            ``world_size``, ``generate_tokens``).
 
     Returns:
-        A :class:`MemoryEstimate`; ``str()`` prints the table, ``.peak(bs)`` one figure.
+        A :class:`MemoryEstimate`; ``str()`` prints the table, ``.peak(bs)`` one figure. Device-free, a
+        :class:`~torchmem.results.fit.TargetEstimate` (a :class:`MemoryEstimate` with the verdict).
 
     Raises:
-        FitArgumentError: no batch dimension in the inputs, non-positive sizes, an unknown optimizer.
+        FitArgumentError: no batch dimension in the inputs, non-positive sizes, an unknown optimizer, a
+            device-free parameter on the measured path.
         UnknownTargetError: ``target`` names no GPU torchmem knows (a :class:`FitArgumentError`).
         FakeTensorError: the device-free estimate (``target=``, a meta model, a model factory) cannot run the
             model under fake tensors (data-dependent shapes, an op with no fake kernel); ``.op`` names it.
@@ -411,34 +327,24 @@ def estimate(
         >>> est.parameters == sum(p.numel() * 4 for p in model.parameters())
         True
     """
-    fake_device = isinstance(device, str) and device in _FAKE_DEVICES
-    if target is not None or fake_device or _on_meta(model) or not isinstance(model, torch.nn.Module):
+    a = EstimateArgs.bind("estimate", model, example_inputs, options)
+    if a.device_free or not isinstance(model, torch.nn.Module):  # (a model that is no module is device-free)
         if not isinstance(model, torch.nn.Module) and not callable(model):
             raise FitArgumentError(f"model must be a torch.nn.Module, got {type(model).__name__}.", "")
-        return estimate_fake(
-            model,
-            example_inputs,
-            optimizer=optimizer,
-            batch_sizes=batch_sizes,
-            training=training,
-            target=target if target is not None else "H100-80GB",
-            dtype=dtype,
-            amp=amp,
-            loss_fn=loss_fn,
-            checkpoint=checkpoint,
-            grad_accum=grad_accum,
-            sharding=sharding,
-            world_size=world_size,
-            generate_tokens=generate_tokens,
-        )
-    if checkpoint or grad_accum != 1 or sharding not in (None, "none") or world_size != 1 or generate_tokens:
+        return device_free_estimate(a)
+    if a.device_free_only():
         raise FitArgumentError(
-            "checkpoint, grad_accum, sharding, world_size and generate_tokens need the device-free estimate.",
-            "Pass target='H100-80GB' (or another GPU name) to estimate without a device.",
+            "checkpoint, grad_accum, sharding, world_size, generate_tokens, fragmentation and suggest need "
+            "the device-free estimate.",
+            f"Pass target={DEFAULT_TARGET!r} (or another GPU name) to estimate without a device.",
         )
-    if batch_sizes is None:
-        batch_sizes = (1, 8, 32, 128)
-    b0 = _batch_of(example_inputs)
+    return _measured(model, a)
+
+
+def _measured(model: torch.nn.Module, a: EstimateArgs) -> MemoryEstimate:
+    """The measured estimate: small real steps on a copy of ``model`` (see :func:`estimate`)."""
+    batch_sizes = a.batch_sizes if a.batch_sizes is not None else (1, 8, 32, 128)
+    b0 = _batch_of(a.example_inputs)
     if b0 is None or b0 <= 0:
         raise FitArgumentError(
             "example_inputs has no tensor with a batch dimension.",
@@ -447,32 +353,32 @@ def estimate(
     sizes = [int(b) for b in batch_sizes]
     if not sizes or any(isinstance(b, bool) or b <= 0 for b in sizes):
         raise FitArgumentError(f"batch_sizes must be positive ints, got {list(batch_sizes)!r}.", "")
-    probes = sorted({int(p) for p in (probe_sizes or (b0, 2 * b0))})
+    probes = sorted({int(p) for p in (a.probe_sizes or (b0, 2 * b0))})
     if len(probes) < 2 or probes[0] <= 0:
         raise FitArgumentError(
-            f"probe_sizes needs two different positive sizes, got {probe_sizes!r}.", "E.g. (2, 4)."
+            f"probe_sizes needs two different positive sizes, got {a.probe_sizes!r}.", "E.g. (2, 4)."
         )
-    if device is None:
+    if a.device is None:
         try:
             dev = resolve(model)
         except Exception:
             dev = torch.device("cpu")
     else:
-        dev = resolve(device)
+        dev = resolve(a.device)
     be = backend(dev)
-    loss = loss_fn or default_loss
+    loss = a.loss_fn or default_loss
     cuda_devices = [dev.index or 0] if dev.type == "cuda" else []
 
     def autocast() -> Any:
-        if amp is None:
+        if a.amp is None:
             return nullcontext()
-        return torch.autocast(dev.type, dtype=amp)
+        return torch.autocast(dev.type, dtype=a.amp)
 
     weights_only = _storage_bytes(iter([*model.parameters(), *model.buffers()]))
-    if dtype is not None:
+    if a.dtype is not None:
         weights_only = sum(
             t.numel()
-            * (torch.empty((), dtype=dtype).element_size() if t.is_floating_point() else t.element_size())
+            * (torch.empty((), dtype=a.dtype).element_size() if t.is_floating_point() else t.element_size())
             for t in [*model.parameters(), *model.buffers()]
         )
     notes: list[str] = []
@@ -480,7 +386,7 @@ def estimate(
     # the next one fits in half the free memory and the time budget): small probes bend the line (at
     # small sizes the CUDA allocator's blocks round tensors of a few MiB up by as much as 1 MiB, and the
     # moment of the backward peak moves), so the fit is made where the asked sizes are.
-    limit = 0 if probe_sizes is not None else max(sizes) // 2
+    limit = 0 if a.probe_sizes is not None else max(sizes) // 2
     measurements: list[StepMeasurement] = []
     inference: dict[int, dict[str, int | None]] = {}
     training_figs: dict[int, dict[str, int | None]] = {}
@@ -501,19 +407,19 @@ def estimate(
             twin = copy.deepcopy(model)
             for p in twin.parameters():
                 p.grad = None
-            twin = twin.to(device=dev, dtype=dtype) if dtype is not None else twin.to(dev)
-        opt = _make_optimizer(optimizer, model, twin) if training else None
+            twin = twin.to(device=dev, dtype=a.dtype) if a.dtype is not None else twin.to(dev)
+        opt = _make_optimizer(a.optimizer, model, twin) if a.training else None
         params = _storage_bytes(iter(twin.parameters()))
         grads = _storage_bytes(iter([p for p in twin.parameters() if p.requires_grad]))
         work: dict[str, Any] = {"model": twin, "opt": opt}  # dropped with them in the end
 
         def infer(m: int) -> int | None:
-            batch = _resize(example_inputs, b0, m, dev)
+            batch = _resize(a.example_inputs, b0, m, dev)
             inference[m] = _measure_inference(work["model"], batch, dev, autocast)
             return inference[m].get("inference_peak")
 
         def train(m: int) -> int | None:
-            batch = _resize(example_inputs, b0, m, dev)
+            batch = _resize(a.example_inputs, b0, m, dev)
             warm = not training_figs or dev.type != "cpu"  # the CPU ledger has no workspaces to make
             f = _measure_training(work["model"], work["opt"], batch, dev, loss, autocast, warm)
             training_figs[m] = f
@@ -523,7 +429,7 @@ def estimate(
         try:
             # Inference first, while the copy holds only its weights (as an inference process does).
             stopped = _probe(probes, limit, infer, be, dev, origin)
-            if training:
+            if a.training:
                 stopped = _probe(probes, limit, train, be, dev, origin) or stopped
             if stopped:
                 notes.append(stopped)
@@ -543,16 +449,16 @@ def estimate(
         notes.append(
             "measured with the caching allocator's allocated bytes (torch's peak counters were reset)"
         )
-    if optimizer is None and training:
+    if a.optimizer is None and a.training:
         notes.append("no optimizer: the training step is forward and backward only")
     return build_estimate(
         measurements,
         batch_sizes=sizes,
         parameters=params,
-        gradients=grads if training else 0,
+        gradients=grads if a.training else 0,
         optimizer_state=state,
         weights_only=weights_only,
-        training=training,
+        training=a.training,
         model=type(model).__name__,
         device=str(dev),
         measured_on=str(dev),

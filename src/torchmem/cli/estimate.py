@@ -33,6 +33,7 @@ from torchmem._errors import TorchmemError
 from torchmem._warn import TORCHMEM_DIR, module_dir
 from torchmem.analysis.estimate import FitArgumentError
 from torchmem.analysis.targets import resolve_target, target_names
+from torchmem.capture.fake.options import DEFAULT_TARGET
 from torchmem.cli import UsageError, int_at_least
 
 _DTYPES = {
@@ -76,7 +77,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--dtype", default="fp32", choices=sorted(_DTYPES), help="weights' dtype (default fp32)")
     p.add_argument("--amp", choices=["bf16", "fp16"], help="autocast forward in this dtype")
     p.add_argument(
-        "--target", type=_target, default="H100-80GB", help=f"GPU: {', '.join(target_names())}, or a size"
+        "--target", type=_target, default=DEFAULT_TARGET, help=f"GPU: {', '.join(target_names())}, or a size"
     )
     p.add_argument("--fsdp", type=int_at_least(1), metavar="N", help="FSDP2 over N GPUs (per-rank estimate)")
     p.add_argument("--ddp", type=int_at_least(1), metavar="N", help="DDP over N GPUs")
