@@ -1,0 +1,141 @@
+"""The reading schedule of :class:`torchmem.capture.host.HostWatcher`: which steps are read (every
+``stride``-th), how often the C heap is read among them (every ``heap_every``-th reading), how long a step
+takes, and what the readings cost, so that they take ``share`` of the run at most."""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from torchmem.devices._host import process_rss
+
+_MAX_STRIDE = 1024
+_MAX_HEAP_EVERY = 64
+_READ_OVERHEAD = 1.5e-6  # the Python work around one reading, verdicts amortized (measured: 1-2 µs)
+
+
+def cost(fn: Any) -> float:
+    """The least time of five calls of ``fn``."""
+    costs = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fn()
+        costs.append(time.perf_counter() - t0)
+    return min(costs)
+
+
+class HostSchedule:
+    """Every how many steps the host figures are read, from the steps' time and the readings' cost.
+
+    Args:
+        warmup: Steps read at every step (stride 1 until the first reading after them).
+        max_stride: The most steps between two readings of each figure (``None``: as the cost demands).
+        share: The largest share of a step the readings may take.
+        ramp: The strides at most double at each choice, from 1.
+    """
+
+    def __init__(self, *, warmup: int, max_stride: int | None, share: float, ramp: bool) -> None:
+        self.stride = 1
+        self.heap_every = 1  # with the heap as the figure, it is read every m-th reading
+        self.first_post = warmup + 1  # the first reading after the warm-up (stride 1 until then)
+        self.share = share  # the readings' share of a step (torchmem run: less)
+        self.why = (0.0, 0.0)  # (step time, reading cost) the stride was chosen from
+        self._max_stride = max_stride
+        self._ramp = ramp
+        self._secondary = False
+        # What readings cost: the figure's reads (timed every 4th), the RSS's (at the start), all included.
+        self._figure_costs: collections.deque[float] = collections.deque(maxlen=16)
+        self._figure_reads = 0
+        self._rss_cost = 0.0
+        self._spent = 0.0
+        self._spent_n = 0
+        self._last_t: float | None = None
+        self._last_n = 0
+        self._step_times: collections.deque[float] = collections.deque(maxlen=16)
+
+    def start(self, read: Callable[[], Any], *, secondary: bool) -> None:
+        """Time one reading of the figure (``read``) and, with ``secondary``, of the RSS read beside it."""
+        self._secondary = secondary
+        self._figure_costs.append(cost(read))
+        self._rss_cost = cost(process_rss) if secondary else 0.0
+
+    def read(self, read: Callable[[], int | None]) -> int | None:
+        """One reading of the figure; every 4th is timed (mallinfo2 walks the heap's free chunks: its cost
+        depends on the program)."""
+        self._figure_reads = m = self._figure_reads + 1
+        t0 = time.perf_counter() if m % 4 == 0 else 0.0
+        v = read()
+        if t0:
+            self._figure_costs.append(time.perf_counter() - t0)
+        return v
+
+    def charge(self, seconds: float) -> None:
+        """What one reading cost, all included but the scans and node counts."""
+        self._spent += seconds
+        self._spent_n += 1
+
+    def time(self, n: int, now: float) -> None:
+        """A step boundary at ``now``: the steps' time since the last one timed."""
+        if self._last_t is not None and n > self._last_n:
+            self._step_times.append((now - self._last_t) / (n - self._last_n))
+        self._last_t, self._last_n = now, n
+
+    def untimed(self) -> None:
+        """This step's time is not the program's (torchmem traced it): the next is timed afresh."""
+        self._last_t = None
+
+    def step_time(self) -> float:
+        """The median time of the last steps timed (0 when none was)."""
+        times = self._step_times
+        return sorted(times)[len(times) // 2] if times else 0.0
+
+    def choose(self) -> None:
+        """Read every step, or every k-th step, so that readings take 0.5 % of the run at most: with the heap
+        as the figure, half for the RSS (read at each reading) and the Python around it, half for the heap
+        (read every m-th reading: mallinfo2's cost varies with the heap, from 0.5 µs to hundreds)."""
+        if not self._step_times:
+            return
+        step_time = sorted(self._step_times)[len(self._step_times) // 2]
+        if step_time <= 0:
+            return
+        figure = sorted(self._figure_costs)[len(self._figure_costs) // 2]
+        every = self.heap_every if self._secondary else 1
+        # All a reading costs (measured since the last choice), the figure's share aside.
+        if self._spent_n >= 3:
+            rest = max(0.0, self._spent / self._spent_n - figure / every)
+        else:
+            rest = self._rss_cost + _READ_OVERHEAD if self._secondary else _READ_OVERHEAD
+        self._spent, self._spent_n = 0.0, 0
+        cap = self._max_stride or _MAX_STRIDE
+        share = self.share
+        # The strides at most double at each choice (every 16 readings): a short run of fast steps still
+        # gets readings enough for a verdict (30 steps: ~16 readings), and the readings' cost, a few ms in
+        # all before the strides reach the budget's, stays the same share of a long run.
+        old_k, old_heap = self.stride, self.stride * self.heap_every
+        if not self._ramp:
+            old_k = old_heap = cap
+        if self._secondary:
+            k = min(cap, max(1, math.ceil(rest / (share / 2 * step_time))))
+            m = max(1, math.ceil(figure / (share / 2 * step_time * k)))
+            heap = k * min(m, _MAX_HEAP_EVERY, max(1, cap // k))  # steps between two heap readings
+            k = min(k, 2 * old_k)
+            self.heap_every = max(1, min(heap, 2 * old_heap) // k)
+        else:
+            k = min(cap, max(1, math.ceil((rest + figure) / (share * step_time))), 2 * old_k)
+        self.stride = k
+        self.why = (step_time, rest + figure / (self.heap_every if self._secondary else 1))
+
+    def note(self) -> str:
+        """What the schedule is, for the report (``""`` when every step is read)."""
+        if not (self.stride > 1 or self.heap_every > 1):
+            return ""
+        step_time, read_cost = self.why
+        every = f" (the C heap every {self.heap_every * self.stride})" if self.heap_every > 1 else ""
+        return (
+            f"a step takes {step_time * 1e6:.1f} µs and a reading {read_cost * 1e6:.1f} µs: the host "
+            f"figures are read every {self.stride} steps{every}, to stay under {self.share * 100:g} % "
+            "of the run"
+        )
