@@ -376,3 +376,36 @@ def test_the_record_table_the_reader_and_report_json_agree(
         want = json.loads(json.dumps(rec.to_dict()))
         assert data[r.group] == ([want] if r.many else want), f"report --json: {kind} as {r.group}"
     assert Capture.from_dict(data) == dataclasses.replace(cap, path=data["path"])
+
+
+# -- size: no module over 800 lines, no class over 500 (issue 28) ------------------------------------------
+MAX_MODULE_LINES = 800
+MAX_CLASS_LINES = 500
+
+
+def _sizes() -> tuple[dict[str, int], dict[str, int]]:
+    modules: dict[str, int] = {}
+    classes: dict[str, int] = {}
+    for name, path in _modules().items():
+        text = path.read_text(encoding="utf-8")
+        modules[name] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None:
+                classes[f"{name}.{node.name}"] = node.end_lineno - node.lineno + 1
+    return modules, classes
+
+
+def test_no_module_over_800_lines_and_no_class_over_500() -> None:
+    modules, classes = _sizes()
+    assert len(modules) > 50 and classes  # the walk saw the package
+    big = {k: v for k, v in modules.items() if v > MAX_MODULE_LINES}
+    assert not big, f"modules over {MAX_MODULE_LINES} lines (split them by idea): {big}"
+    large = {k: v for k, v in classes.items() if v > MAX_CLASS_LINES}
+    assert not large, f"classes over {MAX_CLASS_LINES} lines (compose them of parts): {large}"
+
+
+def test_the_size_check_counts_what_it_should(tmp_path: Path) -> None:
+    src = "class A:\n" + "    x = 1\n" * 600 + "\n\nclass B:\n    pass\n"
+    tree = ast.parse(src)
+    found = {n.name: n.end_lineno - n.lineno + 1 for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    assert found["A"] == 601 > MAX_CLASS_LINES and found["B"] == 2
