@@ -162,12 +162,6 @@ KNOWN_WRONG: dict[tuple[str, str], str] = {
         "0 steps, the timeline verdict 'noisy': the figure moves within 0 B..180.25 MiB over the last 3 s of "
         "the sampled timeline (trend +60.97 MiB/s); no repeating unit was found for the update() calls"
     ),
-    ("host_log_dicts", "cuda"): (
-        "host_leak below_threshold: 'host memory grew by 73.96 KiB/step with no growing autograd chain and "
-        "no "
-        "accumulating Python objects' (reported from 256 KiB/step); 'what grows was not looked for: the "
-        "growth was found too late in the run'"
-    ),
     ("cpu_graphs_kept_cuda", "cuda"): (
         "host_leak too_few: 'only 4 readings: steady growth is judged on 5 readings' (a 24 ms step read "
         "every 8 steps over 30 steps)"
@@ -176,20 +170,24 @@ KNOWN_WRONG: dict[tuple[str, str], str] = {
         "host_leak too_few: 'only 3 readings: steady growth is judged on 5 readings' (30 steps, the C heap "
         "read every 12)"
     ),
-    ("host_anomaly_mode_losses", "cuda"): (
-        "host_leak below_threshold: 'host memory grew by 6.85 KiB/step with no growing autograd chain' "
-        "(reported from 256 KiB/step); 'what grows was not looked for: the growth was found too late in the "
-        "run' (299 steps of 2.9 ms, the host figures read every 49 steps)"
-    ),
-    ("oom_eval_keeps_train_graph", "cuda"): (
-        "the program's budget was tuned on the CPU cap: on CUDA the OOM comes from another line, uncaught "
-        "(exit 1), ranked fragmentation, working set; the holders still name `__main__.loss` (its graph "
-        "5.50 MiB) and the fix `del loss`"
-    ),
     ("oom_orphaned_optimizer", "cuda"): (
         "the program's budget was tuned on the CPU cap: on CUDA the OOM comes from another line, uncaught "
         "(exit 1)"
     ),
+}
+
+
+#: Verdicts that come out right on some runs and wrong on others of the same code (non-strict xfails on
+#: that device; the CPU runs of the same programs stay strict). On the H100 the host figures of a
+#: fast-stepping CUDA program are read every ~49 steps: growth found late in a 300-step run is not looked at
+#: ("the growth was found too late in the run"). Each of these passed and failed on the same code on
+#: 2026-11-27.
+FLAKY: dict[tuple[str, str], str] = {
+    (name, "cuda"): (
+        "host growth on a fast-stepping CUDA run is found late on some runs ('what grows was not looked "
+        "for: the growth was found too late in the run')"
+    )
+    for name in ("host_log_dicts", "host_anomaly_mode_losses", "host_profiler_left_on")
 }
 
 
@@ -203,4 +201,4 @@ def leaks(device: str) -> list[Expected]:
     return [s for s in for_device(device) if s.verdict not in ("quiet", "no_loop", "inner_growth")]
 
 
-__all__ = ["BY_NAME", "CORPUS", "CORPUS_SCENARIOS", "KNOWN_WRONG", "for_device", "leaks"]
+__all__ = ["BY_NAME", "CORPUS", "CORPUS_SCENARIOS", "FLAKY", "KNOWN_WRONG", "for_device", "leaks"]
