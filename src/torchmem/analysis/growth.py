@@ -273,7 +273,7 @@ def inner_growth(
     across calls but each call's peak grows with its inner loop's length. ``(bytes per step, steps per
     ramp, height of a ramp, complete ramps)``, or ``None`` unless at least 2 complete ramps of at least 3
     readings each rose by a similar amount (median at least ``min_bytes_per_step``) and fell back near where
-    they started.
+    they started (a ramp read fewer than 3 times, by a stride near its length, is left out of the judgement).
 
     Example:
         >>> mib = 2**20
@@ -291,7 +291,7 @@ def inner_growth(
     cur = [pts[0]]
     for p in pts[1:]:
         height = cur[-1][1] - cur[0][1]
-        if len(cur) >= 3 and p[1] < cur[-1][1] - max(min_bytes_per_step, 0.5 * height) and height > 0:
+        if len(cur) >= 2 and p[1] < cur[-1][1] - max(min_bytes_per_step, 0.5 * height) and height > 0:
             ramps.append(cur)
             cur = [p]
         else:
@@ -299,24 +299,33 @@ def inner_growth(
     if len(ramps) < 2:
         return None
     meds: list[float] = []
+    used: list[list[tuple[int, int]]] = []
     for i, r in enumerate(ramps):
         rises = [(b - a) / (t - s) for (s, a), (t, b) in itertools.pairwise(r) if t > s]
         if len(rises) < 2:
-            return None
+            # read too sparsely to judge (a stride near the ramp's length): left out, not a reason to call
+            # the whole series no sawtooth; at least 2 ramps must still be judged
+            continue
         med = _median(rises)
         if med < min_bytes_per_step or sum(1 for x in rises if 0.5 * med <= x <= 2 * med) < 0.8 * len(rises):
             return None
-        nxt = ramps[i + 1][0][1] if i + 1 < len(ramps) else cur[0][1]
+        nxt_step, nxt = ramps[i + 1][0] if i + 1 < len(ramps) else cur[0]
         height = r[-1][1] - r[0][1]
-        if nxt > r[0][1] + 0.25 * height:  # it did not fall back: memory was kept across the call
+        # It fell back near where it started (memory was not kept across the call); a reading a few steps
+        # into the next call may stand that many steps of growth higher.
+        into_next = med * max(0, nxt_step - r[-1][0] - 1)
+        if nxt > r[0][1] + 0.25 * height + into_next:
             return None
         meds.append(med)
+        used.append(r)
+    if len(used) < 2:
+        return None
     rate = _median(meds)
     if any(not 0.5 * rate <= m <= 2 * rate for m in meds):
         return None
-    length = int(_median([r[-1][0] - r[0][0] + 1 for r in ramps]))
-    height = int(_median([r[-1][1] - r[0][1] for r in ramps]))
-    return rate, length, height, len(ramps)
+    length = int(_median([r[-1][0] - r[0][0] + 1 for r in used]))
+    height = int(_median([r[-1][1] - r[0][1] for r in used]))
+    return rate, length, height, len(used)
 
 
 def detect_growth(
