@@ -151,6 +151,16 @@ TIMELINE_WINDOW = 64
 """Readings of the timeline the verdict judges."""
 
 
+def _onset(ys: Sequence[int]) -> int:
+    """The index of the last reading of the plateau the timeline starts with (the figure within 1 % or 1 MiB
+    of its first reading; the program's imports and set-up), 0 when it starts moving at once."""
+    tol = max(1 << 20, abs(ys[0]) // 100)
+    i = 0
+    while i + 1 < len(ys) and abs(ys[i + 1] - ys[0]) <= tol:
+        i += 1
+    return i
+
+
 def timeline_growth(
     points: Sequence[tuple[float, int]],
     *,
@@ -179,10 +189,16 @@ def timeline_growth(
     ys = [v for _, v in points]
     g = detect_run_growth(xs, ys, min_bytes_per_step=min_bytes_per_second * dt, window=TIMELINE_WINDOW)
     if not g.leaking and _tail:
+        tails = []
+        onset = _onset(ys)
+        if onset and len(points) - onset >= 8:  # what followed a plateau at the start (imports, set-up)
+            tails.append(points[onset:])
         for part in (2, 3, 4):  # the last half, third, quarter: at least 16 readings
             tail = points[len(points) - len(points) // part :]
             if len(tail) < 16:
                 break
+            tails.append(tail)
+        for tail in tails:
             late = timeline_growth(tail, min_bytes_per_second=min_bytes_per_second, _tail=False)
             if late is not None and late.leaking:
                 since = tail[0][0]
