@@ -12,11 +12,12 @@ import ast
 from dataclasses import dataclass
 
 from torchmem.lint._flow import DataFlow
+from torchmem.lint._kept import KeptChecks
 from torchmem.lint._syntax import (
     DATASET_METHODS,
     METER_NAMES,
     TENSOR,
-    TRACKER_ROOTS,
+    container_key,
     dotted,
     has_star_kwargs,
     is_const,
@@ -39,14 +40,17 @@ class RawFinding:
 
 
 # -- rules over what the walk recorded ----------------------------------------------------------------------
-class Rules:
+class Rules(KeptChecks):
     """The TM rules over one module's walk; :meth:`run` gives their findings."""
 
     def __init__(self, walker: Walker) -> None:
         self.w = walker
         self.facts = walker.facts
         self.out: list[RawFinding] = []
-        self.flow = DataFlow(walker.module.bindings)
+        self.flow = DataFlow(walker.module.bindings, walker.functions)
+        self.kept_eval_scopes: set[int] = set()
+        self._feeding: dict[int, set[str]] = {}
+        self._reset_attrs: dict[int, set[str]] = {}
 
     def add(self, node: ast.AST, code: str, message: str) -> None:
         self.out.append(RawFinding(getattr(node, "lineno", 1), getattr(node, "col_offset", 0), code, message))
@@ -62,41 +66,16 @@ class Rules:
                     handler(scope, node, ctx, extra)
             self._tm002(scope)
             self._tm005(scope)
+            self.tm013(scope)
         return self.out
 
     def _on_aug(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         if ctx.no_grad or scope.no_grad_all:
             return  # total += loss under no_grad: the sum has no graph
-        self._tm001(scope, node, ctx, extra, "accumulates")
+        self.kept(scope, node, ctx, extra, "accumulates")
 
     def _on_store(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
-        self._tm001(scope, node, ctx, extra, "stores")
-
-    def _tm001(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object, verb: str) -> None:
-        if ctx.loop is None:
-            return
-        assert isinstance(extra, tuple)
-        key: str = extra[0]
-        value: ast.expr = extra[1]
-        if key in scope.backwarded:
-            return  # the accumulated loss is what backward runs on
-        loop = next(
-            (lp for lp in ctx.loop.chain() if lp.trains and key not in lp.rebound and key not in lp.cleared),
-            None,
-        )
-        if loop is None:
-            return
-        if ctx.no_grad and not isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
-            return  # made under no_grad
-        if self.flow.kind(value, scope, getattr(node, "lineno", 0) + 1) != TENSOR:
-            return
-        what = short(value)
-        self.add(
-            node,
-            "TM001",
-            f"`{key}` {verb} `{what}`, a tensor that carries its autograd graph, across the iterations of "
-            f"a training loop (line {node_line(loop.node)}): every step's graph stays alive",
-        )
+        self.kept(scope, node, ctx, extra, "stores")
 
     def _on_retain(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         loop = ctx.loop
@@ -207,42 +186,56 @@ class Rules:
         ):
             return
         func = call.func
-        if not isinstance(func, ast.Attribute):
+        if not isinstance(func, ast.Attribute) or func.attr != "update":
             return
+        # Trackers (wandb.log, accelerator.log, add_scalar, log_metrics, mlflow) convert what they are given
+        # at once (`.detach().cpu()`, `make_np`, `float(...)`): they keep no graph. A meter's running sum
+        # (`self.sum += val * n`) does: each step's graph is chained to the last.
         recv = dotted(func.value) or ""
-        last = recv.rsplit(".", 1)[-1]
-        name = func.attr
-        if name == "update":
-            if not METER_NAMES.search(last):
-                return
-            values: list[ast.expr | None] = list(call.args[:1])
-        elif name in ("add_scalar",):
-            values = list(call.args[1:2])
-        elif name in ("log", "log_metrics", "log_dict", "add_scalars", "log_metric"):
-            if recv == "self":
-                return  # Lightning's self.log detaches and reduces tensors itself
-            if name != "add_scalars" and last not in TRACKER_ROOTS and not last.endswith("logger"):
-                return
-            if name == "log_metric":
-                values = list(call.args[1:2])
-            else:
-                values = list(call.args[:2])
-                if values and isinstance(values[-1], ast.Dict):
-                    values = list(values[-1].values)
-        else:
+        keeps = self._meter_keeps(func.value, scope, call.lineno)
+        if keeps is False or (keeps is None and not METER_NAMES.search(recv.rsplit(".", 1)[-1])):
             return
-        values += [k.value for k in call.keywords if k.arg in ("value", "scalar_value", "val")]
+        values = [*call.args[:1], *(k.value for k in call.keywords if k.arg in ("val", "value"))]
         line = call.lineno + 1
         for v in values:
-            if v is not None and self.flow.kind(v, scope, line) == TENSOR:
+            if self.flow.kind(v, scope, line) == TENSOR:
                 self.add(
                     call,
                     "TM007",
-                    f"`{recv}.{name}` is given `{short(v)}`, a tensor that carries its autograd graph: each "
-                    "call syncs the device, and a sink that keeps values (a meter's running sum) keeps "
-                    "the graph",
+                    f"`{recv}.update` is given `{short(v)}`, a tensor that carries its autograd graph: the "
+                    "meter's running sum chains every step's graph to the last "
+                    f"({self.growth(v, scope, line)})",
                 )
                 return
+
+    def _meter_keeps(self, recv: ast.expr, scope: Scope, line: int) -> bool | None:
+        """Whether the receiver's class (defined in this file) adds what ``update`` is given into an
+        attribute; None when its class is not known."""
+        if not isinstance(recv, ast.Name):
+            return None
+        bound = [b for b in (*scope.bindings.get(recv.id, ()), *self.w.module.bindings.get(recv.id, ()))]
+        made = [
+            b.value for b in bound if isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name)
+        ]
+        if not made:
+            return None
+        assert isinstance(made[-1], ast.Call) and isinstance(made[-1].func, ast.Name)
+        update = self.w.functions.get(f"{made[-1].func.id}.update")
+        if update is None:
+            return None if made[-1].func.id not in self.facts.classes else False
+        if len(update.params) < 2:
+            return False
+        self.flow.assume = {update.params[1]: TENSOR}
+        try:
+            return any(
+                kind == "aug"
+                and isinstance(extra, tuple)
+                and str(extra[0]).startswith("self.")
+                and self.flow.kind(extra[1], update, node_line(node) + 1) == TENSOR
+                for kind, node, _ctx, extra in update.events
+            )
+        finally:
+            self.flow.assume = {}
 
     def _on_dataloader(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         call = node
@@ -332,8 +325,17 @@ class Rules:
             return
         if scope.name.endswith("_step") or scope.name.startswith("on_"):
             return  # framework hooks (Lightning's validation_step) run under no_grad already
+        if id(scope) in self.kept_eval_scopes:
+            return  # TM010 said more: the loop keeps what it computes
+        if scope.backward_roots:
+            return  # `torch.autograd.grad(...)` on what the loop computes: its gradients are used
         loop = scope.first_eval_loop
-        call = loop.model_call
+        calls = [c for c in loop.model_calls if self.flow.function_of(c, scope) is None]
+        if not named:  # the model put in eval() mode is the one called (not a parameterless helper)
+            calls = [c for c in calls if self._called_on(c, scope.eval_receivers)]
+        if not calls:
+            return  # functions of this file (`validate_network(...)`), or not the model put in eval mode
+        call = calls[0]
         why = f"`{scope.name}` evaluates" if named else "the model is in eval() mode"
         self.add(
             loop.node,
@@ -342,10 +344,26 @@ class Rules:
             "every forward keeps its activations for a backward that never comes",
         )
 
+    @staticmethod
+    def _called_on(call: ast.Call, receivers: set[str]) -> bool:
+        func = call.func
+        if isinstance(func, ast.Attribute) and func.attr == "forward":
+            func = func.value
+        callee = container_key(func)
+        if callee is None:
+            return False
+        return any(callee == r or callee.startswith(r + ".") or r.startswith(callee + ".") for r in receivers)
+
     def _tm005(self, scope: Scope) -> None:
         role = self._worker_role(scope)
         if role is None:
             return
+        if (
+            scope.cls is not None
+            and role.startswith(f"`{scope.cls.name}.")
+            and self._no_workers(scope.cls.name)
+        ):
+            return  # every DataLoader of this file over the dataset loads in the main process
         for kind, node, _ctx, _extra in scope.events:
             if kind == "cuda" and isinstance(node, ast.Call) and self.flow.is_cuda_call(node):
                 self.add(
@@ -355,6 +373,29 @@ class Rules:
                     "be initialised after a fork (and each worker would create its own CUDA context)",
                 )
                 return
+
+    def _no_workers(self, cls_name: str) -> bool:
+        """Whether this file gives instances of ``cls_name`` to DataLoaders, all without workers."""
+        found = False
+        for scope in self.w.scopes:
+            for kind, node, _ctx, _extra in scope.events:
+                if kind != "dataloader" or not isinstance(node, ast.Call):
+                    continue
+                ds_kw = keyword_arg(node, "dataset")
+                ds = ds_kw.value if ds_kw is not None else (node.args[0] if node.args else None)
+                if isinstance(ds, ast.Name):
+                    bound = [b.value for b in scope.bindings.get(ds.id, ()) if b.line <= node.lineno]
+                    ds = bound[-1] if bound else None
+                if not (isinstance(ds, ast.Call) and last_name(ds.func) == cls_name):
+                    continue
+                found = True
+                workers = keyword_arg(node, "num_workers")
+                if workers is not None and not (
+                    is_const(workers.value, None)
+                    or (isinstance(workers.value, ast.Constant) and workers.value.value == 0)
+                ):
+                    return False
+        return found
 
     def _worker_role(self, scope: Scope) -> str | None:
         if scope.kind == "lambda":
@@ -368,7 +409,7 @@ class Rules:
         if cls is not None and name == "__call__" and "collat" in cls.name.lower():
             return f"`{cls.name}.__call__` (a collate function)"
         low = name.lower()
-        if name in self.facts.collate_names or "collate" in low:
+        if name in self.facts.collate_names or ("collate" in low and not low.startswith("test")):
             return f"`{name}` (a collate_fn)"
         if name in self.facts.worker_names or "worker_init" in low:
             return f"`{name}` (a worker_init_fn)"

@@ -37,8 +37,54 @@ class DataFlow:
     an expression in a scope at a line, :meth:`cuda_ish` / :meth:`is_cuda_call` against the module-level
     names."""
 
-    def __init__(self, module_bindings: dict[str, list[Binding]]) -> None:
+    def __init__(
+        self, module_bindings: dict[str, list[Binding]], functions: dict[str, Scope] | None = None
+    ) -> None:
         self._module_bindings = module_bindings
+        self._functions = functions or {}
+        self._returning: set[int] = set()  # functions whose return kind is being worked out (recursion)
+        #: Names taken as graph-carrying tensors whatever their binding (a helper's parameter, a forward's
+        #: inputs) while a rule asks about one function.
+        self.assume: dict[str, int] = {}
+        #: Inside a module's forward: ``self.<sub>(x)`` of a tensor is a submodule's output.
+        self.forward_mode = False
+
+    def function_of(self, call: ast.Call, scope: Scope) -> Scope | None:
+        """The function of this file a call runs: ``f(...)`` (a def in the module or an enclosing function)
+        or ``self.m(...)`` (a method of the class the caller is a method of)."""
+        func = call.func
+        if isinstance(func, ast.Name):
+            return self._functions.get(func.id)
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+            and scope.cls is not None
+        ):
+            return self._functions.get(f"{scope.cls.name}.{func.attr}")
+        return None
+
+    def returns_kind(self, fn: Scope, depth: int) -> int:
+        """What a function of this file returns: SAFE when it runs under no_grad (decorated) or returns
+        only numbers, TENSOR when some return carries a graph, else UNKNOWN."""
+        if fn.no_grad_all:
+            return SAFE
+        if not fn.returns:
+            return (
+                SAFE
+                if not any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(fn.node))
+                else UNKNOWN
+            )
+        if id(fn) in self._returning:
+            return UNKNOWN
+        self._returning.add(id(fn))
+        try:
+            kinds = {
+                SAFE if no_grad else self.kind(v, fn, line + 1, depth + 1) for v, line, no_grad in fn.returns
+            }
+        finally:
+            self._returning.discard(id(fn))
+        return TENSOR if TENSOR in kinds else (SAFE if kinds == {SAFE} else UNKNOWN)
 
     def kind(self, expr: ast.AST | None, scope: Scope, line: int, depth: int = 0) -> int:
         if expr is None or depth > 12:
@@ -49,6 +95,8 @@ class DataFlow:
             if isinstance(expr, ast.Attribute) and expr.attr in SAFE_ATTRS:
                 return SAFE
             key = dotted(expr)
+            if key is not None and key in self.assume:
+                return self.assume[key]
             if key is not None:
                 found = self._binding_kind(key, scope, line, depth)
                 if found != UNKNOWN:
@@ -106,11 +154,45 @@ class DataFlow:
                 return UNKNOWN
         elif best.index is not None and not isinstance(value, ast.Call):
             return UNKNOWN
+        elif best.index is not None and best.index > 0 and isinstance(value, ast.Call):
+            # `loss, sample_size, logs = criterion(...)`: only the first element is known to be the tensor
+            return self._element_kind(value, best.index, scope, depth)
         return self.kind(value, scope, best.line, depth + 1)
+
+    def _element_kind(self, call: ast.Call, index: int, scope: Scope, depth: int) -> int:
+        """An element past the first of what a call returns: known only from a function of this file
+        that returns tuples."""
+        fn = self.function_of(call, scope)
+        if fn is None or fn is scope or not fn.returns or id(fn) in self._returning:
+            return UNKNOWN
+        if fn.no_grad_all:
+            return SAFE
+        self._returning.add(id(fn))
+        try:
+            kinds = set()
+            for value, line, no_grad in fn.returns:
+                if not isinstance(value, ast.Tuple) or index >= len(value.elts):
+                    return UNKNOWN
+                kinds.add(SAFE if no_grad else self.kind(value.elts[index], fn, line + 1, depth + 1))
+        finally:
+            self._returning.discard(id(fn))
+        return TENSOR if TENSOR in kinds else (SAFE if kinds == {SAFE} else UNKNOWN)
 
     def _call_kind(self, call: ast.Call, scope: Scope, line: int, depth: int) -> int:
         func = call.func
         name = last_name(func)
+        fn = self.function_of(call, scope)
+        if fn is not None and fn is not scope:
+            return self.returns_kind(fn, depth)  # decided by what the function of this file returns
+        if isinstance(func, ast.Name) and name[:1].isupper():
+            return UNKNOWN  # a class: the call makes an object (a module, a loss, a meter), not a tensor
+        if (
+            self.forward_mode
+            and isinstance(func, ast.Attribute)
+            and dotted(func.value) == "self"
+            and any(self.kind(a, scope, line, depth + 1) == TENSOR for a in call.args)
+        ):
+            return TENSOR  # a submodule's output inside forward
         if isinstance(func, ast.Name):
             if name in SAFE_BUILTINS:
                 return SAFE

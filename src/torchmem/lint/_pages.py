@@ -7,16 +7,27 @@ PAGES: dict[str, str] = {
     "TM001": """# TM001 graph-accumulated
 
 A tensor that carries its autograd graph is kept across the iterations of a training loop: added to a
-running total (`total += loss`), appended to a list (`losses.append(loss)`) or stored under a changing key
-(`history[step] = out`).
+running total (`total += loss`, `total = total + loss`, `h = torch.cat([h, loss[None]])`), appended to a
+list (`losses.append(loss)`), stored under a changing key (`history[step] = out`), in a container reached
+through a subscript or an attribute (`metrics["loss"].append(loss)`, a `defaultdict`, `self.losses`,
+`stats.setdefault("loss", [])`), or by a helper of the same file that the loop calls (`accumulate(loss)`
+whose body does `nonlocal total; total = total + value`, a method that does `self.running += value`).
 
 ## Why
 
-`loss` is not a number: it is the root of the graph that produced it, and that graph references the
-step's activations and intermediate results. `total += loss` makes `total` the root of a graph that holds
-every step's graph (each `+` adds a node pointing at the previous total); `losses.append(loss)` keeps each
-step's graph alive for as long as the list lives. Memory grows every step until the run ends with an
-out-of-memory error, usually many steps in. This is the first entry of the PyTorch FAQ on memory.
+`loss` is not a number: it is the root of the graph that produced it. What keeping it costs depends on
+whether a backward ran through that graph, and the message says which shape it found:
+
+- **after `backward()`** (the usual case: the loss, or an output whose loss was backwarded): backward
+  frees the graph's saved activations, so the device memory of the step is released. What stays is the
+  graph's autograd nodes on the host (tens of KB per step; `total += loss` chains every step's nodes to
+  the last) plus the kept tensor itself (a scalar for a loss; for a model output, its size on the device,
+  every step). Host memory creeps up over a long run, and the device tensors grow with the outputs kept.
+- **no backward through it** (a forward whose result never reaches a backward): each kept value holds
+  its forward's whole graph with every saved activation on the device, a forward's activation memory per
+  step: out of memory within an epoch (the evaluation form of this is TM010).
+
+This is the first entry of the PyTorch FAQ on memory.
 
 ## Wrong
 
@@ -49,9 +60,13 @@ for x, y in loader:
 ## When it does not fire
 
 The value is `.item()`, `.detach()`, `.tolist()`, `float(...)`, `.cpu().numpy()` or made under
-`torch.no_grad()`; the container or total is reset inside the loop (`total = 0`, `losses.clear()`); the
-accumulated value is itself what `.backward()` runs on (gradient accumulation); the loop has no
-`.backward()` and no optimizer `.step()`; the value's origin is unknown to the local data flow.
+`torch.no_grad()`; it comes from a function of the same file that runs under `@torch.no_grad()` or returns
+numbers (`train_step(...)` returning `loss.item()`); the container or total is reset inside the loop
+(`total = 0`, `losses.clear()`); the accumulated value is itself what `.backward()` runs on (gradient
+accumulation); the loop has no `.backward()` and no optimizer `.step()`; the value's origin is unknown to
+the local data flow (a call to a function of another file that is not a model or a loss, a class call,
+`get_model(...)`, `compute_loss_scale(...)`: names that make or describe, not compute, are not taken for a
+forward or a loss; of `a, b, c = criterion(...)` only the first element is taken for the loss).
 
 Suppress one line with `# noqa: TM001`.
 """,
@@ -279,16 +294,17 @@ Suppress with `# noqa: TM006`.
 """,
     "TM007": """# TM007 tensor-logged
 
-Inside a training loop, a tensor that carries its autograd graph is given to a metric sink: an average
-meter's `update()`, `wandb.log`, `accelerator.log`, `logger.log_metrics`, `mlflow.log_metric`,
-`writer.add_scalar(s)`.
+Inside a training loop, a tensor that carries its autograd graph is given to a meter that keeps a
+running sum: `meter.update(loss)` where the meter's class in the same file adds what it is given into an
+attribute (`self.sum += val * n`), or, when its class is not in the file, a receiver named like a meter
+(`loss_meter`, `avg_loss`, `AverageMeter()` instances).
 
 ## Why
 
-A sink that keeps values keeps the graph: the classic `AverageMeter` does `self.sum += val * n`, so
-`meter.update(loss)` builds one graph over the whole epoch (see TM001). Sinks that convert at once still
-synchronise with the device at every call, and some buffer the row (`wandb.log(..., commit=False)`) with
-the tensor, and its graph, inside. A float is all a logger needs.
+The classic `AverageMeter` does `self.sum += val * n`, so `meter.update(loss)` makes `meter.sum` a graph
+that chains every step's graph to the last (TM001's shape, inside the meter). After `backward()` the
+saved activations are freed, but the autograd nodes (tens of KB per step) stay on the host for the
+whole epoch, and the meter's `avg` is a tensor with a graph instead of a number.
 
 ## Wrong
 
@@ -298,7 +314,6 @@ for x, y in loader:
     loss.backward()
     optimizer.step()
     losses_meter.update(loss, x.size(0))       # TM007
-    wandb.log({"loss": loss})                  # TM007
 ```
 
 ## Right
@@ -309,14 +324,17 @@ for x, y in loader:
     loss.backward()
     optimizer.step()
     losses_meter.update(loss.item(), x.size(0))
-    wandb.log({"loss": loss.item()})
 ```
 
 ## When it does not fire
 
-Lightning's `self.log(...)` / `self.log_dict(...)` (Lightning detaches and reduces tensors itself),
-`print` and the `logging` module (they format to text at once), values that are `.item()`,
-`.detach()`, `float(...)`, or of unknown origin, calls outside a training loop or under `no_grad`.
+Trackers that convert what they are given at once keep no graph and are not flagged: `wandb.log`,
+`accelerator.log` (accelerate's trackers run `listify`, which does `.detach().cpu()`),
+`SummaryWriter.add_scalar(s)` (`make_np`), `mlflow.log_metric` (`float(...)`), a logger's
+`log_metrics`, Lightning's `self.log(...)`; `print` and `logging`. Also: a meter class of the same file
+whose `update` keeps nothing of its argument; values that are `.item()`, `.detach()`, `float(...)`, from
+a `@torch.no_grad()` function of the file (nanoGPT's `estimate_loss`), or of unknown origin; calls outside
+a training loop or under `no_grad`.
 
 Suppress with `# noqa: TM007`.
 """,
@@ -394,5 +412,223 @@ for xb, yb in loader:
 `multiprocessing_context='spawn'`), or the dataset's origin is unknown to the local data flow.
 
 Suppress with `# noqa: TM009`.
+""",
+    "TM010": """# TM010 eval-outputs-kept
+
+A loop runs the model with autograd on, never calls backward, and keeps what it computes across its
+iterations (`preds.append(model(x))`, `total += criterion(model(x), y)`, `results[i] = out`): an
+evaluation or prediction loop without `torch.no_grad()`, wherever it is written: in a function named like
+`evaluate`, after `model.eval()`, or in the same function or script as the training loop.
+
+## Why
+
+Without `no_grad` every forward records its graph, and the graph keeps every activation a backward would
+need. A kept output keeps its graph, so each batch's activations stay on the device: memory grows by a
+forward's activation memory per batch (tens of MiB to GiB), and evaluation runs out of memory partway
+through the validation set, often with a batch size that training handled. This is the device-scale leak;
+a kept training loss after `backward()` (TM001) keeps only host-side autograd nodes.
+
+## Wrong
+
+```python
+import torch
+
+def evaluate(model, loader):
+    model.eval()
+    preds = []
+    for x, _ in loader:
+        preds.append(model(x))      # TM010
+    return torch.cat(preds)
+```
+
+## Right
+
+```python
+import torch
+
+@torch.no_grad()
+def evaluate(model, loader):
+    model.eval()
+    preds = []
+    for x, _ in loader:
+        preds.append(model(x))
+    return torch.cat(preds)
+```
+
+(`with torch.no_grad():` or `torch.inference_mode()` around the loop, or keeping `out.detach()`, works
+as well.)
+
+## When it does not fire
+
+The loop trains (a backward or an optimizer step in it: TM001's business); it runs under `no_grad`,
+`inference_mode` or `set_grad_enabled(<a variable>)`, or in a function a caller of the file runs under
+`no_grad`; the kept values reach a backward or `torch.autograd.grad` later in the function (their
+gradients are used); the function is a module's `forward` (its caller backwards what it returns); the loop
+carries state through the model (`out, h = model(x, h)`: a step-by-step decode, one forward spread over
+steps, whose kept outputs add nothing the carried state does not keep); there is no sign that the loop
+evaluates (no `.eval()`, no training in the same function, not named like evaluation); framework hooks
+(`validation_step`).
+
+Suppress with `# noqa: TM010`.
+""",
+    "TM011": """# TM011 exception-kept
+
+An exception caught inside a loop is kept in a container that outlives the iteration
+(`errors.append(e)`, `failures.append((i, e))`, `failed[i] = e`, `problems.append(sys.exc_info())`).
+
+## Why
+
+An exception object holds its `__traceback__`, the traceback holds the frames the exception passed
+through, and each frame holds its local variables: the batch, the activations of a half-finished forward,
+a partial autograd graph. Keeping the exception keeps all of it, for every failed iteration. An
+out-of-memory error caught and stored this way keeps exactly the tensors that filled the device, so the
+next iteration fails too.
+
+## Wrong
+
+```python
+import torch
+
+errors = []
+for x, y in loader:
+    try:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    except torch.cuda.OutOfMemoryError as e:
+        errors.append(e)             # TM011
+```
+
+## Right
+
+```python
+import torch
+
+errors = []
+for x, y in loader:
+    try:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+    except torch.cuda.OutOfMemoryError as e:
+        errors.append(str(e))        # the text, not the frames
+```
+
+(`traceback.format_exc()` keeps the whole traceback as text.)
+
+## When it does not fire
+
+What is kept is text (`str(e)`, `repr(e)`, `traceback.format_exc()`); the exception is only bound to a
+name (`last_error = e`: one exception at a time); the container is reset inside the loop; the code is not
+inside a loop; the file imports nothing of torch's world.
+
+Suppress with `# noqa: TM011`.
+""",
+    "TM012": """# TM012 hook-in-loop
+
+A module hook (`register_forward_hook`, `register_forward_pre_hook`, `register_full_backward_hook`,
+`register_module_forward_hook`, ...) is registered on every iteration of a loop that trains or calls the
+model, and no handle is ever removed.
+
+## Why
+
+Each call adds one more hook to the module; the earlier ones stay until their handle is removed. After
+N steps every forward runs N hooks: each step is slower than the last, and whatever the hooks keep (the
+outputs a closure appends, the tensors it captures) grows with them, often with the graph attached.
+
+## Wrong
+
+```python
+last = {}
+
+def keep_last(module, inputs, output):
+    last["layer4"] = output.detach()
+
+for x, y in loader:
+    model.layer4.register_forward_hook(keep_last)     # TM012
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+```
+
+## Right
+
+```python
+last = {}
+
+def keep_last(module, inputs, output):
+    last["layer4"] = output.detach()
+
+model.layer4.register_forward_hook(keep_last)         # once
+for x, y in loader:
+    loss = criterion(model(x), y)
+    loss.backward()
+    optimizer.step()
+```
+
+(Or keep the handle and call `handle.remove()` when the step is done with it.)
+
+## When it does not fire
+
+The registration is under an `if` or an `except` inside the loop (once, or now and then); the function
+removes a handle somewhere (`handle.remove()`); the loop only walks modules (`for m in model.modules():`)
+and neither trains nor calls the model; tensor hooks (`t.register_hook`), which die with their tensor.
+
+Suppress with `# noqa: TM012`.
+""",
+    "TM013": """# TM013 forward-keeps-tensors
+
+A module's `forward` adds a tensor it computed to an attribute of the module on every call:
+`self.history.append(out)`, `self.outputs[name] = x`, `self.total = self.total + x.mean()`.
+
+## Why
+
+`forward` runs once per step. What it appends to `self` stays as long as the module, and a tensor
+computed in `forward` carries the step's graph: its saved activations on the device until a backward runs
+through it, its autograd nodes on the host after. The module grows every step, in training and in
+evaluation, and nothing in the training loop shows it.
+
+## Wrong
+
+```python
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 4)
+        self.outputs = []
+
+    def forward(self, x):
+        out = self.fc(x)
+        self.outputs.append(out)      # TM013
+        return out
+```
+
+## Right
+
+```python
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 4)
+        self.last_output = None
+
+    def forward(self, x):
+        out = self.fc(x)
+        self.last_output = out.detach()   # one tensor, no graph
+        return out
+```
+
+## When it does not fire
+
+The value is detached or computed under `no_grad`; a method of the class other than `__init__` resets or
+clears the attribute (`self.outputs = []`, `self.cache.clear()`: the class manages its own buffer, a KV
+cache reset per sequence); the attribute is rebound, not added to (`self.last = out`: one step's graph at
+a time); the file imports nothing of torch's world.
+
+Suppress with `# noqa: TM013`.
 """,
 }

@@ -89,6 +89,33 @@ RULES: dict[str, LintRule] = {
             "keep the dataset on the CPU and move each batch, or use num_workers=0 "
             "(or multiprocessing_context='spawn')",
         ),
+        LintRule(
+            "TM010",
+            "eval-outputs-kept",
+            "a loop runs the model with autograd on, never calls backward, and keeps its outputs across "
+            "iterations (each keeps its forward's saved activations)",
+            "run the loop under `with torch.no_grad():` (or `torch.inference_mode()`), or keep "
+            "`out.detach()` / `out.item()`",
+        ),
+        LintRule(
+            "TM011",
+            "exception-kept",
+            "an exception caught in a loop is kept in a container (its traceback keeps the failed frames "
+            "and their tensors)",
+            "keep `str(e)` or `traceback.format_exc()`, not the exception object",
+        ),
+        LintRule(
+            "TM012",
+            "hook-in-loop",
+            "a module hook is registered on every step of a loop and its handle is never removed",
+            "register the hook once before the loop, or keep the handle and call `handle.remove()`",
+        ),
+        LintRule(
+            "TM013",
+            "forward-keeps-tensors",
+            "a module's `forward` adds its tensors to an attribute of the module on every call",
+            "keep `t.detach()` (or nothing), or reset the attribute where the step ends",
+        ),
     )
 }
 

@@ -29,7 +29,7 @@ SAFE_METHODS = frozenset(
         "nonzero", "eq", "ne", "lt", "gt", "le", "ge", "long", "int", "bool", "byte", "short", "isnan",
         "isinf", "isfinite", "count_nonzero", "element_size", "nelement", "stride", "data_ptr", "equal",
         "allclose", "isclose", "__len__", "get_device", "requires_grad_", "backward", "round", "floor",
-        "ceil", "sign", "logical_and", "logical_or", "logical_not", "any", "all", "unique",
+        "ceil", "sign", "logical_and", "logical_or", "logical_not", "any", "all", "unique", "multinomial",
     }
 )  # fmt: skip
 # Methods whose result carries the receiver's graph (when the receiver carries one).
@@ -59,7 +59,8 @@ TORCH_FRESH = frozenset(
         "full_like", "rand_like", "randn_like", "randint_like", "device", "is_tensor", "numel", "argmax",
         "argmin", "argsort", "eq", "ne", "lt", "gt", "le", "ge", "equal", "allclose", "isclose", "isnan",
         "isinf", "isfinite", "no_grad", "inference_mode", "manual_seed", "load", "save", "Generator",
-        "count_nonzero", "nonzero", "unique", "bucketize", "searchsorted",
+        "count_nonzero", "nonzero", "unique", "bucketize", "searchsorted", "multinomial", "bernoulli",
+        "poisson", "empty_strided",
     }
 )  # fmt: skip
 TORCH_ROOTS = frozenset({"torch", "F", "functional", "nn", "fn"})
@@ -68,6 +69,25 @@ _EVAL_WORDS = frozenset(
     {
         "eval", "evaluate", "evaluation", "validate", "validation", "valid", "val", "predict",
         "prediction", "predictions", "inference", "infer", "generate", "generation", "test", "testing",
+    }
+)  # fmt: skip
+# The first word of a function that makes, moves or uses a model: its result is not the model's output.
+_VERBS = frozenset(
+    {
+        "get", "build", "create", "make", "load", "init", "initialize", "setup", "prepare", "wrap", "unwrap",
+        "instantiate", "construct", "new", "save", "restore", "freeze", "unfreeze", "compile", "validate",
+        "evaluate", "eval", "train", "test", "run", "update", "print", "log", "count", "check", "register",
+        "export", "convert", "apply", "copy", "clone", "set", "reset", "is", "has", "find", "fetch",
+        "download", "from", "to", "push", "merge", "quantize", "replace", "patch", "configure", "add",
+    }
+)  # fmt: skip
+# The last word of a name about a loss rather than computing one.
+_ABOUT_LOSS = frozenset(
+    {
+        "scale", "scaler", "scaling", "weight", "weights", "name", "names", "type", "types", "dict", "keys",
+        "key", "cls", "class", "config", "cfg", "args", "kwargs", "history", "hist", "meter", "list",
+        "log", "logs", "value", "values", "str", "fmt", "items", "coef", "coeff", "factor", "ratio",
+        "mask", "masks", "reduction", "fn_name", "spec", "registry", "map", "mapping", "dir", "path",
     }
 )  # fmt: skip
 _NOT_EVAL_WORDS = frozenset({"step", "train", "training", "fit", "loss", "split", "data", "dataset", "set"})
@@ -147,11 +167,17 @@ def is_eval_name(name: str) -> bool:
 
 
 def is_model_callee(func: ast.AST) -> bool:
-    """Whether a call's callee names a model (``model(x)``, ``self.net(x)``, ``anything.forward(x)``)."""
+    """Whether a call's callee names a model (``model(x)``, ``self.net(x)``, ``anything.forward(x)``).
+
+    A name that starts with a verb (``get_model``, ``build_encoder``, ``prepare_model``,
+    ``validate_network``) is a function that makes or uses a model, not the model."""
     if isinstance(func, ast.Attribute) and func.attr == "forward":
         return True
     name = last_name(func)
     if not name or name == "self" or _MODEL_NAMES.match(name) is None:
+        return False
+    words = _words(name)
+    if len(words) > 1 and words[0] in _VERBS:
         return False
     if isinstance(func, ast.Attribute):  # self.generator(z), model.encoder(x); not writer.generator(...)
         root = _root_name(func)
@@ -160,8 +186,13 @@ def is_model_callee(func: ast.AST) -> bool:
 
 
 def is_loss_callee(func: ast.AST) -> bool:
+    """Whether a callee computes a loss (``criterion``, ``loss_fn``, ``F.nll_loss``, ``compute_loss``), not
+    something about a loss (``compute_loss_scale``, ``loss_weight``, ``get_loss_names``)."""
     name = last_name(func)
-    return bool(name) and _LOSS_NAMES.search(name) is not None and not name.startswith(("get_", "set_"))
+    if not name or _LOSS_NAMES.search(name) is None or name.startswith(("get_", "set_")):
+        return False
+    words = _words(name)
+    return not words or words[-1] not in _ABOUT_LOSS
 
 
 def no_grad_item(expr: ast.AST) -> int:
@@ -178,6 +209,32 @@ def no_grad_item(expr: ast.AST) -> int:
             return 1
         return 0 if is_const(call.args[0], True) else -1
     return 0
+
+
+def container_key(node: ast.AST) -> str | None:
+    """The container a store reaches: ``metrics`` for ``metrics["loss"]`` and ``d[k][j]``, ``self.h`` for
+    ``self.h``; None when the base is not a name or an attribute chain."""
+    while True:
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "setdefault"
+        ):
+            node = node.func.value  # stats.setdefault("loss", []).append(loss)
+        else:
+            return dotted(node)
+
+
+#: Module hooks: each call adds one more hook to the module (it stays until its handle is removed).
+HOOK_METHODS = frozenset(
+    {
+        "register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+        "register_full_backward_pre_hook", "register_backward_hook", "register_module_forward_hook",
+        "register_module_forward_pre_hook", "register_module_full_backward_hook",
+    }
+)  # fmt: skip
 
 
 def node_line(node: ast.AST) -> int:

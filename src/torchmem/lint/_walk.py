@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 
 from torchmem.lint._syntax import (
     ARGS_NAMES,
+    HOOK_METHODS,
     OPT_NAMES,
     RANK_VARS,
     SINK_METHODS,
     TORCH_WORLD,
+    container_key,
     dotted,
     is_const,
     is_const_in,
@@ -29,6 +31,8 @@ from torchmem.lint._syntax import (
     node_line,
     short,
 )
+
+_JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
 
 
 # -- what the walk records ----------------------------------------------------------------------------------
@@ -41,9 +45,11 @@ class Loop:
     rebound: set[str] = field(default_factory=set)
     cleared: set[str] = field(default_factory=set)
     model_call: ast.Call | None = None  # the first model call not under no_grad
+    model_calls: list[ast.Call] = field(default_factory=list)  # every model call not under no_grad
     backwards: list[tuple[tuple[int, int], bool]] = field(default_factory=list)  # (position, retains)
     carried: dict[str, int] = field(default_factory=dict)  # name -> line: bound from its own previous value
     detached: set[str] = field(default_factory=set)  # names cut from their graph in the loop
+    targets: set[str] = field(default_factory=set)  # names the for statement binds each iteration
 
     def chain(self) -> Iterator[Loop]:
         loop: Loop | None = self
@@ -58,6 +64,7 @@ class Ctx:
     no_grad: bool = False
     guard: Loop | None = None  # under an if/except inside this loop
     in_handler: bool = False
+    exc: str | None = None  # the name an enclosing `except ... as e:` binds
 
 
 @dataclass
@@ -82,8 +89,15 @@ class Scope:
     enable_grad: bool = False
     trains: bool = False
     eval_called: bool = False
+    eval_receivers: set[str] = field(default_factory=set)  # `model` of `model.eval()`, `model.cuda().eval()`
     events: list[tuple[str, ast.AST, Ctx, object]] = field(default_factory=list)
     first_eval_loop: Loop | None = None
+    grad_maybe: bool = False  # set_grad_enabled(<a variable>): autograd may be off, not known
+    params: list[str] = field(default_factory=list)
+    declared: set[str] = field(default_factory=set)  # names declared `nonlocal` or `global`
+    returns: list[tuple[ast.expr, int, bool]] = field(default_factory=list)  # (value, line, under no_grad)
+    backward_roots: set[str] = field(default_factory=set)  # names inside what `.backward()` runs on
+    removes_handles: bool = False  # some `handle.remove()` in the scope
 
 
 @dataclass
@@ -106,6 +120,7 @@ class Walker:
     def __init__(self, tree: ast.Module, path: str) -> None:
         self.facts = ModuleFacts()
         self.scopes: list[Scope] = []
+        self.functions: dict[str, Scope] = {}  # functions by name; methods as "Class.name"
         name = path.replace("\\", "/").rsplit("/", 1)[-1]
         self.test_file = name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
         self.module = self._new_scope(tree, "<module>", None, "module")
@@ -119,15 +134,18 @@ class Walker:
 
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef, cls: ast.ClassDef | None) -> None:
         scope = self._new_scope(node, node.name, cls, "function")
+        self.functions[f"{cls.name}.{node.name}" if cls is not None else node.name] = scope
         for dec in node.decorator_list:
             self._expr(dec, self.module, Ctx())
             state = no_grad_item(dec)
             if state:
                 scope.grad_handled = True
                 scope.no_grad_all = state == 1
+                scope.grad_maybe = state == -1
         args = node.args
         for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
             if a is not None:
+                scope.params.append(a.arg)
                 scope.bindings.setdefault(a.arg, []).append(Binding(a.lineno, a.col_offset, None, False))
         for d in (*args.defaults, *args.kw_defaults):
             if d is not None:
@@ -207,6 +225,7 @@ class Walker:
             loop = Loop(s, ctx.loop)
             inner = Ctx(loop, ctx.no_grad, None, False)
             self._bind(s.target, None, scope, inner)
+            loop.targets = {n.id for n in ast.walk(s.target) if isinstance(n, ast.Name)}
             self._body(s.body, scope, inner)
             self._body(s.orelse, scope, ctx)
         elif isinstance(s, ast.While):
@@ -219,7 +238,7 @@ class Walker:
             self._expr(s.test, scope, ctx)
             sub = ctx
             if ctx.loop is not None and not self._availability_test(s.test):
-                sub = Ctx(ctx.loop, ctx.no_grad, ctx.loop, ctx.in_handler)
+                sub = Ctx(ctx.loop, ctx.no_grad, ctx.loop, ctx.in_handler, ctx.exc)
             self._body(s.body, scope, sub)
             self._body(s.orelse, scope, sub)
         elif isinstance(s, (ast.With, ast.AsyncWith)):
@@ -230,22 +249,23 @@ class Walker:
                 if state:
                     scope.grad_handled = True
                     no_grad = no_grad or state == 1
+                    scope.grad_maybe = scope.grad_maybe or state == -1
                 if last_name(getattr(item.context_expr, "func", item.context_expr)) == "enable_grad":
                     scope.enable_grad = True
                     no_grad = False
                 if item.optional_vars is not None:
                     self._bind(item.optional_vars, None, scope, ctx)
-            inner = Ctx(ctx.loop, no_grad, ctx.guard, ctx.in_handler)
+            inner = Ctx(ctx.loop, no_grad, ctx.guard, ctx.in_handler, ctx.exc)
             self._body(s.body, scope, inner)
         elif isinstance(s, ast.Try) or type(s).__name__ == "TryStar":
             try_node: ast.Try = s  # type: ignore[assignment]
             self._body(try_node.body, scope, ctx)
-            handler_ctx = Ctx(ctx.loop, ctx.no_grad, ctx.loop, True)
             for h in try_node.handlers:
                 if h.type is not None:
                     self._expr(h.type, scope, ctx)
                 if h.name:
                     scope.bindings.setdefault(h.name, []).append(Binding(h.lineno, h.col_offset, None, False))
+                handler_ctx = Ctx(ctx.loop, ctx.no_grad, ctx.loop, True, h.name or ctx.exc)
                 self._body(h.body, scope, handler_ctx)
             self._body(try_node.orelse, scope, ctx)
             self._body(try_node.finalbody, scope, ctx)
@@ -264,6 +284,9 @@ class Walker:
         elif isinstance(s, ast.Return):
             if s.value is not None:
                 self._expr(s.value, scope, ctx)
+                scope.returns.append((s.value, s.lineno, ctx.no_grad))
+        elif isinstance(s, (ast.Global, ast.Nonlocal)):
+            scope.declared.update(s.names)
         elif isinstance(s, ast.Delete):
             for t in s.targets:
                 deleted = dotted(t.value if isinstance(t, ast.Subscript) else t)
@@ -275,12 +298,12 @@ class Walker:
         elif type(s).__name__ == "Match":
             self._expr(s.subject, scope, ctx)  # type: ignore[attr-defined]
             for case in s.cases:  # type: ignore[attr-defined]
-                self._body(case.body, scope, Ctx(ctx.loop, ctx.no_grad, ctx.loop, ctx.in_handler))
+                self._body(case.body, scope, Ctx(ctx.loop, ctx.no_grad, ctx.loop, ctx.in_handler, ctx.exc))
         elif isinstance(s, (ast.Import, ast.ImportFrom)):
             mods = [a.name for a in s.names] if isinstance(s, ast.Import) else [s.module or ""]
             if any(m.split(".", 1)[0] in TORCH_WORLD for m in mods):
                 self.facts.torch_imported = True
-        # Global, Nonlocal, Pass, Break, Continue: nothing to record
+        # Pass, Break, Continue: nothing to record
 
     @staticmethod
     def _availability_test(test: ast.expr) -> bool:
@@ -289,7 +312,7 @@ class Walker:
 
     def _assign_target(self, t: ast.expr, value: ast.expr, scope: Scope, ctx: Ctx) -> None:
         if isinstance(t, ast.Subscript):
-            container = dotted(t.value)
+            container = container_key(t.value)
             self._expr(t, scope, ctx)
             if container is not None and not isinstance(t.slice, (ast.Constant, ast.Slice)):
                 scope.events.append(("store", t, ctx, (container, value)))
@@ -303,6 +326,20 @@ class Walker:
             if dotted(value.right) == key:
                 scope.events.append(("aug", t, ctx, (key, value.left)))
                 return
+        if (
+            key is not None
+            and isinstance(value, ast.Call)
+            and last_name(value.func) in _JOINS
+            and value.args
+            and isinstance(value.args[0], (ast.List, ast.Tuple))
+            and any(dotted(e) == key for e in value.args[0].elts)
+        ):  # h = torch.cat([h, loss[None]]): an accumulation too
+            for e in value.args[0].elts:
+                if dotted(e) != key:
+                    scope.events.append(("aug", t, ctx, (key, e)))
+            if ctx.loop is not None:
+                self._carry(key, value, node_line(t), ctx.loop)
+            return
         self._bind(t, value, scope, ctx)
 
     def _augassign(self, s: ast.AugAssign, scope: Scope, ctx: Ctx) -> None:
@@ -314,7 +351,7 @@ class Walker:
         if not isinstance(s.op, (ast.Add, ast.Sub)):
             return
         if isinstance(t, ast.Subscript):
-            container = dotted(t.value)
+            container = container_key(t.value)
             self._expr(t, scope, ctx)
             if container is not None:
                 scope.events.append(("aug", t, ctx, (container, s.value)))
@@ -387,6 +424,8 @@ class Walker:
                 recv = func.value
                 if isinstance(recv, ast.Call) and recv.args:  # scaler.scale(loss).backward()
                     recv = recv.args[0]
+                for part in (recv, *call.args[:1]):
+                    scope.backward_roots.update(names_in(part))
                 key = dotted(recv)
                 if key is not None and call.args == [] and name == "backward":
                     scope.backwarded.add(key)
@@ -402,6 +441,8 @@ class Walker:
                 if not create:
                     scope.events.append(("retain", call, ctx, None))
         elif name == "grad" and isinstance(func, ast.Attribute) and last_name(func.value) == "autograd":
+            for part in (*call.args[:1], *(k.value for k in call.keywords if k.arg == "outputs")):
+                scope.backward_roots.update(names_in(part))
             retains = any(
                 k.arg in ("retain_graph", "create_graph") and is_const(k.value, True) for k in call.keywords
             )
@@ -422,19 +463,27 @@ class Walker:
                 scope.events.append(("empty_cache", call, ctx, None))
         elif name == "eval" and isinstance(func, ast.Attribute) and not call.args and not call.keywords:
             scope.eval_called = True
+            recv = func.value
+            while isinstance(recv, ast.Call) and isinstance(recv.func, ast.Attribute):
+                recv = recv.func.value  # model.cuda().eval(), model.to(device).eval()
+            key = container_key(recv)
+            if key is not None:
+                scope.eval_receivers.add(key)
         elif (
             name in ("append", "appendleft", "insert", "add")
             and isinstance(func, ast.Attribute)
             and call.args
         ):
-            container = dotted(func.value)
+            container = container_key(func.value)
             if container is not None:
                 scope.events.append(("store", call, ctx, (container, call.args[-1])))
         elif name == "extend" and isinstance(func, ast.Attribute) and call.args:
-            container = dotted(func.value)
+            container = container_key(func.value)
             if container is not None and isinstance(call.args[0], (ast.List, ast.Tuple)):
                 for elt in call.args[0].elts:
                     scope.events.append(("store", call, ctx, (container, elt)))
+            elif container is not None and not isinstance(call.args[0], ast.Starred):
+                scope.events.append(("store", call, ctx, (container, call.args[0])))  # its elements
         elif name == "detach_" and isinstance(func, ast.Attribute):
             key = dotted(func.value)
             for lp in loop.chain() if key is not None and loop is not None else ():
@@ -461,8 +510,13 @@ class Walker:
         elif name == "set_start_method":
             arg = call.args[0] if call.args else getattr(keyword_arg(call, "method"), "value", None)
             self.facts.start_method = arg.value if isinstance(arg, ast.Constant) else "?"  # type: ignore[assignment]
-        elif name == "set_grad_enabled" and call.args and is_const(call.args[0], False):
+        elif name == "set_grad_enabled" and call.args and not is_const(call.args[0], True):
             scope.grad_handled = True
+            scope.grad_maybe = scope.grad_maybe or not is_const(call.args[0], False)
+        elif name in HOOK_METHODS and isinstance(func, ast.Attribute):
+            scope.events.append(("hook", call, ctx, None))
+        elif name == "remove" and not call.args and isinstance(func, ast.Attribute):
+            scope.removes_handles = True
         elif name == "DataLoader":
             scope.events.append(("dataloader", call, ctx, None))
         elif name in SINK_METHODS or name == "update":
@@ -475,8 +529,24 @@ class Walker:
             scope.events.append(("cuda", call, ctx, None))
         if ctx.no_grad and name:
             self.facts.called_under_no_grad.add(name)
-        if not ctx.no_grad and loop is not None and (call.args or call.keywords) and is_model_callee(func):
+        if (
+            loop is not None
+            and call.args
+            and (
+                isinstance(func, ast.Name)
+                or (isinstance(func, ast.Attribute) and dotted(func.value) == "self")
+            )
+        ):
+            scope.events.append(("call", call, ctx, None))
+        if (
+            not ctx.no_grad
+            and loop is not None
+            and (call.args or call.keywords)
+            and is_model_callee(func)
+            and not (isinstance(func, ast.Name) and func.id[:1].isupper())  # a class: makes a model
+        ):
             for lp in loop.chain():
+                lp.model_calls.append(call)
                 if lp.model_call is None:
                     lp.model_call = call
             if scope.first_eval_loop is None:
@@ -495,6 +565,17 @@ class Walker:
             loop.backwards.append(((call.lineno, call.col_offset), retains))
         for lp in loop.chain():
             lp.trains = True
+
+
+def names_in(expr: ast.AST) -> set[str]:
+    """Every ``a`` and ``a.b.c`` named inside an expression."""
+    out: set[str] = set()
+    for n in ast.walk(expr):
+        if isinstance(n, (ast.Name, ast.Attribute)):
+            key = dotted(n)
+            if key is not None:
+                out.add(key)
+    return out
 
 
 def is_cuda_use(call: ast.Call) -> bool:

@@ -357,6 +357,19 @@ def test_tm006_look_alikes_are_not_flagged(variant: str) -> None:
     "line",
     [
         "loss_meter.update(loss, x.size(0))",
+        "avg_loss.update(val=loss)",
+        "train_meter.update(out.mean())",
+    ],
+)
+def test_tm007_flags_tensors_given_to_meters(line: str) -> None:
+    assert codes(in_loop(line)) == [(11, "TM007")]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # trackers convert at once (accelerate's listify: .detach().cpu(); tensorboard's make_np; mlflow's
+        # float()): they keep no graph, so they are not flagged
         "wandb.log({'train/loss': loss})",
         "writer.add_scalar('loss', loss, step)",
         "accelerator.log({'loss': loss}, step=step)",
@@ -364,8 +377,34 @@ def test_tm006_look_alikes_are_not_flagged(variant: str) -> None:
         "mlflow.log_metric('loss', loss)",
     ],
 )
-def test_tm007_flags_tensors_given_to_sinks(line: str) -> None:
-    assert codes(in_loop(line)) == [(11, "TM007")]
+def test_tm007_trackers_that_convert_at_once_are_not_flagged(line: str) -> None:
+    assert codes(in_loop(line)) == []
+
+
+METER = """
+class AverageMeter:
+    def __init__(self):
+        self.sum, self.count = 0, 0
+    def update(self, val, n=1):
+        self.sum += val * n
+        self.count += n
+"""
+
+
+def test_tm007_decides_by_the_meter_class_of_the_file() -> None:
+    keeps = METER + "stat = AverageMeter()\n" + in_loop("stat.update(loss)")
+    assert [c for _, c in codes(keeps)] == ["TM007"]  # not named like a meter, but its class sums
+    drops = METER.replace("self.sum += val * n", "self.last = n") + "loss_meter = AverageMeter()\n"
+    assert codes(drops + in_loop("loss_meter.update(loss)")) == []  # named like one, but keeps nothing
+
+
+def test_tm007_message_says_what_grows() -> None:
+    (finding,) = lint_source(textwrap.dedent(in_loop("loss_meter.update(loss)")), "t.py")
+    assert "running sum" in finding.message
+    assert (
+        "saved activations are freed" in finding.message
+        and "autograd nodes stay on the host" in finding.message
+    )
 
 
 @pytest.mark.parametrize(

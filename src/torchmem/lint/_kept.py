@@ -1,0 +1,349 @@
+"""The rules about what a program keeps from step to step: a graph kept by a container or a total (TM001),
+outputs of an evaluation forward kept with their activations (TM010), exceptions kept with their frames
+(TM011), hooks added on every step (TM012) and tensors a module's ``forward`` keeps on the module (TM013).
+
+Each finding says what grows, from the shape the data flow shows: after ``backward()`` ran through a graph
+its saved activations are freed and what a kept loss holds is the graph's autograd nodes on the host (tens
+of KB per step); a kept output of a forward that no backward runs through holds all the forward's saved
+activations on the device. Pure standard library: no torch import.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING
+
+from torchmem.lint._syntax import TENSOR, dotted, is_eval_name, last_name, node_line, short
+from torchmem.lint._walk import Ctx, Scope, names_in
+
+if TYPE_CHECKING:
+    from torchmem.lint._flow import DataFlow
+    from torchmem.lint._walk import ModuleFacts, Walker
+
+# What grows, by the shape found (the figures: a step's autograd nodes are tens of KB of host memory; a
+# forward's saved activations are the size of its intermediate tensors, MiB to GiB per batch).
+AFTER_BACKWARD = (
+    "`backward()` ran through its graph, so the saved activations are freed, but the graph's autograd nodes "
+    "stay on the host (tens of KB per step) for as long as the value is kept"
+)
+OUTPUT_AFTER_BACKWARD = (
+    "`backward()` ran through its graph, so the saved activations are freed; what grows is the output "
+    "tensor itself on its device (its size, every step) and the graph's autograd nodes on the host "
+    "(tens of KB per step)"
+)
+NO_BACKWARD = (
+    "no backward runs through it, so each kept value holds its forward's whole graph with every saved "
+    "activation on the device (a forward's activation memory per step): out of memory within an epoch"
+)
+UNKNOWN_BACKWARD = (
+    "every step's graph stays alive: its saved activations on the device until a backward runs through "
+    "it, its autograd nodes on the host after"
+)
+
+
+class KeptChecks:
+    """TM001, TM010-TM013; mixed into :class:`torchmem.lint._checker.Rules` (which gives ``w``, ``facts``,
+    ``flow`` and ``add``)."""
+
+    w: Walker
+    facts: ModuleFacts
+    flow: DataFlow
+    kept_eval_scopes: set[int]
+    _feeding: dict[int, set[str]]
+    _reset_attrs: dict[int, set[str]]
+
+    def add(self, node: ast.AST, code: str, message: str) -> None:  # pragma: no cover - Rules defines it
+        raise NotImplementedError
+
+    # -- the data flow of backward
+    def feeding_backward(self, scope: Scope) -> set[str]:
+        """Every name whose value reaches what ``backward()`` (or ``autograd.grad``) runs on in this scope."""
+        found = self._feeding.get(id(scope))
+        if found is not None:
+            return found
+        seen: set[str] = set()
+        todo = list(scope.backward_roots | scope.backwarded)
+        while todo and len(seen) < 400:
+            key = todo.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            if "." in key:
+                todo.append(key.split(".", 1)[0])
+            for b in scope.bindings.get(key, ()):
+                if b.value is not None:
+                    todo.extend(names_in(b.value) - seen)
+        self._feeding[id(scope)] = seen
+        return seen
+
+    def tensor_names(self, value: ast.AST, scope: Scope, line: int) -> set[str]:
+        """The names inside ``value`` that the data flow says are graph-carrying tensors."""
+        out: set[str] = set()
+        for n in ast.walk(value):
+            if isinstance(n, (ast.Name, ast.Attribute)):
+                key = dotted(n)
+                if key is not None and self.flow.kind(n, scope, line) == TENSOR:
+                    out.add(key)
+        return out
+
+    def growth(self, value: ast.AST, scope: Scope, line: int) -> str:
+        """What a kept graph-carrying value holds, from whether a backward runs through it."""
+        if not scope.backward_roots and not scope.backwarded:
+            return UNKNOWN_BACKWARD
+        names = self.tensor_names(value, scope, line)
+        roots = scope.backward_roots | scope.backwarded
+        if names & roots:
+            return AFTER_BACKWARD
+        if names & self.feeding_backward(scope):
+            return OUTPUT_AFTER_BACKWARD
+        return NO_BACKWARD
+
+    # -- TM001 and TM010: a container or total kept across iterations
+    def kept(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object, verb: str) -> None:
+        if ctx.loop is None:
+            return
+        assert isinstance(extra, tuple)
+        key: str = extra[0]
+        value: ast.expr = extra[1]
+        if ctx.in_handler and (
+            (ctx.exc is not None and self._mentions(value, ctx.exc)) or self._exc_info(value)
+        ):
+            self._tm011(scope, node, ctx, key, value)
+            return
+        if key in scope.backwarded:
+            return  # the accumulated loss is what backward runs on
+        lives = next((lp for lp in ctx.loop.chain() if key not in lp.rebound and key not in lp.cleared), None)
+        if lives is None:
+            return
+        if ctx.no_grad and not isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
+            return  # made under no_grad
+        line = node_line(node) + 1
+        if self.flow.kind(value, scope, line) != TENSOR:
+            return
+        grows = self.growth(value, scope, line)
+        if (
+            not lives.trains
+            and grows in (NO_BACKWARD, UNKNOWN_BACKWARD)
+            and not any(k not in lives.detached and k not in lives.targets for k in lives.carried)  # a decode
+            and self._eval_keeps(scope, ctx, key)
+        ):
+            self.kept_eval_scopes.add(id(scope))
+            self.add(
+                node,
+                "TM010",
+                f"`{key}` {verb} `{short(value)}` on every iteration of this loop "
+                f"(line {node_line(lives.node)}), which runs the model with autograd on and never calls "
+                "backward: each kept output holds its forward's graph with every saved activation "
+                "on the device (a forward's activation memory per batch), so memory grows through "
+                "the loop until out of memory",
+            )
+            return
+        loop = next(
+            (lp for lp in ctx.loop.chain() if lp.trains and key not in lp.rebound and key not in lp.cleared),
+            None,
+        )
+        if loop is None:
+            return
+        self.add(
+            node,
+            "TM001",
+            f"`{key}` {verb} `{short(value)}`, a tensor that carries its autograd graph, across the "
+            f"iterations of a training loop (line {node_line(loop.node)}): {grows}",
+        )
+
+    def _eval_keeps(self, scope: Scope, ctx: Ctx, key: str) -> bool:
+        """Whether a loop that keeps forward outputs evaluates with autograd on (and nothing uses the
+        gradients of what it keeps)."""
+        if ctx.no_grad or scope.no_grad_all or scope.grad_maybe:
+            return False
+        if scope.kind == "function" and scope.name in self.facts.called_under_no_grad:
+            return False
+        if scope.name.endswith("_step") or scope.name.startswith("on_"):
+            return False  # framework hooks (Lightning's validation_step) run under no_grad already
+        if key in self.feeding_backward(scope):
+            return False  # the kept outputs are backwarded later: their gradients are used
+        if scope.name in ("forward", "__call__") or scope.name.startswith(("forward_", "_forward")):
+            return False  # a model's own forward: its caller runs backward through what it returns
+        named = scope.kind == "function" and scope.cls is None and is_eval_name(scope.name)
+        return scope.eval_called or scope.trains or named
+
+    # -- TM001 through a helper: `accumulate(loss)` with `nonlocal total; total = total + loss`
+    def _on_call(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
+        call = node
+        assert isinstance(call, ast.Call) and ctx.loop is not None
+        if not any(lp.trains for lp in ctx.loop.chain()) or ctx.no_grad or scope.no_grad_all:
+            return
+        fn = self.flow.function_of(call, scope)
+        if fn is None or fn is scope or fn.no_grad_all:
+            return
+        params = fn.params[1:] if fn.cls is not None else fn.params
+        for kind, store, sctx, sextra in fn.events:
+            if kind not in ("store", "aug") or sctx.no_grad or sctx.exc is not None:
+                continue
+            assert isinstance(sextra, tuple)
+            key: str = sextra[0]
+            how = self._persistent(fn, key, kind)
+            if how is None or key in fn.backwarded:
+                continue
+            for i, param in enumerate(params):
+                arg = self._argument(call, i, param)
+                if arg is None:
+                    continue
+                self.flow.assume = {param: TENSOR}
+                try:
+                    carries = self.flow.kind(sextra[1], fn, node_line(store) + 1) == TENSOR
+                finally:
+                    self.flow.assume = {}
+                if not carries or self.flow.kind(arg, scope, node_line(call) + 1) != TENSOR:
+                    continue
+                loop = next(
+                    (lp for lp in ctx.loop.chain() if lp.trains and key not in lp.rebound),
+                    None,
+                )
+                if loop is None:
+                    return
+                grows = self.growth(arg, scope, node_line(call) + 1)
+                self.add(
+                    call,
+                    "TM001",
+                    f"`{short(call)}` keeps `{short(arg)}`, a tensor that carries its autograd graph, in "
+                    f"`{key}` ({how}, line {node_line(store)}) on every iteration of the training loop "
+                    f"(line {node_line(loop.node)}): {grows}",
+                )
+                return
+
+    @staticmethod
+    def _persistent(fn: Scope, key: str, kind: str) -> str | None:
+        root = key.split(".", 1)[0]
+        if root in fn.declared:
+            return f"declared nonlocal/global in `{fn.name}`"
+        if root == "self" and fn.cls is not None and "." in key:
+            return f"an attribute of the `{fn.cls.name}` object"
+        if kind == "store" and root not in fn.bindings:
+            return f"a variable of the scope around `{fn.name}`"
+        return None
+
+    @staticmethod
+    def _argument(call: ast.Call, index: int, param: str) -> ast.expr | None:
+        for k in call.keywords:
+            if k.arg == param:
+                return k.value
+        if any(isinstance(a, ast.Starred) for a in call.args[: index + 1]):
+            return None
+        return call.args[index] if index < len(call.args) else None
+
+    # -- TM011: exceptions kept
+    @staticmethod
+    def _mentions(value: ast.AST, name: str) -> bool:
+        """``e``, or a tuple/list/dict that holds ``e`` itself (not ``str(e)``)."""
+        if isinstance(value, ast.Name):
+            return value.id == name
+        if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
+            return any(isinstance(e, ast.Name) and e.id == name for e in value.elts)
+        if isinstance(value, ast.Dict):
+            return any(isinstance(v, ast.Name) and v.id == name for v in value.values)
+        return False
+
+    @staticmethod
+    def _exc_info(value: ast.AST) -> bool:
+        """``sys.exc_info()`` (its third element is the traceback), alone or in a tuple."""
+        items = value.elts if isinstance(value, (ast.Tuple, ast.List)) else [value]
+        return any(isinstance(v, ast.Call) and last_name(v.func) == "exc_info" for v in items)
+
+    def _tm011(self, scope: Scope, node: ast.AST, ctx: Ctx, key: str, value: ast.expr) -> None:
+        assert ctx.loop is not None
+        if not self.facts.torch_imported:
+            return
+        lives = next((lp for lp in ctx.loop.chain() if key not in lp.rebound and key not in lp.cleared), None)
+        if lives is None:
+            return
+        self.add(
+            node,
+            "TM011",
+            f"`{key}` keeps the exception `{ctx.exc or 'sys.exc_info()'}` of every failed iteration of the "
+            f"loop at line {node_line(lives.node)}: its `__traceback__` holds the frames of the failed call, "
+            "and their locals (the batch, activations, a half-built graph) stay alive on the device with it",
+        )
+
+    # -- TM012: hooks added on every step
+    def _on_hook(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
+        call = node
+        assert isinstance(call, ast.Call)
+        if ctx.loop is None or ctx.guard is not None or scope.removes_handles:
+            return
+        step = next((lp for lp in ctx.loop.chain() if lp.trains or lp.model_call is not None), None)
+        if step is None:
+            return  # a loop over modules (`for m in model.modules()`) registers each hook once
+        assert isinstance(call.func, ast.Attribute)
+        what = "training" if step.trains else "model-calling"
+        self.add(
+            call,
+            "TM012",
+            f"`{short(call.func)}(...)` runs on every iteration of the {what} loop at line "
+            f"{node_line(step.node)} and no handle is removed: each step adds one more hook, every forward "
+            "runs all of them (slower each step), and what they capture (outputs kept by the hook) grows "
+            "with them",
+        )
+
+    # -- TM013: a module's forward keeps tensors on the module
+    def tm013(self, scope: Scope) -> None:
+        if scope.cls is None or scope.name != "forward" or not self.facts.torch_imported:
+            return
+        stores = [e for e in scope.events if e[0] in ("store", "aug") and not e[2].no_grad]
+        if not stores:
+            return
+        reset = self._resets(scope.cls)
+        self.flow.assume = {p: TENSOR for p in scope.params[1:]}
+        self.flow.forward_mode = True
+        try:
+            for kind, node, _ctx, extra in stores:
+                assert isinstance(extra, tuple)
+                key: str = extra[0]
+                if not key.startswith("self.") or key in reset:
+                    continue
+                if self.flow.kind(extra[1], scope, node_line(node) + 1) != TENSOR:
+                    continue
+                verb = "adds" if kind == "aug" else "stores"
+                self.add(
+                    node,
+                    "TM013",
+                    f"`{scope.cls.name}.forward` {verb} `{short(extra[1])}` into `{key}` on every call and "
+                    "nothing in the class resets it: each forward's output and its graph (the saved "
+                    "activations on the device until a backward, the autograd nodes after) stay alive "
+                    "on the module, growing every step",
+                )
+                return
+        finally:
+            self.flow.assume = {}
+            self.flow.forward_mode = False
+
+    def _resets(self, cls: ast.ClassDef) -> set[str]:
+        """``self.<attr>`` names some method other than ``__init__`` rebinds or clears."""
+        found = self._reset_attrs.get(id(cls))
+        if found is not None:
+            return found
+        out: set[str] = set()
+        for member in cls.body:
+            if not isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)) or member.name == "__init__":
+                continue
+            for n in ast.walk(member):
+                if isinstance(n, (ast.Assign, ast.AnnAssign)):
+                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                    value = n.value
+                    for t in targets:
+                        for elt in t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]:
+                            key = dotted(elt)
+                            if key is not None and (value is None or key not in names_in(value)):
+                                out.add(key)  # `self.h = []` resets; `self.h = self.h + x` does not
+                elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+                    if n.func.attr in ("clear", "pop", "popleft", "popitem", "remove"):
+                        key = dotted(n.func.value)
+                        if key is not None:
+                            out.add(key)
+                elif isinstance(n, ast.Delete):
+                    for t in n.targets:
+                        key = dotted(t.value if isinstance(t, ast.Subscript) else t)
+                        if key is not None:
+                            out.add(key)
+        self._reset_attrs[id(cls)] = out
+        return out
