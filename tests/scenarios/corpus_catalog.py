@@ -158,10 +158,6 @@ KNOWN_WRONG: dict[tuple[str, str], str] = {
         else {}
     ),
     # -- CUDA (the H100 run of 2026-11-26) --
-    ("metric_torchmetrics_never_reset", "cuda"): (
-        "0 steps, the timeline verdict 'noisy': the figure moves within 0 B..180.25 MiB over the last 3 s of "
-        "the sampled timeline (trend +60.97 MiB/s); no repeating unit was found for the update() calls"
-    ),
     ("cpu_graphs_kept_cuda", "cuda"): (
         "host_leak too_few: 'only 4 readings: steady growth is judged on 5 readings' (a 24 ms step read "
         "every 8 steps over 30 steps)"
@@ -169,10 +165,6 @@ KNOWN_WRONG: dict[tuple[str, str], str] = {
     ("cpu_tensor_dict_per_step_cuda", "cuda"): (
         "host_leak too_few: 'only 3 readings: steady growth is judged on 5 readings' (30 steps, the C heap "
         "read every 12)"
-    ),
-    ("oom_orphaned_optimizer", "cuda"): (
-        "the program's budget was tuned on the CPU cap: on CUDA the OOM comes from another line, uncaught "
-        "(exit 1)"
     ),
 }
 
