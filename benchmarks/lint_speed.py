@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_name
 from torchmem.lint import lint_paths
-from torchmem.lint._run import iter_files
+from torchmem.lint._run import _jobs, iter_files
 
 TRAIN = '''"""Training script {i}: model, data, loops (the shapes tutorials use)."""
 import os
@@ -202,14 +202,18 @@ def main() -> int:
             build_tree(root, args.lines)
         files = list(iter_files([root], None))
         n_lines = tree_lines(files)
-        rows: dict[str, list[float]] = {"ast.parse": [], "compile": [], "lint_paths": []}
+        auto = f"lint_paths (jobs={_jobs(None, len(files))})"
+        rows: dict[str, list[float]] = {"ast.parse": [], "compile": [], "lint_paths (jobs=1)": [], auto: []}
         findings = 0
+        loads: list[float] = []
         for _ in range(args.repeats):  # paired: each round runs every measurement once
+            loads.append(os.getloadavg()[0])
             rows["ast.parse"].append(timed(lambda: parse_all(files)))
             rows["compile"].append(timed(lambda: compile_all(files)))
             t0 = time.perf_counter()
-            findings = len(lint_paths([root], config=False))
-            rows["lint_paths"].append(time.perf_counter() - t0)
+            findings = len(lint_paths([root], config=False, jobs=1))
+            rows["lint_paths (jobs=1)"].append(time.perf_counter() - t0)
+            rows[auto].append(timed(lambda: lint_paths([root], config=False)))
         if args.cli:
             rows["torchmem lint (process)"] = []
             for _ in range(args.repeats):
@@ -224,15 +228,19 @@ def main() -> int:
 
     anchor = statistics.median(rows["ast.parse"])
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}")
+    print(f"load average (1 min) at each round: {', '.join(f'{x:.1f}' for x in loads)}")
     print(f"tree: {len(files)} files, {n_lines:,} lines ({args.path or 'built'}); findings: {findings}")
-    print(f"{'measurement':<26} {'median s':>9} {'x ast.parse':>12} {'lines/s':>10}")
+    print(f"{'measurement':<26} {'median s':>9} {'x ast.parse':>12} {'lines/s':>10}  spread")
     figures = {}
     for name, samples in rows.items():
         med = statistics.median(samples)
         figures[name] = med
-        print(f"{name:<26} {med:>9.2f} {med / anchor:>12.2f} {n_lines / med:>10,.0f}")
+        spread = f"{min(samples):.2f}-{max(samples):.2f} s"
+        print(f"{name:<26} {med:>9.2f} {med / anchor:>12.2f} {n_lines / med:>10,.0f}  {spread}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"files": len(files), "lines": n_lines, "seconds": figures}))
+        Path(args.json).write_text(
+            json.dumps({"files": len(files), "lines": n_lines, "seconds": figures, "load": loads})
+        )
     return 0
 
 

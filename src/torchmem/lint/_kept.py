@@ -106,7 +106,8 @@ class KeptChecks:
         key: str = extra[0]
         value: ast.expr = extra[1]
         if ctx.in_handler and (
-            (ctx.exc is not None and self._mentions(value, ctx.exc)) or self._exc_info(value)
+            (ctx.exc is not None and self._mentions(value, ctx.exc) and self._caught(scope, ctx.exc, node))
+            or self._exc_info(value)
         ):
             self._tm011(scope, node, ctx, key, value)
             return
@@ -243,6 +244,14 @@ class KeptChecks:
         if isinstance(value, ast.Dict):
             return any(isinstance(v, ast.Name) and v.id == name for v in value.values)
         return False
+
+    @staticmethod
+    def _caught(scope: Scope, name: str, node: ast.AST) -> bool:
+        """Whether ``name`` is still the caught exception (not rebound: ``e = TypeError(...)`` makes a new
+        exception without a traceback)."""
+        line = node_line(node)
+        before = [b for b in scope.bindings.get(name, ()) if b.line <= line]
+        return bool(before) and max(before, key=lambda b: b.line).value is None
 
     @staticmethod
     def _exc_info(value: ast.AST) -> bool:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import ast
 import fnmatch
 import io
+import multiprocessing
 import os
 import re
+import threading
 import tokenize
 import warnings
 from collections.abc import Iterable, Iterator
@@ -226,6 +228,7 @@ def lint_paths(
     ignore: Iterable[str] | None = None,
     *,
     config: bool = True,
+    jobs: int | None = None,
 ) -> list[LintFinding]:
     """Check Python files and folders (walked recursively) for memory anti-patterns; return the findings.
 
@@ -236,6 +239,9 @@ def lint_paths(
             ``select``. Default: the configuration's, else every rule.
         ignore: Codes or prefixes not to report; added to the configuration's ``ignore``.
         config: Read ``[tool.torchmem.lint]`` from the nearest ``pyproject.toml`` of each file.
+        jobs: Processes to check the files in. None (the default): one per usable core for a tree of
+            at least 64 files, when the process runs no other thread and can fork (POSIX); else 1. The
+            findings are the same whatever the number.
 
     Returns:
         The findings, sorted by path, line and column. A file that cannot be read or parsed is one
@@ -257,13 +263,54 @@ def lint_paths(
     check_codes(sel or (), "select")
     check_codes(ign, "ignore")
     finder = ConfigFinder() if config else None
-    out: list[LintFinding] = []
+    tasks: list[_Task] = []
     for path in iter_files(paths, finder):
         conf = finder.for_dir(path.parent) if finder else LintConfig()
         file_select = sel if sel is not None else conf.select
-        out.extend(lint_file(path, file_select, (*conf.ignore, *ign)))
+        tasks.append((path, file_select, (*conf.ignore, *ign)))
+    out = _check_all(tasks, _jobs(jobs, len(tasks)))
     out.sort(key=lambda f: (f.path, f.line, f.col, f.code))
     return out
+
+
+_Task = tuple[Path, "tuple[str, ...] | None", "tuple[str, ...]"]
+_MIN_FILES_PER_JOB = 32
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _jobs(jobs: int | None, files: int) -> int:
+    """How many processes check ``files`` files (see :func:`lint_paths`)."""
+    if jobs is not None:
+        return max(1, min(jobs, files))
+    if files < 2 * _MIN_FILES_PER_JOB or threading.active_count() > 1:
+        return 1  # small trees: a fork costs more than it saves; threads: forking them is unsafe
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return 1  # pragma: no cover - spawn re-imports the package in every worker: not worth it
+    return max(1, min(_usable_cores(), files // _MIN_FILES_PER_JOB, 8))
+
+
+def _check_chunk(tasks: list[_Task]) -> list[LintFinding]:
+    out: list[LintFinding] = []
+    for path, select, ignore in tasks:
+        out.extend(lint_file(path, select, ignore))
+    return out
+
+
+def _check_all(tasks: list[_Task], jobs: int) -> list[LintFinding]:
+    if jobs <= 1:
+        return _check_chunk(tasks)
+    # Interleaved chunks (every jobs*4-th file) balance big and small folders across the workers.
+    n = jobs * 4
+    chunks = [tasks[i::n] for i in range(n)]
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        parts = pool.map(_check_chunk, chunks)
+    return [f for part in parts for f in part]
 
 
 def config_notes(paths: Iterable[str | os.PathLike[str]]) -> list[str]:

@@ -915,6 +915,18 @@ CLEAN_ONLY: list[tuple[str, str]] = [
         """,
     ),
     (
+        "a new exception made in the handler (no traceback) is kept",
+        """
+        errors = []
+        for name, cfg in configs.items():
+            try:
+                build(cfg)
+            except TypeError as e:
+                e = TypeError(f"{name}: {e}")
+                errors.append(e)
+        """,
+    ),
+    (
         "a forward's cache reset by a method of the class",
         """
         class Decoder(torch.nn.Module):
