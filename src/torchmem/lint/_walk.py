@@ -472,7 +472,8 @@ class Walker:
         elif (
             name in ("append", "appendleft", "insert", "add")
             and isinstance(func, ast.Attribute)
-            and call.args
+            and len(call.args) == (2 if name == "insert" else 1)  # list.append(v), set.add(v): not add(a, b)
+            and not call.keywords
         ):
             container = container_key(func.value)
             if container is not None:

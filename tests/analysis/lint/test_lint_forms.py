@@ -927,6 +927,18 @@ CLEAN_ONLY: list[tuple[str, str]] = [
         """,
     ),
     (
+        "FloatFunctional.add(a, b) in forward is arithmetic, not a container",
+        """
+        class Block(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.skip_add = torch.nn.quantized.FloatFunctional()
+            def forward(self, x):
+                out = self.conv(x)
+                return self.skip_add.add(out, x)
+        """,
+    ),
+    (
         "a forward's cache reset by a method of the class",
         """
         class Decoder(torch.nn.Module):
