@@ -332,7 +332,12 @@ class Rules(KeptChecks):
         loop = scope.first_eval_loop
         calls = [c for c in loop.model_calls if self.flow.function_of(c, scope) is None]
         if not named:  # the model put in eval() mode is the one called (not a parameterless helper)
-            calls = [c for c in calls if self._called_on(c, scope.eval_receivers)]
+            receivers = scope.eval_receivers | {  # model = get_peft_model(...).eval()
+                key
+                for key, bound in scope.bindings.items()
+                if any(isinstance(b.value, ast.Call) and last_name(b.value.func) == "eval" for b in bound)
+            }
+            calls = [c for c in calls if self._called_on(c, receivers)]
         if not calls:
             return  # functions of this file (`validate_network(...)`), or not the model put in eval mode
         call = calls[0]

@@ -178,6 +178,19 @@ def test_tm002_by_name_without_eval_call() -> None:
     assert codes(src.replace("def test(", "def train(")) == []
 
 
+def test_tm002_the_model_called_is_the_one_put_in_eval_mode() -> None:
+    src = """
+    import torch
+    def check(base, decoder, batches):
+        model = wrap(base).eval()
+        for b in batches:
+            model(b)
+    """
+    assert codes(src) == [(5, "TM002")]  # bound from `.eval()`: the model in eval mode, run with autograd
+    other = src.replace("model = wrap(base).eval()", "model = wrap(base)\n        base.eval()")
+    assert codes(other.replace("model(b)", "decoder(b)")) == []  # eval() on `base`, `decoder` is called
+
+
 def test_tm002_methods_need_an_explicit_eval_call() -> None:
     src = """
     import torch
