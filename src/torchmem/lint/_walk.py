@@ -32,6 +32,18 @@ from torchmem.lint._syntax import (
     short,
 )
 
+# The callee names the walk records something about (every other call only has its children visited).
+_CALLS_OF_NOTE = frozenset(
+    {
+        "backward", "manual_backward", "grad", "step", "zero_grad", "empty_cache", "eval", "append",
+        "appendleft", "insert", "add", "extend", "detach_", "save", "clear", "pop", "popleft", "popitem",
+        "load", "init_process_group", "set_device", "get", "getenv", "set_start_method", "set_grad_enabled",
+        "remove", "DataLoader", "update", "graph", *HOOK_METHODS, *SINK_METHODS,
+    }
+)  # fmt: skip
+# Fields of expression nodes that never hold an expression worth a visit (contexts, operators, names).
+_NOT_CHILDREN = frozenset({"ctx", "op", "ops", "attr", "id", "arg", "conversion", "type_comment", "kind"})
+_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
 _JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
 
 
@@ -370,8 +382,11 @@ class Walker:
         stack: list[ast.AST] = [node]
         while stack:
             n = stack.pop()
-            if isinstance(n, ast.Call):
-                self._call(n, scope, ctx)
+            cls = n.__class__
+            if cls is ast.Call:
+                self._call(n, scope, ctx)  # type: ignore[arg-type]
+                continue
+            if cls is ast.Constant:
                 continue
             if isinstance(n, ast.Lambda):
                 role = id(n) in self.facts.worker_lambdas
@@ -398,7 +413,15 @@ class Walker:
                 if n.id in ("CUDAGraph", "make_graphed_callables"):
                     self.facts.cuda_graphs = True
                 continue
-            stack.extend(ast.iter_child_nodes(n))
+            fields = _CHILD_FIELDS.get(cls)
+            if fields is None:
+                fields = _CHILD_FIELDS[cls] = tuple(f for f in cls._fields if f not in _NOT_CHILDREN)
+            for name in fields:  # ast.iter_child_nodes without the ctx/op leaves and the generator
+                v = getattr(n, name, None)
+                if v.__class__ is list:
+                    stack.extend([x for x in v if x is not None])
+                elif isinstance(v, ast.AST):
+                    stack.append(v)
 
     def _call(self, call: ast.Call, scope: Scope, ctx: Ctx) -> None:
         func = call.func
@@ -414,116 +437,120 @@ class Walker:
                     self.facts.worker_lambdas.add(id(target))
                 elif last_name(target):
                     names.add(last_name(target))
-        if name in ("backward", "manual_backward"):
-            retains = any(
-                k.arg in ("retain_graph", "create_graph") and is_const(k.value, True) for k in call.keywords
-            )
-            scope.trains = True
-            self._mark_training(loop, call, retains)
-            if isinstance(func, ast.Attribute):
-                recv = func.value
-                if isinstance(recv, ast.Call) and recv.args:  # scaler.scale(loss).backward()
-                    recv = recv.args[0]
-                for part in (recv, *call.args[:1]):
-                    scope.backward_roots.update(names_in(part))
-                key = dotted(recv)
-                if key is not None and call.args == [] and name == "backward":
-                    scope.backwarded.add(key)
-            if (call.args and dotted(call.args[0]) is not None and name == "manual_backward") or (
-                name == "backward" and call.args and isinstance(func, ast.Attribute)
-                and last_name(func.value) in ("accelerator", "autograd", "engine", "model_engine")
-            ):  # fmt: skip
-                key = dotted(call.args[0])
-                if key is not None:
-                    scope.backwarded.add(key)
-            if retains and loop is not None:
-                create = any(k.arg == "create_graph" and is_const(k.value, True) for k in call.keywords)
-                if not create:
-                    scope.events.append(("retain", call, ctx, None))
-        elif name == "grad" and isinstance(func, ast.Attribute) and last_name(func.value) == "autograd":
-            for part in (*call.args[:1], *(k.value for k in call.keywords if k.arg == "outputs")):
-                scope.backward_roots.update(names_in(part))
-            retains = any(
-                k.arg in ("retain_graph", "create_graph") and is_const(k.value, True) for k in call.keywords
-            )
-            if loop is not None:
-                loop.backwards.append(((call.lineno, call.col_offset), retains))
-        elif name == "step" and isinstance(func, ast.Attribute):
-            opt_name = last_name(func.value)
-            if OPT_NAMES.search(opt_name) or (call.args and OPT_NAMES.search(last_name(call.args[0]))):
-                scope.trains = True
-                self._mark_training(loop, None, False)
-        elif name == "zero_grad":
-            kw = keyword_arg(call, "set_to_none")
-            if kw is not None and is_const(kw.value, False):
-                scope.events.append(("zero_grad", call, ctx, None))
-        elif name == "empty_cache":
-            base = dotted(func.value) if isinstance(func, ast.Attribute) else ""
-            if base is None or base.startswith("torch") or base in ("cuda", "mps", "xpu") or base == "":
-                scope.events.append(("empty_cache", call, ctx, None))
-        elif name == "eval" and isinstance(func, ast.Attribute) and not call.args and not call.keywords:
-            scope.eval_called = True
-            recv = func.value
-            while isinstance(recv, ast.Call) and isinstance(recv.func, ast.Attribute):
-                recv = recv.func.value  # model.cuda().eval(), model.to(device).eval()
-            key = container_key(recv)
-            if key is not None:
-                scope.eval_receivers.add(key)
-        elif (
-            name in ("append", "appendleft", "insert", "add")
-            and isinstance(func, ast.Attribute)
-            and len(call.args) == (2 if name == "insert" else 1)  # list.append(v), set.add(v): not add(a, b)
-            and not call.keywords
-        ):
-            container = container_key(func.value)
-            if container is not None:
-                scope.events.append(("store", call, ctx, (container, call.args[-1])))
-        elif name == "extend" and isinstance(func, ast.Attribute) and call.args:
-            container = container_key(func.value)
-            if container is not None and isinstance(call.args[0], (ast.List, ast.Tuple)):
-                for elt in call.args[0].elts:
-                    scope.events.append(("store", call, ctx, (container, elt)))
-            elif container is not None and not isinstance(call.args[0], ast.Starred):
-                scope.events.append(("store", call, ctx, (container, call.args[0])))  # its elements
-        elif name == "detach_" and isinstance(func, ast.Attribute):
-            key = dotted(func.value)
-            for lp in loop.chain() if key is not None and loop is not None else ():
-                lp.detached.add(key)  # type: ignore[arg-type]
-        elif name == "save" and dotted(func) == "torch.save":
-            scope.events.append(("save", call, ctx, None))
-        elif name in ("clear", "pop", "popleft", "popitem") and isinstance(func, ast.Attribute):
-            key = dotted(func.value)
-            while key is not None and loop is not None:
-                loop.cleared.add(key)
-                loop = loop.parent
-        elif name == "load" and (dotted(func) == "torch.load" or isinstance(func, ast.Name)):
-            scope.events.append(("load", call, ctx, None))
-        elif name in ("init_process_group", "set_device", "get", "getenv"):
-            if name == "init_process_group" or (
-                call.args
-                and (
-                    "rank" in short(call.args[0], 200).lower()
-                    if name == "set_device"
-                    else is_const_in(call.args[0], RANK_VARS)
+        if name in _CALLS_OF_NOTE:  # one set lookup for the common call (none of these names)
+            if name in ("backward", "manual_backward"):
+                retains = any(
+                    k.arg in ("retain_graph", "create_graph") and is_const(k.value, True)
+                    for k in call.keywords
                 )
+                scope.trains = True
+                self._mark_training(loop, call, retains)
+                if isinstance(func, ast.Attribute):
+                    recv = func.value
+                    if isinstance(recv, ast.Call) and recv.args:  # scaler.scale(loss).backward()
+                        recv = recv.args[0]
+                    for part in (recv, *call.args[:1]):
+                        scope.backward_roots.update(names_in(part))
+                    key = dotted(recv)
+                    if key is not None and call.args == [] and name == "backward":
+                        scope.backwarded.add(key)
+                if (call.args and dotted(call.args[0]) is not None and name == "manual_backward") or (
+                    name == "backward" and call.args and isinstance(func, ast.Attribute)
+                    and last_name(func.value) in ("accelerator", "autograd", "engine", "model_engine")
+                ):  # fmt: skip
+                    key = dotted(call.args[0])
+                    if key is not None:
+                        scope.backwarded.add(key)
+                if retains and loop is not None:
+                    create = any(k.arg == "create_graph" and is_const(k.value, True) for k in call.keywords)
+                    if not create:
+                        scope.events.append(("retain", call, ctx, None))
+            elif name == "grad" and isinstance(func, ast.Attribute) and last_name(func.value) == "autograd":
+                for part in (*call.args[:1], *(k.value for k in call.keywords if k.arg == "outputs")):
+                    scope.backward_roots.update(names_in(part))
+                retains = any(
+                    k.arg in ("retain_graph", "create_graph") and is_const(k.value, True)
+                    for k in call.keywords
+                )
+                if loop is not None:
+                    loop.backwards.append(((call.lineno, call.col_offset), retains))
+            elif name == "step" and isinstance(func, ast.Attribute):
+                opt_name = last_name(func.value)
+                if OPT_NAMES.search(opt_name) or (call.args and OPT_NAMES.search(last_name(call.args[0]))):
+                    scope.trains = True
+                    self._mark_training(loop, None, False)
+            elif name == "zero_grad":
+                kw = keyword_arg(call, "set_to_none")
+                if kw is not None and is_const(kw.value, False):
+                    scope.events.append(("zero_grad", call, ctx, None))
+            elif name == "empty_cache":
+                base = dotted(func.value) if isinstance(func, ast.Attribute) else ""
+                if base is None or base.startswith("torch") or base in ("cuda", "mps", "xpu") or base == "":
+                    scope.events.append(("empty_cache", call, ctx, None))
+            elif name == "eval" and isinstance(func, ast.Attribute) and not call.args and not call.keywords:
+                scope.eval_called = True
+                recv = func.value
+                while isinstance(recv, ast.Call) and isinstance(recv.func, ast.Attribute):
+                    recv = recv.func.value  # model.cuda().eval(), model.to(device).eval()
+                key = container_key(recv)
+                if key is not None:
+                    scope.eval_receivers.add(key)
+            elif (
+                name in ("append", "appendleft", "insert", "add")
+                and isinstance(func, ast.Attribute)
+                and len(call.args)
+                == (2 if name == "insert" else 1)  # list.append(v), set.add(v): not add(a, b)
+                and not call.keywords
             ):
-                self.facts.rank_setup = True
-        elif name == "set_start_method":
-            arg = call.args[0] if call.args else getattr(keyword_arg(call, "method"), "value", None)
-            self.facts.start_method = arg.value if isinstance(arg, ast.Constant) else "?"  # type: ignore[assignment]
-        elif name == "set_grad_enabled" and call.args and not is_const(call.args[0], True):
-            scope.grad_handled = True
-            scope.grad_maybe = scope.grad_maybe or not is_const(call.args[0], False)
-        elif name in HOOK_METHODS and isinstance(func, ast.Attribute):
-            scope.events.append(("hook", call, ctx, None))
-        elif name == "remove" and not call.args and isinstance(func, ast.Attribute):
-            scope.removes_handles = True
-        elif name == "DataLoader":
-            scope.events.append(("dataloader", call, ctx, None))
-        elif name in SINK_METHODS or name == "update":
-            scope.events.append(("sink", call, ctx, None))
-        elif name == "graph" and isinstance(func, ast.Attribute) and last_name(func.value) == "cuda":
-            self.facts.cuda_graphs = True
+                container = container_key(func.value)
+                if container is not None:
+                    scope.events.append(("store", call, ctx, (container, call.args[-1])))
+            elif name == "extend" and isinstance(func, ast.Attribute) and call.args:
+                container = container_key(func.value)
+                if container is not None and isinstance(call.args[0], (ast.List, ast.Tuple)):
+                    for elt in call.args[0].elts:
+                        scope.events.append(("store", call, ctx, (container, elt)))
+                elif container is not None and not isinstance(call.args[0], ast.Starred):
+                    scope.events.append(("store", call, ctx, (container, call.args[0])))  # its elements
+            elif name == "detach_" and isinstance(func, ast.Attribute):
+                key = dotted(func.value)
+                for lp in loop.chain() if key is not None and loop is not None else ():
+                    lp.detached.add(key)  # type: ignore[arg-type]
+            elif name == "save" and dotted(func) == "torch.save":
+                scope.events.append(("save", call, ctx, None))
+            elif name in ("clear", "pop", "popleft", "popitem") and isinstance(func, ast.Attribute):
+                key = dotted(func.value)
+                while key is not None and loop is not None:
+                    loop.cleared.add(key)
+                    loop = loop.parent
+            elif name == "load" and (dotted(func) == "torch.load" or isinstance(func, ast.Name)):
+                scope.events.append(("load", call, ctx, None))
+            elif name in ("init_process_group", "set_device", "get", "getenv"):
+                if name == "init_process_group" or (
+                    call.args
+                    and (
+                        "rank" in short(call.args[0], 200).lower()
+                        if name == "set_device"
+                        else is_const_in(call.args[0], RANK_VARS)
+                    )
+                ):
+                    self.facts.rank_setup = True
+            elif name == "set_start_method":
+                arg = call.args[0] if call.args else getattr(keyword_arg(call, "method"), "value", None)
+                self.facts.start_method = arg.value if isinstance(arg, ast.Constant) else "?"  # type: ignore[assignment]
+            elif name == "set_grad_enabled" and call.args and not is_const(call.args[0], True):
+                scope.grad_handled = True
+                scope.grad_maybe = scope.grad_maybe or not is_const(call.args[0], False)
+            elif name in HOOK_METHODS and isinstance(func, ast.Attribute):
+                scope.events.append(("hook", call, ctx, None))
+            elif name == "remove" and not call.args and isinstance(func, ast.Attribute):
+                scope.removes_handles = True
+            elif name == "DataLoader":
+                scope.events.append(("dataloader", call, ctx, None))
+            elif name in SINK_METHODS or name == "update":
+                scope.events.append(("sink", call, ctx, None))
+            elif name == "graph" and isinstance(func, ast.Attribute) and last_name(func.value) == "cuda":
+                self.facts.cuda_graphs = True
         if name in ("add_", "copy_", "zero_") and last_name(getattr(func, "value", func)) == "grad":
             self.facts.grad_inplace = True
         if is_cuda_use(call):
