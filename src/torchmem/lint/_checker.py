@@ -346,7 +346,9 @@ class Rules(KeptChecks):
             loop.node,
             "TM002",
             f"{why} and this loop calls `{short(call.func) if call else 'the model'}` with autograd on: "
-            "every forward keeps its activations for a backward that never comes",
+            "each forward records its graph and holds every activation a backward would need until its "
+            "output is dropped (a training-sized peak, several times what the same forward needs under "
+            "no_grad); memory grows step after step only if outputs are kept (TM010)",
         )
 
     @staticmethod

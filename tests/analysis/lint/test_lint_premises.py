@@ -165,3 +165,28 @@ def test_tm007_a_meter_given_the_loss_chains_every_steps_graph(section: str) -> 
         assert depth == 4
     else:
         assert isinstance(total, float)
+
+
+def test_tm002_message_a_forward_with_autograd_holds_every_layers_activation() -> None:
+    """TM002 says a forward with autograd on holds every activation a backward would need (a training-sized
+    peak, several times the no_grad forward's): count the bytes autograd saves in an 8-layer forward."""
+    layers: list[torch.nn.Module] = []
+    for _ in range(8):
+        layers += [torch.nn.Linear(64, 64), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).eval()
+    x = torch.randn(32, 64)
+    saved: list[int] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(x)
+        activation = 32 * 64 * 4
+        held_with_grad = sum(saved) - sum(p.numel() * 4 for p in model.parameters() if p.dim() == 2)
+        saved.clear()
+        with torch.no_grad():
+            model(x)
+    assert held_with_grad >= 8 * activation  # every layer's input (and ReLU output) kept for a backward
+    assert saved == []  # under no_grad nothing is kept past its layer

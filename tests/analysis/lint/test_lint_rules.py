@@ -143,6 +143,8 @@ def evaluate(model, loader):
 
 def test_tm002_flags_an_eval_loop_without_no_grad() -> None:
     assert codes(EVAL) == [(6, "TM002")]
+    (finding,) = lint_source(EVAL, "eval.py")
+    assert "training-sized peak" in finding.message and "grows" in finding.message
     # a file that imports nothing of torch's world: `evaluate` and `model` mean something else
     assert codes(EVAL.replace("import torch", "import json")) == []
 
