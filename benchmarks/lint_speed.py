@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_name
 from torchmem.lint import lint_paths
-from torchmem.lint._run import _jobs, iter_files
+from torchmem.lint._run import _jobs, _usable_cores, iter_files
 
 TRAIN = '''"""Training script {i}: model, data, loops (the shapes tutorials use)."""
 import os
@@ -202,7 +202,8 @@ def main() -> int:
             build_tree(root, args.lines)
         files = list(iter_files([root], None))
         n_lines = tree_lines(files)
-        auto = f"lint_paths (jobs={_jobs(None, len(files))})"
+        cores = _usable_cores()
+        auto = f"lint_paths (jobs={cores})"
         rows: dict[str, list[float]] = {"ast.parse": [], "compile": [], "lint_paths (jobs=1)": [], auto: []}
         findings = 0
         loads: list[float] = []
@@ -213,7 +214,7 @@ def main() -> int:
             t0 = time.perf_counter()
             findings = len(lint_paths([root], config=False, jobs=1))
             rows["lint_paths (jobs=1)"].append(time.perf_counter() - t0)
-            rows[auto].append(timed(lambda: lint_paths([root], config=False)))
+            rows[auto].append(timed(lambda: lint_paths([root], config=False, jobs=cores)))
         if args.cli:
             rows["torchmem lint (process)"] = []
             for _ in range(args.repeats):
@@ -229,6 +230,7 @@ def main() -> int:
     anchor = statistics.median(rows["ast.parse"])
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores, Python {sys.version.split()[0]}")
     print(f"load average (1 min) at each round: {', '.join(f'{x:.1f}' for x in loads)}")
+    print(f"lint_paths(jobs=None) would use {_jobs(None, len(files))} process(es) at the load now")
     print(f"tree: {len(files)} files, {n_lines:,} lines ({args.path or 'built'}); findings: {findings}")
     print(f"{'measurement':<26} {'median s':>9} {'x ast.parse':>12} {'lines/s':>10}  spread")
     figures = {}
