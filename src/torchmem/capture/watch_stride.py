@@ -59,10 +59,15 @@ class ReadingSchedule:
         self._host_figure = source in ("heap", "rss")
         if self.fixed is not None:
             self.stride = self.fixed
-        t0 = time.perf_counter()
+        # The cheapest of 5 readings: the first may load what the reader needs (a library, a module), and any
+        # one may be preempted; neither is what a reading costs in the loop.
+        pc = time.perf_counter
+        times = []
         for _ in range(5):
+            t0 = pc()
             read()
-        self._read_cost = (time.perf_counter() - t0) / 5
+            times.append(pc() - t0)
+        self._read_cost = min(times)
 
     def clock(self) -> None:
         """The first step starts now."""
@@ -94,10 +99,13 @@ class ReadingSchedule:
             or not (self._host_figure or (self.relax_after is not None and k >= self.relax_after))
         ):
             return reader()
-        t0 = time.perf_counter()
+        pc = time.perf_counter
+        t0 = pc()
         value = reader()
-        t1 = time.perf_counter()
-        self._retune(n, t1 - t0, t1)
+        t1 = pc()
+        reader()  # timed twice, the cheaper one counts: a reading preempted or waiting for the GIL once (a
+        t2 = pc()  # stride chosen from it would stay wide for RETUNE_EVERY readings) is not its cost
+        self._retune(n, min(t1 - t0, t2 - t1), t2)
         return value
 
     def _choose(self) -> None:
