@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-def pin(cpus: str | None = None, threads: int = 1) -> str:
+def pin(cpus: str | None = None, threads: int = 1, count: int = 1) -> str:
     """Pin this process (and its future children) to ``cpus`` (``"2"``, ``"0-3"``, ``"1,3"``; default: the
-    last CPU it may run on, leaving CPU 0 to the system) and ``threads`` intra-op threads. Returns what was
-    set, in words, for the table's header."""
+    last ``max(count, threads)`` CPUs it may run on, leaving CPU 0 to the system) and ``threads`` intra-op
+    threads. Returns what was set, in words, for the table's header. A GPU run wants a few CPUs (``count``
+    4: the CUDA driver's threads, torchmem's sampler) so that it is not made CPU-starved by the pinning."""
     chosen: set[int] | None = None
     if hasattr(os, "sched_setaffinity"):
         allowed = sorted(os.sched_getaffinity(0))
@@ -43,7 +44,7 @@ def pin(cpus: str | None = None, threads: int = 1) -> str:
                 lo, _, hi = part.partition("-")
                 chosen.update(range(int(lo), int(hi or lo) + 1))
         else:
-            need = max(1, threads)
+            need = max(1, threads, count)
             chosen = set(allowed[-need:])
         os.sched_setaffinity(0, chosen)
     os.environ["OMP_NUM_THREADS"] = str(threads)

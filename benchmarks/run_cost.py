@@ -2,18 +2,28 @@
 
 Each program under ``benchmarks/programs/`` is a self-contained training script written the way people write
 them (synthetic data, fixed seed, CPU or CUDA). It runs as a fresh process, plain (``python script.py``, the
-anchor) and under ``python -m torchmem run script.py``, paired A B A B (``--pairs``), each run in its own
-temporary folder (where ``torchmem run`` writes its capture file). Two times per run: the whole process
-(interpreter start, ``import torch``, the program, torchmem's end summary) and the time the program prints
-around its own loop (``LOOP_SECONDS=<float>``, its last line), which leaves out start-up. Ratios are medians
-of the pairs' ratios. The ``verdict`` column reads torchmem's end summary on stderr: ``quiet`` (no leak, no
+anchor) and under ``python -m torchmem run script.py``, as interleaved pairs (``A B``, then ``B A``;
+``--pairs``, at least 10 for a figure: ``benchmarks/_pairs.py``), the runner pinned to its CPUs with one
+thread per process, each run in its own temporary folder (where ``torchmem run`` writes its capture file).
+Two times per run: the whole process (interpreter start, ``import torch``, the program, torchmem's end
+summary) and the time the program prints around its own loop (``LOOP_SECONDS=<float>``, its last line),
+which leaves out start-up. Each figure is the median of the pairs' ratios with its 95 % interval (order
+statistics). The ``own`` column is torchmem's own estimate of its cost, the ``overhead`` record of the
+same runs' captures (median of its ``ratio``): it should agree with the measured loop ratio.
+The ``verdict`` column reads torchmem's end summary on stderr: ``quiet`` (no leak, no
 OOM), ``LEAK`` or ``OOM`` — none of these programs leaks, so anything but ``quiet`` is a false alarm (or a
 leak in the program); the summary's first line and verdict line are printed under the table.
 
 Run (the CPU figures are meant with one thread per process):
 
-    OMP_NUM_THREADS=1 python benchmarks/run_cost.py [--device cpu|cuda] [--pairs 2] [--programs a,b]
-        [--scale 1.0] [--out results.jsonl] [--keep DIR] [--torchmem-args "--no-status"]
+    PYTHONPATH=src python3 benchmarks/run_cost.py [--device cpu|cuda] [--pairs 10] [--programs a,b]
+        [--scale 1.0] [--out results.jsonl] [--keep DIR] [--torchmem-args "--no-status"] [--cpus 2-3]
+
+On an H100 (each under ~4 minutes):
+
+    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs hostbound_mlp --scale 0.5
+    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs resnet18 --scale 0.25
+    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs gpt_train --scale 0.2
 
 ``--device`` (default: cuda if available, else cpu) reaches the programs as ``--device`` and as
 ``TORCHMEM_BENCH_DEVICE``; ``--scale`` multiplies each program's default number of steps (through
@@ -32,6 +42,7 @@ gpt_train            GPT-2 (transformers, else nn.TransformerEncoderLayer), Adam
 hostbound_mlp        issue 12's host-bound step: 4x Linear(64)+ReLU, SGD, batch 16   2.00x   1.02x
 gpubound_matmul      3x Linear(8192), batch 8192 (CPU: 1024), SGD                    1.20x   1.01x
 lbfgs_ops            time_sequence_prediction: 2 LSTMCells unrolled, LBFGS closure   2.00x   1.02x
+resnet18             ResNet-18 on 32x32 images, SGD momentum (launch-bound on a GPU)  1.20x   1.02x
 ===================  ==============================================================  ======  ======
 
 Issue 12 sets: usual CPU programs within 1.2x, op-heavy CPU programs within 2x, a real training script on a
@@ -57,8 +68,10 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from _machine import cpu_name
+from _pairs import Pairs, fmt_interval, measure_pairs, pin
 
 HERE = Path(__file__).resolve().parent
 PROGRAMS_DIR = HERE / "programs"
@@ -70,6 +83,7 @@ TARGETS: dict[str, tuple[float, float]] = {
     "hostbound_mlp": (2.00, 1.02),
     "gpubound_matmul": (1.20, 1.01),
     "lbfgs_ops": (2.00, 1.02),
+    "resnet18": (1.20, 1.02),
 }
 
 _LOOP = re.compile(r"^LOOP_SECONDS=([0-9.eE+-]+)\s*$", re.MULTILINE)
@@ -91,6 +105,7 @@ class Run:
     summary: list[str] = field(default_factory=list)  # torchmem's end summary (torchmem runs)
     verdict: str = ""
     tail: str = ""  # the last lines of stderr when the run failed
+    overhead: dict[str, Any] | None = None  # the capture's own ``overhead`` record (torchmem runs)
 
 
 @dataclass
@@ -108,6 +123,9 @@ class Row:
     summary_first: str
     summary_verdict: str
     runs: list[Run]
+    ratio_ci: tuple[float, float] | None = None
+    loop_ci: tuple[float, float] | None = None
+    own_ratio: float | None = None  # median of the captures' overhead ratio
 
 
 def _torch_facts() -> dict[str, str | bool]:
@@ -148,6 +166,22 @@ def _verdict(summary: list[str]) -> str:
     return "quiet"
 
 
+def _overhead_record(folder: Path) -> dict[str, Any] | None:
+    """The ``overhead`` record of the capture ``torchmem run`` wrote in ``folder`` (its own estimate of its
+    cost), ``None`` when there is none."""
+    for path in sorted(folder.glob("torchmem-*.jsonl")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if '"overhead"' in line:
+                        rec = json.loads(line)
+                        if rec.get("type") == "overhead":
+                            return dict(rec)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def _run_once(mode: str, pair: int, cmd: list[str], env: dict[str, str], keep: Path | None, tag: str) -> Run:
     if keep is not None:
         cwd = keep / tag
@@ -164,6 +198,7 @@ def _run_once(mode: str, pair: int, cmd: list[str], env: dict[str, str], keep: P
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         after = os.times()
+        overhead = _overhead_record(cwd) if mode == "torchmem" else None
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -171,6 +206,7 @@ def _run_once(mode: str, pair: int, cmd: list[str], env: dict[str, str], keep: P
     found = _LOOP.findall(proc.stdout)
     loop = float(found[-1]) if found else None
     run = Run(mode=mode, pair=pair, rc=proc.returncode, wall_s=wall, loop_s=loop, cpu_s=cpu)
+    run.overhead = overhead
     if mode == "torchmem":
         run.summary = _summary(proc.stderr)
         run.verdict = _verdict(run.summary)
@@ -197,18 +233,32 @@ def measure(
     plain_cmd = [sys.executable, *prog_argv]
     tm_cmd = [sys.executable, "-m", "torchmem", "run", *torchmem_args, *prog_argv]
     runs: list[Run] = []
-    for k in range(pairs):  # A B A B
-        for mode, cmd in (("plain", plain_cmd), ("torchmem", tm_cmd)):
+    counter = [0, 0]
+
+    def side(mode: str, cmd: list[str]) -> Any:
+        def go() -> tuple[float, Run]:
+            k = counter[0 if mode == "plain" else 1]
+            counter[0 if mode == "plain" else 1] += 1
             r = _run_once(mode, k, cmd, env, keep, f"{name}-{device}-{k}-{mode}")
             runs.append(r)
             loop = f", loop {r.loop_s:.2f} s" if r.loop_s is not None else ""
-            extra = f", {r.verdict}" if r.verdict else ""
+            own = r.overhead.get("ratio") if r.overhead else None
+            extra = (f", {r.verdict}" if r.verdict else "") + (f", own estimate {own}" if own else "")
             print(f"  {name} pair {k + 1}/{pairs} {mode:<8} {r.wall_s:7.2f} s{loop}{extra}", file=sys.stderr)
             if r.rc != 0:
                 print("    " + r.tail.replace("\n", "\n    "), file=sys.stderr)
+            return r.wall_s, r
 
-    ok = [(a, b) for a, b in zip(runs[0::2], runs[1::2]) if a.rc == 0 and b.rc == 0]
+        return go
+
+    got = measure_pairs(side("plain", plain_cmd), side("torchmem", tm_cmd), pairs)  # A B, B A, ...
+    ok = [(a, b) for a, b in got.extra if a.rc == 0 and b.rc == 0]
     loop_ok = [(a, b) for a, b in ok if a.loop_s and b.loop_s is not None]
+    wall_pairs = Pairs([a.wall_s for a, _ in ok], [b.wall_s for _, b in ok])
+    loop_pairs = Pairs(
+        [a.loop_s for a, _ in loop_ok if a.loop_s], [b.loop_s for _, b in loop_ok if b.loop_s is not None]
+    )
+    owns = [float(b.overhead["ratio"]) for _, b in ok if b.overhead and b.overhead.get("ratio") is not None]
     tm_runs = [r for r in runs if r.mode == "torchmem"]
     verdicts = [r.verdict for r in tm_runs]
     bad = [v for v in verdicts if v != "quiet"]
@@ -224,15 +274,18 @@ def measure(
         device=device,
         plain_s=_median([a.wall_s for a, _ in ok]),
         torchmem_s=_median([b.wall_s for _, b in ok]),
-        ratio=_median([b.wall_s / a.wall_s for a, b in ok]),
+        ratio=wall_pairs.median() if wall_pairs.n else None,
         loop_plain_s=_median([a.loop_s for a, _ in loop_ok if a.loop_s is not None]),
         loop_torchmem_s=_median([b.loop_s for _, b in loop_ok if b.loop_s is not None]),
-        loop_ratio=_median([b.loop_s / a.loop_s for a, b in loop_ok if a.loop_s and b.loop_s is not None]),
+        loop_ratio=loop_pairs.median() if loop_pairs.n else None,
         target=targets[1] if device.startswith("cuda") else targets[0],
         verdict=bad[0] if bad else ("quiet" if verdicts else "n/a"),
         summary_first=last[0] if last else "",
         summary_verdict=verdict_line,
         runs=runs,
+        ratio_ci=wall_pairs.interval() if wall_pairs.n else None,
+        loop_ci=loop_pairs.interval() if loop_pairs.n else None,
+        own_ratio=_median(owns),
     )
 
 
@@ -243,17 +296,25 @@ def _fmt(x: float | None, spec: str) -> str:
 def print_table(header: str, rows: list[Row]) -> None:
     print(header)
     cols = (
-        f"{'program':<16} {'device':<6} {'plain s':>8} {'torchmem s':>10} {'ratio':>6} "
-        f"{'loop plain':>10} {'loop tm':>8} {'loop ratio':>10} {'target':>6} {'met':>3}  verdict"
+        f"{'program':<16} {'device':<6} {'plain s':>8} {'tm s':>8} {'ratio':>6} {'95% interval':>16} "
+        f"{'loop plain':>10} {'loop tm':>8} {'loop ratio':>10} {'95% interval':>16} {'own':>6} "
+        f"{'target':>6} {'met':>3}  verdict"
     )
     print(cols)
     print("-" * len(cols))
     for r in rows:
-        met = "n/a" if r.ratio is None else ("yes" if r.ratio <= r.target else "NO")
+        # met: the loop's median within the target and its interval's upper end within target + 0.01 (the
+        # whole process's ratio where the program prints no loop time)
+        fig, ci = (r.loop_ratio, r.loop_ci) if r.loop_ratio is not None else (r.ratio, r.ratio_ci)
+        if fig is None:
+            met = "n/a"
+        else:
+            met = "yes" if fig <= r.target and (ci is None or ci[1] <= r.target + 0.01) else "NO"
         print(
-            f"{r.program:<16} {r.device:<6} {_fmt(r.plain_s, '8.2f')} {_fmt(r.torchmem_s, '10.2f')} "
-            f"{_fmt(r.ratio, '6.3f')} {_fmt(r.loop_plain_s, '10.2f')} {_fmt(r.loop_torchmem_s, '8.2f')} "
-            f"{_fmt(r.loop_ratio, '10.3f')} {r.target:>6.2f} {met:>3}  {r.verdict}"
+            f"{r.program:<16} {r.device:<6} {_fmt(r.plain_s, '8.2f')} {_fmt(r.torchmem_s, '8.2f')} "
+            f"{_fmt(r.ratio, '6.3f')} {fmt_interval(r.ratio_ci):>16} {_fmt(r.loop_plain_s, '10.2f')} "
+            f"{_fmt(r.loop_torchmem_s, '8.2f')} {_fmt(r.loop_ratio, '10.3f')} {fmt_interval(r.loop_ci):>16} "
+            f"{_fmt(r.own_ratio, '6.3f')} {r.target:>6.2f} {met:>3}  {r.verdict}"
         )
     print()
     for r in rows:
@@ -273,7 +334,9 @@ def main() -> int:
     names = sorted(p.stem for p in PROGRAMS_DIR.glob("*.py"))
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available, else cpu)")
-    ap.add_argument("--pairs", type=int, default=2, help="A B pairs per program (default 2)")
+    ap.add_argument("--pairs", type=int, default=10, help="interleaved pairs per program (default 10)")
+    ap.add_argument("--cpus", default=None, help="CPUs the runs are pinned to (default: the last one)")
+    ap.add_argument("--threads", type=int, default=1, help="threads per process (OMP_NUM_THREADS)")
     ap.add_argument("--programs", default=",".join(names), help=f"comma-separated subset of {names}")
     ap.add_argument("--scale", type=float, default=None, help="multiply each program's default steps")
     ap.add_argument("--out", default=None, help="also append the table as JSON lines to this file")
@@ -292,6 +355,8 @@ def main() -> int:
     if device.startswith("cuda") and not facts["cuda"]:
         ap.error("--device cuda: CUDA is not available")
 
+    # children inherit the affinity and OMP_NUM_THREADS; a GPU run gets 4 CPUs (driver threads, the sampler)
+    pinned = pin(args.cpus, args.threads, count=4 if device.startswith("cuda") else 1)
     env = dict(os.environ)
     env["TORCHMEM_BENCH_DEVICE"] = device
     if args.scale is not None:
@@ -303,7 +368,7 @@ def main() -> int:
         f"run_cost — {datetime.date.today()}, CPU: {cpu_name()} ({os.cpu_count()} cores){gpu}, "
         f"torch {facts['torch']}, python {platform.python_version()}, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}, "
-        f"scale {scale}, {args.pairs} pair(s) A B, medians"
+        f"{pinned}, scale {scale}, {args.pairs} interleaved pair(s), medians with 95 % intervals"
     )
     print(header, file=sys.stderr)
 

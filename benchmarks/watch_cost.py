@@ -75,8 +75,8 @@ def main() -> int:
     ap.add_argument("--cpus", default=None, help="CPUs to pin to (default: the last one)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
-    pinned = pin(args.cpus, args.threads)
     dev = torch.device(args.device)
+    pinned = pin(args.cpus, args.threads, count=4 if dev.type == "cuda" else 1)
     kwargs: dict[str, Any] = {"source": args.source}
     if args.stride is not None:
         kwargs["stride"] = args.stride
