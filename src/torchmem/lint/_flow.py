@@ -147,6 +147,8 @@ class DataFlow:
         if best.no_grad:
             return SAFE
         value = best.value
+        if best.path is not None and value is not None:
+            return self._iterated_kind(value, best.path, scope, best.line, depth + 1)
         if best.index is not None and isinstance(value, (ast.Tuple, ast.List)):
             if best.index < len(value.elts) and not any(isinstance(e, ast.Starred) for e in value.elts):
                 value = value.elts[best.index]
@@ -158,6 +160,37 @@ class DataFlow:
             # `loss, sample_size, logs = criterion(...)`: only the first element is known to be the tensor
             return self._element_kind(value, best.index, scope, depth)
         return self.kind(value, scope, best.line, depth + 1)
+
+    def _iterated_kind(self, it: ast.expr, path: tuple[int, ...], scope: Scope, line: int, depth: int) -> int:
+        """What a for target is, from the iterable (``enumerate``, ``zip``, ``d.items()``, ``d.values()``,
+        a tensor or a tuple of tensors) and the target's place in the unpacking."""
+        if depth > 12:
+            return UNKNOWN
+        if isinstance(it, ast.Call):
+            func, args = it.func, it.args
+            if isinstance(func, ast.Name) and func.id in ("enumerate", "zip") and args:
+                if not path:
+                    return UNKNOWN
+                if func.id == "enumerate":
+                    return (
+                        SAFE
+                        if path[0] == 0
+                        else self._iterated_kind(args[0], path[1:], scope, line, depth + 1)
+                    )
+                if path[0] < len(args) and not any(isinstance(a, ast.Starred) for a in args):
+                    return self._iterated_kind(args[path[0]], path[1:], scope, line, depth + 1)
+                return UNKNOWN
+            if isinstance(func, ast.Attribute) and func.attr in ("items", "values") and not args:
+                if self.kind(func.value, scope, line, depth + 1) != TENSOR:
+                    return UNKNOWN
+                if func.attr == "values":
+                    return TENSOR if not path else UNKNOWN
+                if len(path) == 1:
+                    return SAFE if path[0] == 0 else TENSOR  # the key, the value
+                return UNKNOWN
+        if not path and self.kind(it, scope, line, depth + 1) == TENSOR:
+            return TENSOR  # the rows of a tensor, the tensors of a model's output tuple
+        return UNKNOWN
 
     def _element_kind(self, call: ast.Call, index: int, scope: Scope, depth: int) -> int:
         """An element past the first of what a call returns: known only from a function of this file

@@ -77,13 +77,23 @@ class KeptChecks:
         return seen
 
     def tensor_names(self, value: ast.AST, scope: Scope, line: int) -> set[str]:
-        """The names inside ``value`` that the data flow says are graph-carrying tensors."""
+        """The graph-carrying names ``value`` is made from: the tensor names inside it, and the tensor
+        names their bindings are made from (``v`` of ``for k, v in loss_dict.items()`` is made from
+        ``loss_dict``)."""
         out: set[str] = set()
-        for n in ast.walk(value):
-            if isinstance(n, (ast.Name, ast.Attribute)):
+        todo: list[tuple[ast.AST, int]] = [(value, line)]
+        while todo and len(out) < 40:
+            expr, at = todo.pop()
+            for n in ast.walk(expr):
+                if not isinstance(n, (ast.Name, ast.Attribute)):
+                    continue
                 key = dotted(n)
-                if key is not None and self.flow.kind(n, scope, line) == TENSOR:
-                    out.add(key)
+                if key is None or key in out or self.flow.kind(n, scope, at) != TENSOR:
+                    continue
+                out.add(key)
+                for b in scope.bindings.get(key, ()):
+                    if b.value is not None and b.line < at:
+                        todo.append((b.value, b.line + 1))
         return out
 
     def growth(self, value: ast.AST, scope: Scope, line: int) -> str:

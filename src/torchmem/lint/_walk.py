@@ -86,6 +86,7 @@ class Binding:
     value: ast.expr | None  # None: bound by a for target, a with, a parameter
     no_grad: bool
     index: int | None = None  # the element of an unpacked tuple
+    path: tuple[int, ...] | None = None  # a for target: `value` is the iterable, `path` the unpacking
 
 
 @dataclass(eq=False)
@@ -199,6 +200,18 @@ class Walker:
             loop = loop.parent
 
     @staticmethod
+    def _elements_of(target: ast.AST, iterable: ast.expr, scope: Scope, path: tuple[int, ...]) -> None:
+        """Record what a for target is bound from: an element of ``iterable`` (``for k, v in d.items()``)."""
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for i, elt in enumerate(target.elts):
+                Walker._elements_of(elt, iterable, scope, (*path, i))
+            return
+        key = dotted(target) if isinstance(target, (ast.Name, ast.Attribute)) else None
+        if key is not None and scope.bindings.get(key):
+            bound = scope.bindings[key][-1]
+            bound.value, bound.index, bound.path = iterable, None, path
+
+    @staticmethod
     def _carry(key: str, value: ast.expr, line: int, loop: Loop) -> None:
         """Record ``h = f(x, h)`` (state carried into the next iteration) and ``h = h.detach()``."""
         uses = False
@@ -237,6 +250,7 @@ class Walker:
             loop = Loop(s, ctx.loop)
             inner = Ctx(loop, ctx.no_grad, None, False)
             self._bind(s.target, None, scope, inner)
+            self._elements_of(s.target, s.iter, scope, ())
             loop.targets = {n.id for n in ast.walk(s.target) if isinstance(n, ast.Name)}
             self._body(s.body, scope, inner)
             self._body(s.orelse, scope, ctx)

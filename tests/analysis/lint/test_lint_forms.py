@@ -256,6 +256,37 @@ FORMS: list[tuple[str, str, str, str]] = [
         """,
         "loss.item()",
     ),
+    (
+        "detectron2 style: totals[k] += v over loss_dict.items()",
+        "TM001",
+        """
+        totals = defaultdict(float)
+        for images, targets in loader:
+            loss_dict = model(images, targets)
+            losses = sum(loss_dict.values())
+            losses.backward()
+            optimizer.step()
+            for k, v in loss_dict.items():
+                totals[k] += v
+        """,
+        "v.item()",
+    ),
+    (
+        "a while loop over steps: running = running + loss",
+        "TM001",
+        """
+        running, step = 0.0, 0
+        it = iter(loader)
+        while step < max_steps:
+            x, y = next(it)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            running = running + loss
+            step += 1
+        """,
+        "loss.item()",
+    ),
     # -- TM002: evaluation with autograd on ----------------------------------------------------------------
     (
         "evaluate() without no_grad",
@@ -416,6 +447,20 @@ FORMS: list[tuple[str, str, str, str]] = [
         """,
         "@torch.no_grad()",
     ),
+    (
+        "eval outputs of a dict-returning model kept per key",
+        "TM010",
+        """
+        def evaluate(model, loader):
+            model.eval()
+            results = defaultdict(list)
+            for batch in loader:
+                for name, value in model(batch).items():
+                    results[name].append(value)
+            return results
+        """,
+        "@torch.no_grad()",
+    ),
     # -- TM011: exceptions kept ----------------------------------------------------------------------------
     (
         "errors.append(e) in a training loop",
@@ -522,6 +567,19 @@ FORMS: list[tuple[str, str, str, str]] = [
             optimizer.step()
         """,
         "handle",
+    ),
+    (
+        "a hook registered once per epoch, never removed",
+        "TM012",
+        """
+        for epoch in range(epochs):
+            model.fc.register_forward_hook(log_activations)
+            for x, y in loader:
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                optimizer.step()
+        """,
+        "hook once epoch",
     ),
     # -- TM013: a forward keeps its tensors on the module ----------------------------------------------------
     (
@@ -710,6 +768,8 @@ def _clean(form: str, wrong: str, fix: str) -> str:
         'stats.setdefault("loss", []).append(loss)': 'stats.setdefault("loss", []).append(loss.item())',
         "torch.cat([all_losses, loss[None]])": "torch.cat([all_losses, loss[None].detach()])",
         "train_losses.append(loss)": "train_losses.append(loss.item())",
+        "totals[k] += v\n": "totals[k] += v.item()\n",
+        "running = running + loss\n": "running = running + loss.item()\n",
         "epoch_loss += loss * x.size(0)": "epoch_loss += loss.item() * x.size(0)",
         "problems.append(sys.exc_info())": "problems.append(traceback.format_exc())",
         "self.outputs[name + str(len(self.outputs))] = x": (
@@ -723,6 +783,9 @@ def _clean(form: str, wrong: str, fix: str) -> str:
         src = src.replace("def ", f"{fix}\ndef ", 1)
     elif fix.startswith("with torch."):
         src = _wrap_eval_loop(src, fix)
+    elif fix == "hook once epoch":
+        src = src.replace("    model.fc.register_forward_hook(log_activations)\n", "")
+        src = "model.fc.register_forward_hook(log_activations)\n" + src
     elif fix == "hook once":
         src = _hook_once(src)
     elif fix == "handle" and "register_module_forward_hook" in src:
@@ -900,6 +963,19 @@ CLEAN_ONLY: list[tuple[str, str]] = [
                         running_loss += loss.item() * x.size(0)
                         outputs_kept.append(out.argmax(1))
             return model
+        """,
+    ),
+    (
+        "loss dict items logged as numbers",
+        """
+        log = defaultdict(list)
+        for images, targets in loader:
+            loss_dict = model(images, targets)
+            sum(loss_dict.values()).backward()
+            optimizer.step()
+            for k, v in loss_dict.items():
+                log[k].append(v.item())
+                log["keys"].append(k)
         """,
     ),
     (
