@@ -574,3 +574,41 @@ def test_tm001_premise_the_flagged_total_holds_every_steps_graph() -> None:
     right = _run_page_example("TM001", "Right")
     assert isinstance(right["total"], float)
     assert all(t.grad_fn is None for t in right["losses"])  # type: ignore[attr-defined]
+
+
+# -- what the TM001 message says, by the shape found --------------------------------------------------------
+HELPER = """
+def train(model, loader, optimizer):
+    total = 0.0
+    def accumulate(value):
+        nonlocal total
+        total = total + value
+    for x, y in loader:
+        loss = criterion(model(x), y)
+        loss.backward()
+        optimizer.step()
+        accumulate(loss)
+"""
+
+
+def test_tm001_through_a_helper_names_the_container_and_how_it_outlives_the_call() -> None:
+    (finding,) = lint_source(textwrap.dedent(HELPER), "t.py")
+    assert finding.code == "TM001" and finding.line == 11
+    assert "`total` (declared nonlocal/global in `accumulate`, line 6)" in finding.message
+    assert "autograd nodes stay on the host" in finding.message
+    assert lint_source(HELPER.replace("accumulate(loss)", "accumulate(loss.item())"), "t.py") == []
+    # a helper that keeps nothing beyond the call is not a leak
+    local = HELPER.replace(
+        "        nonlocal total\n        total = total + value\n", "        t = value * 2\n"
+    )
+    assert lint_source(local, "t.py") == []
+
+
+def test_tm001_shapes_after_backward_never_backwarded_and_unknown() -> None:
+    after = lint_source(textwrap.dedent(in_loop("losses.append(out)")), "t.py")[0].message
+    assert "the output tensor itself on its device" in after and "autograd nodes on the host" in after
+    never = lint_source(textwrap.dedent(in_loop("aux = teacher_model(x)", "losses.append(aux)")), "t.py")
+    assert "every saved activation on the device" in never[0].message
+    closure = "for x in loader:\n    out = model(x)\n    optimizer.step(closure)\n    outs.append(out)\n"
+    unknown = lint_source(closure, "t.py")[0].message  # no backward in sight: both halves said
+    assert "until a backward runs through it" in unknown and "autograd nodes on the host after" in unknown
