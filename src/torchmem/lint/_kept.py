@@ -14,7 +14,7 @@ import ast
 from typing import TYPE_CHECKING
 
 from torchmem.lint._syntax import TENSOR, dotted, is_eval_name, last_name, node_line, short
-from torchmem.lint._walk import Ctx, Scope, names_in
+from torchmem.lint._walk import Ctx, Loop, Scope, names_in
 
 if TYPE_CHECKING:
     from torchmem.lint._flow import DataFlow
@@ -135,7 +135,7 @@ class KeptChecks:
         if (
             not lives.trains
             and grows in (NO_BACKWARD, UNKNOWN_BACKWARD)
-            and not any(k not in lives.detached and k not in lives.targets for k in lives.carried)  # a decode
+            and not self._decodes(lives, key)
             and self._eval_keeps(scope, ctx, key)
         ):
             self.kept_eval_scopes.add(id(scope))
@@ -161,6 +161,12 @@ class KeptChecks:
             f"`{key}` {verb} `{short(value)}`, a tensor that carries its autograd graph, across the "
             f"iterations of a training loop (line {node_line(loop.node)}): {grows}",
         )
+
+    @staticmethod
+    def _decodes(loop: Loop, key: str) -> bool:
+        """Whether the loop carries state from one iteration to the next (``out, h = model(x, h)``: one
+        forward spread over steps), other than the kept container itself and the loop's own targets."""
+        return any(k != key and k not in loop.detached and k not in loop.targets for k in loop.carried)
 
     def _eval_keeps(self, scope: Scope, ctx: Ctx, key: str) -> bool:
         """Whether a loop that keeps forward outputs evaluates with autograd on (and nothing uses the

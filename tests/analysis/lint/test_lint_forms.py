@@ -461,6 +461,31 @@ FORMS: list[tuple[str, str, str, str]] = [
         """,
         "@torch.no_grad()",
     ),
+    (
+        "eval scores grown with torch.cat",
+        "TM010",
+        """
+        def evaluate(model, loader):
+            model.eval()
+            scores = torch.empty(0)
+            for x in loader:
+                scores = torch.cat([scores, model(x)])
+            return scores
+        """,
+        "@torch.no_grad()",
+    ),
+    (
+        "validation losses stacked after the loop",
+        "TM010",
+        """
+        def validate(model, loader, criterion):
+            val_losses = []
+            for x, y in loader:
+                val_losses.append(criterion(model(x), y))
+            return torch.stack(val_losses).mean().item()
+        """,
+        "@torch.no_grad()",
+    ),
     # -- TM011: exceptions kept ----------------------------------------------------------------------------
     (
         "errors.append(e) in a training loop",
@@ -518,6 +543,22 @@ FORMS: list[tuple[str, str, str, str]] = [
                 problems.append(sys.exc_info())
         """,
         "format_exc",
+    ),
+    (
+        "a trainer method keeps {step, error} dicts",
+        "TM011",
+        """
+        class Trainer:
+            def fit(self, loader):
+                for step, batch in enumerate(loader):
+                    try:
+                        loss = self.model(batch).mean()
+                        loss.backward()
+                        self.optimizer.step()
+                    except Exception as e:
+                        self.errors.append({"step": step, "error": e})
+        """,
+        "str(e) dict",
     ),
     # -- TM012: hooks registered per step ------------------------------------------------------------------
     (
@@ -752,6 +793,7 @@ def _clean(form: str, wrong: str, fix: str) -> str:
         "per_epoch.append(loss)": "per_epoch.append(loss.item())",
         "log.append((step, loss))": "log.append((step, loss.item()))",
         "errors.append(e)": "errors.append(str(e))",
+        '"error": e}': '"error": str(e)}',
         "failures.append((i, exc))": "failures.append((i, repr(exc)))",
         "failed[i] = err": "failed[i] = traceback.format_exc()",
         "self.history.append(out)": "self.history.append(out.detach())",
