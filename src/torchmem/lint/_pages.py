@@ -79,9 +79,10 @@ An evaluation loop (in a function named like `evaluate`, `validate`, `test`, `pr
 
 `model.eval()` changes how dropout and batch norm behave; it does not turn autograd off. Without
 `torch.no_grad()` (or `torch.inference_mode()`) every forward records its graph and keeps the activations
-a backward would need, so evaluation uses about as much memory as training, and any output you keep
-(`preds.append(out)`) keeps its whole graph. Evaluation then runs out of memory with a batch size that
-training handled, and runs slower.
+a backward would need until its output is dropped: each evaluation step peaks at about training's
+activation memory, several times what the same forward needs under `no_grad`, and runs slower. Nothing
+grows from step to step unless the outputs are kept (`preds.append(out)`: TM010, which then holds every
+batch's activations).
 
 ## Wrong
 
@@ -118,9 +119,13 @@ def evaluate(model, loader):
 
 The function (or a caller in the same file) uses `torch.no_grad()`, `torch.inference_mode()` or
 `torch.set_grad_enabled(...)`; the function calls `.backward()` or an optimizer step (it trains, e.g.
-test-time adaptation); the model is not called inside a loop; the file imports nothing of torch's world
-(torch, lightning, transformers, accelerate, ...); framework hooks such as Lightning's
-`validation_step` (run under no_grad by the framework); test functions in `test_*.py` files.
+test-time adaptation) or takes `torch.autograd.grad` of what it computes (influence functions); the
+model is not called inside a loop; the loop calls something other than the model put in eval mode (a
+function of the same file such as a `@torch.no_grad()` `validate_network(...)`, a parameterless helper
+module, `get_model(...)` or `accelerator.prepare_model(...)`, which make or wrap a model); the file
+imports nothing of torch's world (torch, lightning, transformers, accelerate, ...); framework hooks such
+as Lightning's `validation_step` (run under no_grad by the framework); test functions in `test_*.py`
+files. When the loop also keeps its outputs, TM010 is reported instead (the outputs' activations grow).
 
 Suppress with `# noqa: TM002` on the loop's line.
 """,
