@@ -1,5 +1,12 @@
 """The session's background sampler: a thread that ticks every ``interval`` (spaced out so that its work
-stays under :data:`SAMPLER_SHARE` of the run once steps are counted), and the figure it reads."""
+stays under :data:`SAMPLER_SHARE` of the run once steps are counted), and the figure it reads.
+
+What a tick costs a Python-heavy program is mostly the GIL: the thread takes it from the loop at every
+wake-up (``benchmarks/sampler_cost.py``). So once steps are counted (the verdict then comes from the steps'
+readings, the timeline is only the plot's) the ticks are at least :data:`_SAMPLER_STEP_INTERVAL` apart, and
+on the CPU a tick takes the figure a step read a moment ago rather than reading the C heap again
+(``mallinfo2`` walks every arena's free lists with their locks held: tens of µs on a fragmented heap, the
+loop's ``malloc`` waiting meanwhile)."""
 
 from __future__ import annotations
 
@@ -16,6 +23,11 @@ from torchmem.capture.read import counters
 # GIL while a tick runs), and the longest gap between two ticks that this spacing may reach.
 SAMPLER_SHARE = 0.003
 _SAMPLER_MAX_INTERVAL = 0.5
+# Once steps are counted: the shortest gap between two ticks (the status line is redrawn 4 times a second at
+# most anyway), and the age up to which a step's reading stands for the figure now (CPU).
+_SAMPLER_STEP_INTERVAL = 0.25
+_FRESH_S = 0.25
+SAMPLER_THREAD = "torchmem-sampler"
 
 
 class Sampler:
@@ -48,7 +60,7 @@ class Sampler:
         self._tick_s: float | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="torchmem-sampler", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=SAMPLER_THREAD, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 2.0) -> None:
@@ -102,7 +114,8 @@ class Sampler:
             self._tick_s = tick
             # Without steps the verdict comes from this timeline: its readings keep their pace then.
             if self._ticks >= 20 and self._steps() > 0:
-                wait = max(self.interval, min(_SAMPLER_MAX_INTERVAL, tick / SAMPLER_SHARE))
+                floor = max(self.interval, _SAMPLER_STEP_INTERVAL)
+                wait = max(floor, min(_SAMPLER_MAX_INTERVAL, tick / SAMPLER_SHARE))
             else:
                 wait = self.interval
 
@@ -113,19 +126,33 @@ class Figure:
 
     def __init__(self) -> None:
         self._peak = 0
+        self._last: tuple[float, int] | None = None  # (time, value) of the last step's reading
 
     def observe(self, value: int | None) -> None:
-        """A reading taken elsewhere (a step's): it counts towards the peak."""
-        if value is not None and value > self._peak:
-            self._peak = int(value)
+        """A reading taken elsewhere (a step's): it counts towards the peak, and stands for the figure for
+        :data:`_FRESH_S` seconds."""
+        if value is not None:
+            v = int(value)
+            self._last = (time.perf_counter(), v)
+            if v > self._peak:
+                self._peak = v
 
     def read(self, device: torch.device) -> Any:
-        """A reading now (a ``HotReading``)."""
+        """A reading now (a ``HotReading``). On the CPU a tick (on the sampler's thread) takes a step's
+        reading of the last :data:`_FRESH_S` seconds when there is one; every other read (the end's, a
+        forecast's) reads the heap."""
         if device.type != "cpu":
             return counters(device)
         from torchmem.devices import HotReading
         from torchmem.devices._host import heap_in_use, process_rss
 
+        last = self._last
+        if (
+            last is not None
+            and time.perf_counter() - last[0] < _FRESH_S
+            and threading.current_thread().name == SAMPLER_THREAD
+        ):
+            return HotReading(last[1], None, None, self._peak or last[1], None)
         v = heap_in_use()
         if v is None:
             v = process_rss()
