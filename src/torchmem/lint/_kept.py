@@ -126,6 +126,8 @@ class KeptChecks:
         lives = next((lp for lp in ctx.loop.chain() if key not in lp.rebound and key not in lp.cleared), None)
         if lives is None:
             return
+        if isinstance(node, ast.Subscript) and self._fixed_key(node.slice, lives.rebound | lives.targets):
+            return  # `d[name] = out` with `name` the same every iteration: one slot, overwritten
         if ctx.no_grad and not isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
             return  # made under no_grad
         line = node_line(node) + 1
@@ -135,7 +137,7 @@ class KeptChecks:
         if (
             not lives.trains
             and grows in (NO_BACKWARD, UNKNOWN_BACKWARD)
-            and not self._decodes(lives, key)
+            and not self._decodes(lives, key, scope)
             and self._eval_keeps(scope, ctx, key)
         ):
             self.kept_eval_scopes.add(id(scope))
@@ -162,11 +164,29 @@ class KeptChecks:
             f"iterations of a training loop (line {node_line(loop.node)}): {grows}",
         )
 
-    @staticmethod
-    def _decodes(loop: Loop, key: str) -> bool:
-        """Whether the loop carries state from one iteration to the next (``out, h = model(x, h)``: one
-        forward spread over steps), other than the kept container itself and the loop's own targets."""
-        return any(k != key and k not in loop.detached and k not in loop.targets for k in loop.carried)
+    def _decodes(self, loop: Loop, key: str, scope: Scope) -> bool:
+        """Whether the loop carries graph-carrying state from one iteration to the next (``out, h =
+        model(x, h)``, or ``step["h"] = h; out = policy(step); h = out["h"]``: one forward spread over
+        steps), other than the kept container itself and the loop's own targets."""
+        if any(k != key and k not in loop.detached and k not in loop.targets for k in loop.carried):
+            return True
+        loads: dict[str, int] = {}
+        stores: dict[str, int] = {}
+        for n in ast.walk(loop.node):
+            if isinstance(n, ast.Name):
+                seen = stores if isinstance(n.ctx, ast.Store) else loads
+                seen[n.id] = min(seen.get(n.id, n.lineno), n.lineno)
+        for name, stored in stores.items():
+            if name == key or name in loop.targets or name in loop.detached:
+                continue
+            read = loads.get(name)
+            if (
+                read is not None
+                and read < stored
+                and self.flow.kind(ast.Name(id=name), scope, stored + 1) == TENSOR
+            ):
+                return True  # read in the iteration before it is rebound from the step's output
+        return False
 
     def _eval_keeps(self, scope: Scope, ctx: Ctx, key: str) -> bool:
         """Whether a loop that keeps forward outputs evaluates with autograd on (and nothing uses the
@@ -181,8 +201,26 @@ class KeptChecks:
             return False  # the kept outputs are backwarded later: their gradients are used
         if scope.name in ("forward", "__call__") or scope.name.startswith(("forward_", "_forward")):
             return False  # a model's own forward: its caller runs backward through what it returns
-        named = scope.kind == "function" and scope.cls is None and is_eval_name(scope.name)
+        named = (
+            scope.kind == "function"
+            and scope.cls is None
+            and not self.w.test_file  # `test_*` in a pytest file is a test, not an evaluation
+            and is_eval_name(scope.name)
+        )
         return scope.eval_called or scope.trains or named
+
+    @staticmethod
+    def _fixed_key(key: ast.AST, changing: set[str]) -> bool:
+        """A subscript that is the same on every iteration (or every call): no call in it, and none of
+        its names changes (``self.index - 1``; not ``step``, ``len(d)``, ``name + str(i)``)."""
+        for n in ast.walk(key):
+            if isinstance(n, ast.Call):
+                return False
+            if isinstance(n, (ast.Name, ast.Attribute)):
+                name = dotted(n)
+                if name is None or name in changing or name.split(".", 1)[0] in changing:
+                    return False
+        return True
 
     # -- TM001 through a helper: `accumulate(loss)` with `nonlocal total; total = total + loss`
     def _on_call(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
@@ -326,6 +364,8 @@ class KeptChecks:
                 key: str = extra[0]
                 if not key.startswith("self.") or key in reset:
                     continue
+                if isinstance(node, ast.Subscript) and self._fixed_key(node.slice, self._locals(scope)):
+                    continue  # `self.heads[self.index - 1] = out`: the same slot on every call
                 if self.flow.kind(extra[1], scope, node_line(node) + 1) != TENSOR:
                     continue
                 verb = "adds" if kind == "aug" else "stores"
@@ -341,6 +381,11 @@ class KeptChecks:
         finally:
             self.flow.assume = {}
             self.flow.forward_mode = False
+
+    @staticmethod
+    def _locals(scope: Scope) -> set[str]:
+        """The names a call of the function binds (parameters and locals): they change from call to call."""
+        return {k for k in scope.bindings if "." not in k and k != "self"}
 
     def _resets(self, cls: ast.ClassDef) -> set[str]:
         """``self.<attr>`` names some method other than ``__init__`` rebinds or clears."""

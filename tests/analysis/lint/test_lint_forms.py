@@ -1057,6 +1057,36 @@ CLEAN_ONLY: list[tuple[str, str]] = [
         """,
     ),
     (
+        "MONAI style: a forward writes its slot of a shared list (the same index every call)",
+        """
+        class SkipLayer(torch.nn.Module):
+            def __init__(self, index, heads, head):
+                super().__init__()
+                self.index, self.heads, self.head = index, heads, head
+            def forward(self, x):
+                out = self.block(x)
+                self.heads[self.index - 1] = self.head(out)
+                return out
+        """,
+    ),
+    (
+        "a recurrent policy stepped by hand, state threaded through a dict",
+        """
+        for epoch in range(2):
+            loss = policy(batch)["loss"]
+            loss.backward()
+            optimizer.step()
+        outs = []
+        h = torch.zeros(1, 8)
+        for t in range(steps):
+            step = frames[t]
+            step["h"] = h
+            out = policy(step)
+            outs.append(out["features"])
+            h = out["next_h"]
+        """,
+    ),
+    (
         "a forward's cache reset by a method of the class",
         """
         class Decoder(torch.nn.Module):
@@ -1161,3 +1191,17 @@ def test_a_step_by_step_decode_is_tm002_not_tm010() -> None:
     """
     assert _codes(src) == ["TM002"]
     assert _codes(src.replace("out, state = model(x[:, t], state)", "out = model(x[:, t])")) == ["TM010"]
+
+
+def test_a_pytest_test_named_test_is_not_an_evaluation() -> None:
+    """torchrl's test_ppo.py keeps `loss(data)["ESS"]` (computed under no_grad inside the loss) per case:
+    in a pytest file, `test_*` names a test, not an evaluation function."""
+    src = """
+    def test_ess_shape():
+        ess = []
+        for batch_size in (2, 1):
+            output = loss_module(make_batch(batch_size))
+            ess.append(output["ESS"])
+    """
+    assert [f.code for f in lint_source(HEAD + textwrap.dedent(src), "tests/test_ppo.py")] == []
+    assert [f.code for f in lint_source(HEAD + textwrap.dedent(src), "scripts/run.py")] == ["TM010"]
