@@ -469,10 +469,12 @@ The loop trains (a backward or an optimizer step in it: TM001's business); it ru
 `inference_mode` or `set_grad_enabled(<a variable>)`, or in a function a caller of the file runs under
 `no_grad`; the kept values reach a backward or `torch.autograd.grad` later in the function (their
 gradients are used); the function is a module's `forward` (its caller backwards what it returns); the loop
-carries state through the model (`out, h = model(x, h)`: a step-by-step decode, one forward spread over
-steps, whose kept outputs add nothing the carried state does not keep); there is no sign that the loop
-evaluates (no `.eval()`, no training in the same function, not named like evaluation); framework hooks
-(`validation_step`).
+carries state through the model (`out, h = model(x, h)`, or a state read in the iteration before it is
+rebound from the step's output: a step-by-step decode, one forward spread over steps, whose kept outputs
+add nothing the carried state does not keep); the key of `results[key] = out` is the same on every
+iteration (one slot, overwritten); there is no sign that the loop evaluates (no `.eval()`, no training in
+the same function, not named like evaluation; a `test_*` function of a pytest file is a test); framework
+hooks (`validation_step`).
 
 Suppress with `# noqa: TM010`.
 """,
@@ -632,7 +634,8 @@ class Net(torch.nn.Module):
 The value is detached or computed under `no_grad`; a method of the class other than `__init__` resets or
 clears the attribute (`self.outputs = []`, `self.cache.clear()`: the class manages its own buffer, a KV
 cache reset per sequence); the attribute is rebound, not added to (`self.last = out`: one step's graph at
-a time); the file imports nothing of torch's world.
+a time), or written at a key that is the same on every call (`self.heads[self.index - 1] = out`: one
+slot); the file imports nothing of torch's world.
 
 Suppress with `# noqa: TM013`.
 """,
