@@ -33,6 +33,7 @@ from torchmem.lint._syntax import (
 )
 
 # The callee names the walk records something about (every other call only has its children visited).
+_CUDA_GRAPH_NAMES = frozenset({"CUDAGraph", "make_graphed_callables"})
 _CALLS_OF_NOTE = frozenset(
     {
         "backward", "manual_backward", "grad", "step", "zero_grad", "empty_cache", "eval", "append",
@@ -43,7 +44,7 @@ _CALLS_OF_NOTE = frozenset(
 )  # fmt: skip
 # Fields of expression nodes that never hold an expression worth a visit (contexts, operators, names).
 _NOT_CHILDREN = frozenset({"ctx", "op", "ops", "attr", "id", "arg", "conversion", "type_comment", "kind"})
-_CHILD_FIELDS: dict[type, tuple[str, ...]] = {}
+_CHILD_FIELDS: dict[type[ast.AST], tuple[str, ...]] = {}
 _JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
 
 
@@ -216,13 +217,24 @@ class Walker:
         """Record ``h = f(x, h)`` (state carried into the next iteration) and ``h = h.detach()``."""
         uses = False
         cut = False
-        for n in ast.walk(value):
-            if isinstance(n, (ast.Name, ast.Attribute)) and dotted(n) == key:
-                uses = True
-            elif isinstance(n, ast.Call):
-                fname = last_name(n.func).lower()
+        stack: list[ast.AST] = [value]
+        while stack:  # ast.walk without its generator and the ctx/operator leaves (a hot path)
+            n = stack.pop()
+            cls = n.__class__
+            if cls is ast.Name:
+                uses = uses or n.id == key  # type: ignore[attr-defined]
+                continue
+            if cls is ast.Constant:
+                continue
+            if cls is ast.Attribute:
+                if not uses and dotted(n) == key:
+                    uses = True
+                    continue
+            elif cls is ast.Call:
+                fname = last_name(n.func).lower()  # type: ignore[attr-defined]
                 if "detach" in fname or "repackage" in fname or fname in ("item", "tolist", "numpy"):
                     cut = True
+            _push_children(n, cls, stack)
         if not uses:
             return
         for lp in loop.chain():
@@ -399,43 +411,40 @@ class Walker:
             cls = n.__class__
             if cls is ast.Call:
                 self._call(n, scope, ctx)  # type: ignore[arg-type]
+                stack.extend([k.value for k in reversed(n.keywords)])  # type: ignore[attr-defined]
+                stack.extend(reversed(n.args))  # type: ignore[attr-defined]
+                stack.append(n.func)  # type: ignore[attr-defined]
+                continue
+            if cls is ast.Name:
+                if n.id in _CUDA_GRAPH_NAMES:  # type: ignore[attr-defined]
+                    self.facts.cuda_graphs = True
                 continue
             if cls is ast.Constant:
                 continue
-            if isinstance(n, ast.Lambda):
-                role = id(n) in self.facts.worker_lambdas
-                lam = self._new_scope(n, "<lambda-worker>" if role else "<lambda>", None, "lambda")
-                self._expr(n.body, lam, Ctx())
-                continue
-            elif isinstance(n, ast.NamedExpr):
-                self._bind(n.target, n.value, scope, ctx)
-            elif isinstance(n, ast.Constant):
-                continue
-            elif isinstance(n, ast.Subscript):
+            if cls is ast.Attribute:
+                assert isinstance(n, ast.Attribute)
+                if n.attr == "local_rank" and isinstance(n.value, ast.Name) and n.value.id in ARGS_NAMES:
+                    self.facts.rank_setup = True  # args.local_rank (torch.distributed.launch)
+                elif n.attr in _CUDA_GRAPH_NAMES:
+                    self.facts.cuda_graphs = True
+            elif cls is ast.Subscript:
+                assert isinstance(n, ast.Subscript)
                 if (
                     isinstance(n.ctx, ast.Load)
                     and isinstance(n.slice, ast.Constant)
                     and n.slice.value in RANK_VARS
                 ):
                     self.facts.rank_setup = True  # os.environ["LOCAL_RANK"] read
-            elif isinstance(n, ast.Attribute):
-                if n.attr == "local_rank" and isinstance(n.value, ast.Name) and n.value.id in ARGS_NAMES:
-                    self.facts.rank_setup = True  # args.local_rank (torch.distributed.launch)
-                elif n.attr in ("CUDAGraph", "make_graphed_callables"):
-                    self.facts.cuda_graphs = True
-            elif isinstance(n, ast.Name):
-                if n.id in ("CUDAGraph", "make_graphed_callables"):
-                    self.facts.cuda_graphs = True
+            elif cls is ast.Lambda:
+                assert isinstance(n, ast.Lambda)
+                role = id(n) in self.facts.worker_lambdas
+                lam = self._new_scope(n, "<lambda-worker>" if role else "<lambda>", None, "lambda")
+                self._expr(n.body, lam, Ctx())
                 continue
-            fields = _CHILD_FIELDS.get(cls)
-            if fields is None:
-                fields = _CHILD_FIELDS[cls] = tuple(f for f in cls._fields if f not in _NOT_CHILDREN)
-            for name in fields:  # ast.iter_child_nodes without the ctx/op leaves and the generator
-                v = getattr(n, name, None)
-                if v.__class__ is list:
-                    stack.extend([x for x in v if x is not None])
-                elif isinstance(v, ast.AST):
-                    stack.append(v)
+            elif cls is ast.NamedExpr:
+                assert isinstance(n, ast.NamedExpr)
+                self._bind(n.target, n.value, scope, ctx)
+            _push_children(n, cls, stack)
 
     def _call(self, call: ast.Call, scope: Scope, ctx: Ctx) -> None:
         func = call.func
@@ -593,10 +602,7 @@ class Walker:
                     lp.model_call = call
             if scope.first_eval_loop is None:
                 scope.first_eval_loop = list(loop.chain())[-1]
-        # children
-        stack_nodes: list[ast.AST] = [func, *call.args, *(k.value for k in call.keywords)]
-        for child in stack_nodes:
-            self._expr(child, scope, ctx)
+        # the children: the caller's walk visits them (no recursion per call)
 
     @staticmethod
     def _mark_training(loop: Loop | None, call: ast.Call | None, retains: bool) -> None:
@@ -607,6 +613,19 @@ class Walker:
             loop.backwards.append(((call.lineno, call.col_offset), retains))
         for lp in loop.chain():
             lp.trains = True
+
+
+def _push_children(n: ast.AST, cls: type[ast.AST], stack: list[ast.AST]) -> None:
+    """``stack.extend(ast.iter_child_nodes(n))`` without the generator and the ctx/operator leaves."""
+    fields = _CHILD_FIELDS.get(cls)
+    if fields is None:
+        fields = _CHILD_FIELDS[cls] = tuple(f for f in cls._fields if f not in _NOT_CHILDREN)
+    for name in fields:
+        v = getattr(n, name, None)
+        if v.__class__ is list:
+            stack.extend([x for x in v if x is not None])
+        elif isinstance(v, ast.AST):
+            stack.append(v)
 
 
 def names_in(expr: ast.AST) -> set[str]:
