@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+import statistics
 from collections.abc import Sequence
 
 from torchmem._format import fmt_bytes
@@ -54,9 +55,8 @@ def _theil_sen(xs: Sequence[float], ys: Sequence[float]) -> float:
 
 
 def _median(v: Sequence[float]) -> float:
-    s = sorted(v)
-    n = len(s)
-    return 0.0 if n == 0 else (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2)
+    """The median (``statistics.median``: the one definition in the package), 0 for no values."""
+    return float(statistics.median(v)) if len(v) else 0.0
 
 
 def _steady_rate(xs: Sequence[int], ys: Sequence[int], k: int) -> float | None:

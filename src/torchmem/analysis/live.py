@@ -19,6 +19,7 @@ from torchmem.analysis.holders.cycles import (
     is_cycle,
     loop_text,
 )
+from torchmem.devices._storage import storage_id
 from torchmem.results.holders import HolderPath, HolderStep, StepKind
 from torchmem.results.live import (
     BUFFER,
@@ -172,10 +173,7 @@ def _union_bytes(ranges: list[tuple[int, int]]) -> int:
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
-    try:
-        return int(t.untyped_storage()._cdata)
-    except (RuntimeError, NotImplementedError, TypeError):
-        return None
+    return storage_id(t)
 
 
 # Tensor subclasses that describe memory without holding any (torch.compile's fake and functional tensors):

@@ -142,10 +142,6 @@ def _contexts(caps: Sequence[Capture], rows: list[RankRow]) -> list[RankRow]:
     return out
 
 
-def _median(vals: list[int]) -> float:
-    return float(statistics.median(vals))
-
-
 def _imbalance(caps: Sequence[Capture], rows: list[RankRow]) -> list[str]:
     out: list[str] = []
     live = [r for r in rows if r.peak_allocated is not None]
@@ -174,7 +170,7 @@ def _imbalance(caps: Sequence[Capture], rows: list[RankRow]) -> list[str]:
             )
     if len(live) >= 2:
         peaks = [r.peak_allocated or 0 for r in live]
-        med = _median(peaks)
+        med = float(statistics.median(peaks))
         top = max(live, key=lambda r: r.peak_allocated or 0)
         gap = (top.peak_allocated or 0) - med
         if med > 0 and (top.peak_allocated or 0) >= IMBALANCE_RATIO * med and gap >= IMBALANCE_MIN_BYTES:
@@ -206,7 +202,7 @@ def _imbalance(caps: Sequence[Capture], rows: list[RankRow]) -> list[str]:
             (r, (r.peak_reserved or 0) - (r.peak_allocated or 0)) for r in live if r.peak_reserved is not None
         ]
         if len(cached) >= 2:
-            med_c = _median([c for _, c in cached])
+            med_c = float(statistics.median([c for _, c in cached]))
             r, c = max(cached, key=lambda rc: rc[1])
             if c >= CACHE_SKEW_MIN_BYTES and c >= CACHE_SKEW_RATIO * max(med_c, 1.0):
                 out.append(

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from torchmem.analysis.gpus import choose_device, gpus_report
+from torchmem.devices._storage import key_of_storage
 from torchmem.results.gpus import GpuRow, GpusReport
 
 _MAX_EVIDENCE = 32
@@ -69,7 +70,7 @@ def _cuda_bytes(obj: Any) -> dict[int, int]:
                 if o.device.type != "cuda":
                     continue
                 st = o.untyped_storage()
-                key = st.data_ptr() if st.nbytes() else id(st)
+                key = key_of_storage(st)
                 if key in seen:
                     continue
                 seen.add(key)

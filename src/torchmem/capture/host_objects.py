@@ -30,6 +30,7 @@ import torch
 from torchmem.analysis.holders.find import _shared_value
 from torchmem.analysis.holders.roots import FrameSnapshots
 from torchmem.devices._ledger_sites import internal_dirs as _internal_dirs
+from torchmem.devices._storage import key_of_storage
 
 _CONTAINERS = (list, dict, collections.deque)
 _PLAIN_DICT = frozenset({dict})
@@ -290,8 +291,8 @@ def cpu_storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
             if t.device.type != "cpu" or t.is_sparse or t.is_meta:
                 continue
             s = t.untyped_storage()
-            key = s.data_ptr()
-            if key in seen or key == 0:
+            key = key_of_storage(s)
+            if key in seen:
                 continue
             seen.add(key)
             total += s.nbytes()

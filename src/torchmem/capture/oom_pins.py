@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from torchmem._exceptions import exception_chain
+from torchmem.devices._storage import storage_id
 from torchmem.results.oom import PinnedTensor
 
 
@@ -34,10 +35,9 @@ def _tensors_in(obj: Any, depth: int = 2) -> list[torch.Tensor]:
     return []
 
 
-def _storage_key(t: torch.Tensor) -> tuple[str, int] | None:
+def _storage_key(t: torch.Tensor) -> int | None:
     try:
-        st = t.untyped_storage()
-        return (str(t.device), int(st.data_ptr()))
+        return storage_id(t)
     except Exception:
         return None
 
@@ -73,7 +73,7 @@ class _Pins:
 
     def __init__(self, device: torch.device | None) -> None:
         self.device = device
-        self.seen: set[tuple[str, int]] = set()
+        self.seen: set[int] = set()
         self.out: list[PinnedTensor] = []
 
     def wanted(self, t: torch.Tensor) -> bool:
