@@ -48,6 +48,7 @@ class ReadingSchedule:
         self._tune_at: tuple[int, float] | None = None  # (step, time) of the last timed reading
         self._read_cost = 0.0
         self._read_times: list[float] = []
+        self._tune_times: collections.deque[float] = collections.deque(maxlen=5)
         self._last_t: float | None = None
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
 
@@ -99,13 +100,15 @@ class ReadingSchedule:
             or not (self._host_figure or (self.relax_after is not None and k >= self.relax_after))
         ):
             return reader()
-        pc = time.perf_counter
-        t0 = pc()
+        t0 = time.perf_counter()
         value = reader()
-        t1 = pc()
-        reader()  # timed twice, the cheaper one counts: a reading preempted or waiting for the GIL once (a
-        t2 = pc()  # stride chosen from it would stay wide for RETUNE_EVERY readings) is not its cost
-        self._retune(n, min(t1 - t0, t2 - t1), t2)
+        t1 = time.perf_counter()
+        # The median of the last few timed readings: one reading preempted or waiting for the GIL (a stride
+        # chosen from it would stay wide for RETUNE_EVERY readings) is not what readings cost. Each is timed
+        # where the loop reads (a second reading right after one finds the heap's free lists in the cache).
+        times = self._tune_times
+        times.append(t1 - t0)
+        self._retune(n, sorted(times)[(len(times) - 1) // 2], t1)  # (the lower median)
         return value
 
     def _choose(self) -> None:
