@@ -226,11 +226,13 @@ class KeptChecks:
     def _on_call(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         call = node
         assert isinstance(call, ast.Call) and ctx.loop is not None
-        if not any(lp.trains for lp in ctx.loop.chain()) or ctx.no_grad or scope.no_grad_all:
+        if ctx.no_grad or scope.no_grad_all:
             return
         fn = self.flow.function_of(call, scope)
         if fn is None or fn is scope or fn.no_grad_all:
             return
+        if not fn.trains and not any(lp.trains for lp in ctx.loop.chain()):
+            return  # neither the loop nor the function it calls trains
         params = fn.params[1:] if fn.cls is not None else fn.params
         for kind, store, sctx, sextra in fn.events:
             if kind not in ("store", "aug") or sctx.no_grad or sctx.exc is not None:
@@ -238,8 +240,10 @@ class KeptChecks:
             assert isinstance(sextra, tuple)
             key: str = sextra[0]
             how = self._persistent(fn, key, kind)
-            if how is None or key in fn.backwarded:
-                continue
+            if how is None or key in fn.backwarded or key in fn.bindings:
+                continue  # not kept beyond the call, backwarded, or reset by the function itself
+            if fn.trains and self._own_graph(call, scope, ctx, fn, store, sextra[1], key, how):
+                return
             for i, param in enumerate(params):
                 arg = self._argument(call, i, param)
                 if arg is None:
@@ -252,7 +256,7 @@ class KeptChecks:
                 if not carries or self.flow.kind(arg, scope, node_line(call) + 1) != TENSOR:
                     continue
                 loop = next(
-                    (lp for lp in ctx.loop.chain() if lp.trains and key not in lp.rebound),
+                    (lp for lp in ctx.loop.chain() if (lp.trains or fn.trains) and key not in lp.rebound),
                     None,
                 )
                 if loop is None:
@@ -266,6 +270,34 @@ class KeptChecks:
                     f"(line {node_line(loop.node)}): {grows}",
                 )
                 return
+
+    def _own_graph(
+        self,
+        call: ast.Call,
+        scope: Scope,
+        ctx: Ctx,
+        fn: Scope,
+        store: ast.AST,
+        value: ast.expr,
+        key: str,
+        how: str,
+    ) -> bool:
+        """A training step of the file (``self.training_step(batch)``: it runs backward itself) that keeps a
+        graph-carrying value of its own beyond the call, called on every iteration of a loop."""
+        assert ctx.loop is not None
+        if _store_in_loop(fn, store) or self.flow.kind(value, fn, node_line(store) + 1) != TENSOR:
+            return False
+        loop = next((lp for lp in ctx.loop.chain() if key not in lp.rebound and key not in lp.cleared), None)
+        if loop is None:
+            return False
+        self.add(
+            call,
+            "TM001",
+            f"`{short(call)}` runs a training step on every iteration of the loop at line "
+            f"{node_line(loop.node)} and keeps `{short(value)}`, a tensor that carries its autograd graph, "
+            f"in `{key}` ({how}, line {node_line(store)}): {self.growth(value, fn, node_line(store) + 1)}",
+        )
+        return True
 
     @staticmethod
     def _persistent(fn: Scope, key: str, kind: str) -> str | None:
@@ -417,3 +449,8 @@ class KeptChecks:
                             out.add(key)
         self._reset_attrs[id(cls)] = out
         return out
+
+
+def _store_in_loop(fn: Scope, store: ast.AST) -> bool:
+    """Whether the store is inside a loop of the function itself (TM001 judges it there, in place)."""
+    return any(node is store and c.loop is not None for _k, node, c, _e in fn.events)

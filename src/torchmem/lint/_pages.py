@@ -11,7 +11,8 @@ running total (`total += loss`, `total = total + loss`, `h = torch.cat([h, loss[
 list (`losses.append(loss)`), stored under a changing key (`history[step] = out`), in a container reached
 through a subscript or an attribute (`metrics["loss"].append(loss)`, a `defaultdict`, `self.losses`,
 `stats.setdefault("loss", [])`), or by a helper of the same file that the loop calls (`accumulate(loss)`
-whose body does `nonlocal total; total = total + value`, a method that does `self.running += value`).
+whose body does `nonlocal total; total = total + value`, a method that does `self.running += value`, a
+`self.training_step(batch)` that runs backward and keeps its own loss in `self.losses`).
 
 ## Why
 

@@ -146,6 +146,22 @@ FORMS: list[tuple[str, str, str, str]] = [
         "loss.item()",
     ),
     (
+        "a trainer's training_step keeps its loss on self, called per batch",
+        "TM001",
+        """
+        class Trainer:
+            def training_step(self, batch):
+                loss = self.criterion(self.model(batch[0]), batch[1])
+                loss.backward()
+                self.optimizer.step()
+                self.losses.append(loss)
+            def fit(self, loader):
+                for batch in loader:
+                    self.training_step(batch)
+        """,
+        "loss.detach()",
+    ),
+    (
         "history[step] = out (the model output)",
         "TM001",
         """
