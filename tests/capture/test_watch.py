@@ -258,3 +258,33 @@ def test_a_relaxed_watcher_keeps_its_readings_to_a_quarter_percent_of_a_step() -
             strides.append(w._stride)
             assert "a step takes 1000 µs and a reading 50.0 µs" in (w._stride_note or "")
     assert strides == [20, 3]  # 50 / (0.25 % of 1000); the public one: 2 %, over max_stride=2
+
+
+def test_a_long_public_watch_widens_its_stride_to_half_a_percent_of_a_step() -> None:
+    # issue 29: a CUDA reading of 57 µs every 2nd step of a 1.2 ms step is 2.4 % of the run. After 256 reads
+    # a user's watch() keeps its readings under 0.5 % of a step, up to 8 x max_stride apart; before them, and
+    # with max_stride=1, max_stride holds (the heap figure's own 2 % floor aside).
+    got = {}
+    for label, kwargs, readings in (
+        ("long", {}, 1000),
+        ("early", {}, 100),
+        ("every step asked", {"max_stride": 1}, 1000),
+        ("slow reading", {}, 1000),
+    ):
+        w = torchmem.watch(device="cpu", warn=False, source="heap", **kwargs)  # type: ignore[arg-type]
+        with w:
+            a = torch.randn(32, 32)
+            for _ in range(20):
+                a @ a
+                w.step()
+            w._readings = readings
+            w._stride = 1
+            cost = 150e-6 if label == "slow reading" else 57e-6
+            w._set_stride(1.2e-3, cost)  # a 1.2 ms step
+            got[label] = w._stride
+            if label == "long":
+                assert "a step takes 1200 µs and a reading 57.0 µs: reading every 10 steps" in (
+                    w._stride_note or ""
+                )
+    # 57 / (0.5 % of 1200) = 9.5: 10; the heap's 2 % floor: 3; 150 µs: 25, capped at 8 x 2
+    assert got == {"long": 10, "early": 3, "every step asked": 3, "slow reading": 16}, got

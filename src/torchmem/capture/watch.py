@@ -32,7 +32,12 @@ import torch
 from torchmem._errors import TorchmemError
 from torchmem._format import fmt_bytes
 from torchmem._warn import emit_warning
-from torchmem.capture.watch_stride import ReadingSchedule
+from torchmem.capture.watch_stride import (
+    PUBLIC_RELAX_AFTER,
+    PUBLIC_RELAXED_FACTOR,
+    PUBLIC_RELAXED_SHARE,
+    ReadingSchedule,
+)
 from torchmem.capture.watch_verdict import STEADY_READINGS as STEADY_READINGS  # imported from here too
 from torchmem.capture.watch_verdict import WINDOW_READINGS as WINDOW_READINGS
 from torchmem.capture.watch_verdict import GrowthTrack, build_report
@@ -136,6 +141,8 @@ class Watcher(Generic[T]):
         self._workers: Any = None  # the DataLoader checks (capture/workers.py) of a user's watcher
         # The parts: which steps are read, what the readings say, the attribution windows.
         self._schedule = ReadingSchedule(warmup, stride, max_stride)
+        if max_stride is not None and max_stride >= 2:  # a long run's readings: under 0.5 % of its steps
+            self._schedule.relax(PUBLIC_RELAX_AFTER, PUBLIC_RELAXED_SHARE, PUBLIC_RELAXED_FACTOR * max_stride)
         self._track = GrowthTrack(self.min_bytes_per_step, warmup)
         self._attribution = Attribution(
             window=window,
@@ -156,7 +163,7 @@ class Watcher(Generic[T]):
 
     @_relax_after.setter
     def _relax_after(self, readings: int | None) -> None:
-        self._schedule.relax_after = readings
+        self._schedule.relax(readings)  # torchmem run's: RELAXED_SHARE of a step, RELAXED_MAX_STRIDE apart
 
     @property
     def _stride(self) -> int:
@@ -540,7 +547,10 @@ def watch(
             k-th step when one reading costs more than 0.5 % of a step (capped by ``max_stride``).
         max_stride: The most steps between readings when the stride is chosen automatically. The default,
             2, keeps detection of a steady leak within 10 steps after the warm-up; ``None`` lets very short
-            steps be read rarely enough to stay under 0.5 % (detection then takes 5 readings).
+            steps be read rarely enough to stay under 0.5 % (detection then takes 5 readings). After 256
+            readings (a long run) the stride may widen to keep the readings under 0.5 % of the steps, up to
+            8 x ``max_stride`` (a leak that starts then is found within 5 x 16 steps); ``max_stride=1``
+            reads every step throughout.
         source: The figure read at each step. ``"auto"``: the allocator's counters where the device has
             them, else (the CPU) torchmem's exact tensor accounting, on for the whole watch (a few µs per
             op). ``"allocator"``: fail where the device has no allocator statistics. ``"ledger"``: the exact
