@@ -13,7 +13,8 @@ which a flat loop would skip):
   torchmem's own objects. They must stay bounded (the report's series is thinned past 4,096 readings, the
   detector keeps its last 32), far below the number of steps.
 
-Both can fail, and the last two tests show it on the same loop: a watcher that judges its whole series
+The same counts cover ``torchmem run``'s per-step work (a session's watcher, loop survivors, host watcher and
+step records). Both can fail, and two tests show it on the same loop: a watcher that judges its whole series
 again at each step (a series re-fitted from scratch at every reading, the shape issue 29 suspected) fails
 the first check, a detector whose window keeps every reading fails the second. C-level work over a
 container (``min()``, ``list(deque)``) is not a line event; it is bounded because every container the
@@ -27,6 +28,7 @@ import statistics
 import sys
 import types
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +37,7 @@ import torch
 import torchmem
 from torchmem.capture import watch_verdict
 from torchmem.capture.watch import Watcher
+from torchmem.run.session import Session
 
 STEPS = 10_000
 KEEP_FLOATS = 640  # 2,560 bytes kept per step: growth under the threshold below
@@ -184,3 +187,38 @@ def test_the_counts_see_a_detector_that_keeps_every_reading(monkeypatch: pytest.
     monkeypatch.setattr(watch_verdict, "WINDOW_READINGS", 10**9)
     _, elements, _ = run_counted("heap", steps=3000, keep=0)  # (no growth: the detector's fits do not run)
     assert elements > 2 * 2900, elements
+
+
+def test_torchmem_runs_per_step_work_does_not_grow_with_the_run(tmp_path: Path) -> None:
+    """``torchmem run``'s per-step work (a :class:`~torchmem.run.session.Session`: the device watcher on the
+    C heap, the loop survivors, the host watcher, the step records), counted the same way over 10,000
+    optimizer steps of the same loop; the sampler's thread is not counted (its ticks are spaced by their
+    cost, ``benchmarks/sampler_cost.py``)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(lin.parameters(), lr=1e-3)
+    x = torch.randn(2, 8)
+    kept: list[torch.Tensor] = []
+    session = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False, argv=["loop.py"])
+    session.start()
+    c = LineCounter()
+    session._step_work = c.wrap(session._step_work)  # type: ignore[method-assign]  # Session.step calls it
+    per_step: list[int] = []
+    last = 0
+    try:
+        for _ in range(STEPS):
+            opt.zero_grad(set_to_none=True)
+            lin(x).sum().backward()
+            opt.step()  # the step boundary
+            kept.append(torch.zeros(KEEP_FLOATS))
+            per_step.append(c.lines - last)
+            last = c.lines
+        elements = kept_elements(session)
+    finally:
+        result = session.finish(0, "exit")
+    kept.clear()
+    assert result.steps == STEPS
+    early, late = early_late(per_step)
+    assert early > 0
+    assert late <= 1.2 * early + 2, (early, late)
+    assert elements <= 4096 + 2048, elements
