@@ -15,10 +15,10 @@ readings it keeps (the report's series, bounded), from the last watched run of e
 
 On an H100 (each under ~4 minutes):
 
-    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model tiny --steps 1000,10000,100000
-    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model mlp --steps 10000 --pairs 10
-    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model resnet18 --steps 1500 --pairs 10
-    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model gpt2 --steps 150 --pairs 10
+    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model tiny --steps 1000,10000,20000
+    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model mlp --steps 8000
+    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model resnet18 --steps 1500
+    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model gpt2 --steps 200
 """
 
 from __future__ import annotations
