@@ -1,4 +1,4 @@
-"""The training steps of the cost benchmarks (issue 29), shared by ``watch_cost.py``, ``sampler_cost.py`` and
+"""The training steps of the cost benchmarks (issue 29), shared by ``watch_cost.py`` and
 the ``programs/`` that ``run_cost.py`` runs: each ``make_step(name, device)`` returns ``(step, what)``, a
 closure that runs one training step and its description.
 
