@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
 from torchmem.devices import ledger
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without xdist it is never called
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """The workers of ``-n auto`` (pyproject's addopts): one per core, up to 4, on a machine without a GPU;
+    none (the tests run in this process, one at a time) where a CUDA GPU is present, since the GPU tests
+    measure the device to the byte and must have it to themselves, or on a single core.
+    ``TORCHMEM_TEST_WORKERS`` overrides."""
+    forced = os.environ.get("TORCHMEM_TEST_WORKERS")
+    if forced is not None:
+        return int(forced)
+    if torch.cuda.is_available():
+        return 0
+    cpus = _cpus()
+    return min(cpus, 4) if cpus >= 2 else 0
+
+
+# In a worker of ``-n``, torch's CPU threads share the cores with the other workers.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, _cpus() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 def storage_bytes(*tensors: torch.Tensor) -> int:

@@ -51,7 +51,8 @@ def holders(
         obj: The object to explain (usually a tensor).
         *more: More objects, searched together.
         max_paths: Most paths reported per object.
-        time_limit: Seconds the search may take before it stops with what it found.
+        time_limit: Seconds of CPU time (this thread's) the search may take before it stops with what it
+            found: on an idle machine its wall time, on a loaded one less than the wall time.
 
     Returns:
         For one object, its paths as a :class:`HolderPaths` (a ``list``; ``print()`` shows one path per
@@ -139,8 +140,8 @@ def find_holders(
     Args:
         targets: The objects to explain. The sequence itself is not a holder.
         max_paths: Most paths reported per target.
-        time_limit: Seconds the search may take; when it runs out the paths found so far are returned
-            with ``truncated=True``.
+        time_limit: Seconds of CPU time (this thread's) the search may take; when it runs out the paths
+            found so far are returned with ``truncated=True``.
         exclude: Objects that must not count as holders (the caller's own containers of the targets).
             Executing ``torchmem`` frames never count.
         max_objects: Most objects the backward search explores.
