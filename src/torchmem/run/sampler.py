@@ -112,12 +112,19 @@ class Sampler:
             # records, a one-off).
             tick = spent if self._tick_s is None else 0.8 * self._tick_s + 0.2 * spent
             self._tick_s = tick
-            # Without steps the verdict comes from this timeline: its readings keep their pace then.
-            if self._ticks >= 20 and self._steps() > 0:
-                floor = max(self.interval, _SAMPLER_STEP_INTERVAL)
-                wait = max(floor, min(_SAMPLER_MAX_INTERVAL, tick / SAMPLER_SHARE))
-            else:
-                wait = self.interval
+            wait = spacing(self.interval, self._ticks, tick, self._steps())
+
+
+def spacing(interval: float, ticks: int, tick_s: float, steps: int) -> float:
+    """Seconds to the next tick, after ``ticks`` ticks of ``tick_s`` seconds each (a moving average) with
+    ``steps`` steps counted: ``interval`` while there is no step (the verdict then comes from the timeline:
+    its readings keep their pace) and for the first 20 ticks; then at least :data:`_SAMPLER_STEP_INTERVAL`,
+    and as far apart as keeps the ticks under :data:`SAMPLER_SHARE` of the run, up to
+    :data:`_SAMPLER_MAX_INTERVAL`."""
+    if ticks < 20 or steps <= 0:
+        return interval
+    floor = max(interval, _SAMPLER_STEP_INTERVAL)
+    return max(floor, min(_SAMPLER_MAX_INTERVAL, tick_s / SAMPLER_SHARE))
 
 
 class Figure:
