@@ -20,14 +20,36 @@ FIX_WORDS = ("x.grad = g.detach()", "create_graph=False", "x.grad = None")
 
 def _break_cycles() -> None:
     """Break every cycle through autograd in the process, this module's and those earlier tests leaked (gc
-    cannot free them; parameters included): the reports below must see only their own."""
+    cannot free them): the reports below must see only their own. A leaf on such a cycle may be reachable
+    only through autograd's graph (a parameter whose module is gone): the graphs of the live tensors are
+    walked to their leaves too."""
+
+    def unlink(t: object) -> None:
+        g = t.grad if isinstance(t, torch.Tensor) and t.is_leaf else None
+        if g is not None and g.grad_fn is not None:
+            t.grad = None  # type: ignore[attr-defined]
+
+    stack = []
     for o in gc.get_objects():
         try:
-            g = o.grad if isinstance(o, torch.Tensor) and o.is_leaf else None
-            if g is not None and g.grad_fn is not None:
-                o.grad = None
+            if isinstance(o, torch.Tensor):
+                unlink(o)
+                if o.grad_fn is not None:
+                    stack.append(o.grad_fn)
         except Exception:  # tensors without a .grad to set (subclasses, functional wrappers)
             continue
+    seen: set[int] = set()
+    while stack:
+        fn = stack.pop()
+        if id(fn) in seen:
+            continue
+        seen.add(id(fn))
+        try:
+            unlink(getattr(fn, "variable", None))
+            stack.extend(nf for nf, _ in fn.next_functions if nf is not None)
+        except Exception:
+            continue
+    del stack
     gc.collect()
 
 

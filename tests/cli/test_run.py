@@ -310,7 +310,7 @@ OP_HEAVY = textwrap.dedent(
     import torch
     torch.set_num_threads(1)
     lin = torch.nn.Linear(8, 8)  # updated by hand: an optimizer's first use imports dynamo (0.7 s)
-    for step in range(15):
+    for step in range(10):  # few steps: the exact accounting's first steps are a large share of the run
         x = torch.randn(4, 8)
         for _ in range(1000):  # thousands of tiny ops per step: the exact accounting's worst case
             x = torch.tanh(lin(x))

@@ -97,11 +97,11 @@ def _robust_rate(xs: Sequence[int], ys: Sequence[int], threshold: float) -> tupl
     noise = _median([abs(t - mid) for t in trend])
     conf = _concordance(xs, ys)
     rising = all(floors[i + 1] - floors[i] >= 0.5 * slope * span for i in range(3))
-    # ... and the last quarter still climbs: its highest reading above the third quarter's highest by a
-    # quarter of what the slope predicts (a buffer that filled over the middle of the window and stayed
-    # full has a raised floor in every quarter, but no new high in the last).
-    tops = max(ys[bounds[3] :]) - max(ys[bounds[2] : bounds[3]])
-    rising = rising and tops >= 0.25 * slope * span
+    # ... and the last quarter still climbs: its median above the third quarter's by a quarter of what the
+    # slope predicts (a buffer that filled over the middle of the window and stayed full has a raised floor
+    # in every quarter, but a last quarter no higher than the third; medians, so that a spike does not count).
+    later = _median(ys[bounds[3] :]) - _median(ys[bounds[2] : bounds[3]])
+    rising = rising and later >= 0.25 * slope * span
     # Mann–Kendall: the upward trend must be significant (z > 4.5, p < 4e-6 one-sided), so that noise read
     # at every step of a long run does not fire by chance.
     s_stat = conf * n * (n - 1) / 2

@@ -82,7 +82,7 @@ class HostWatcher:
         node_interval: Least seconds between two counts of the live autograd nodes.
         node_overhead: The largest share of the run the counts may take (0.5 %): a count that takes long
             (a big heap) spaces the next ones further apart.
-        scan_budget: Seconds one scan may spend walking autograd graphs.
+        scan_budget: Seconds (of the watching thread's CPU time) one scan may spend walking autograd graphs.
         holder_time_limit: Seconds the holder search may take (once, when culprits are named).
         scan_gap: Steps between two scans of a sequence.
         max_stride: The most steps between two readings of each figure (``None``: as the readings' cost

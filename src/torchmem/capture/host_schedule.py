@@ -50,8 +50,9 @@ class HostSchedule:
         self._figure_costs: collections.deque[float] = collections.deque(maxlen=16)
         self._figure_reads = 0
         self._rss_cost = 0.0
-        self._spent = 0.0
-        self._spent_n = 0
+        # What each reading cost, all included (the last 16): their median, so that one reading the OS
+        # preempted (milliseconds on a loaded machine) does not set the stride for the next 16 readings.
+        self._spent: collections.deque[float] = collections.deque(maxlen=16)
         self._last_t: float | None = None
         self._last_n = 0
         self._step_times: collections.deque[float] = collections.deque(maxlen=16)
@@ -74,8 +75,7 @@ class HostSchedule:
 
     def charge(self, seconds: float) -> None:
         """What one reading cost, all included but the scans and node counts."""
-        self._spent += seconds
-        self._spent_n += 1
+        self._spent.append(seconds)
 
     def time(self, n: int, now: float) -> None:
         """A step boundary at ``now``: the steps' time since the last one timed."""
@@ -104,11 +104,12 @@ class HostSchedule:
         figure = sorted(self._figure_costs)[len(self._figure_costs) // 2]
         every = self.heap_every if self._secondary else 1
         # All a reading costs (measured since the last choice), the figure's share aside.
-        if self._spent_n >= 3:
-            rest = max(0.0, self._spent / self._spent_n - figure / every)
+        spent = sorted(self._spent)
+        if len(spent) >= 3:
+            # the lower median: a reading's cost is its least noisy one
+            rest = max(0.0, spent[(len(spent) - 1) // 2] - figure / every)
         else:
             rest = self._rss_cost + _READ_OVERHEAD if self._secondary else _READ_OVERHEAD
-        self._spent, self._spent_n = 0.0, 0
         cap = self._max_stride or _MAX_STRIDE
         share = self.share
         # The strides at most double at each choice (every 16 readings): a short run of fast steps still

@@ -150,7 +150,8 @@ def heads(
 ) -> tuple[list[ChainHead], dict[int, str], int]:
     """Each live tensor's autograd head, the nodes made since ``prev`` that it reaches and which of
     ``prev``'s heads it reaches: a walk from the head that stops at nodes older than ``prev`` (a node's
-    inputs are always older than the node), so a long chain costs only its newest part."""
+    inputs are always older than the node), so a long chain costs only its newest part. ``budget``: seconds of
+    this thread's CPU time (a loaded machine does not cut the walk short)."""
     roots: list[tuple[int, Any]] = []
     with no_torch_function():
         for i, t in enumerate(tensors):
@@ -182,13 +183,13 @@ def heads(
             pending.append((i, g, s))
     if prev is None:
         return out, found, top
-    deadline = time.perf_counter() + budget
+    deadline = time.thread_time() + budget
     again: list[tuple[int, Any, int]] = []
     for cap, work in ((_FIRST_PASS_NODES, pending), (None, again)):
         for i, g, s in work:
             h, capped, newest = _walk(i, g, s, prev, cap, deadline)
             top = max(top, newest)
-            if capped and cap is not None and time.perf_counter() < deadline:
+            if capped and cap is not None and time.thread_time() < deadline:
                 again.append((i, g, s))
             else:
                 out.append(h)
@@ -211,7 +212,7 @@ def _walk(
     while stack:
         node = stack.pop()
         visited += 1
-        if (cap is not None and len(seen) > cap) or (visited % 256 == 0 and time.perf_counter() > deadline):
+        if (cap is not None and len(seen) > cap) or (visited % 256 == 0 and time.thread_time() > deadline):
             capped = True
             break
         for child, _ in node.next_functions:
@@ -253,7 +254,8 @@ def tensors_in(objs: list[Any], counts: Mapping[type, int] | None = None) -> lis
 
 
 def count_nodes(tensors: Sequence[torch.Tensor], budget: float) -> tuple[int, bool]:
-    """Autograd nodes reachable from ``tensors`` (a walk bounded by ``budget`` s: ``(count, capped)``)."""
+    """Autograd nodes reachable from ``tensors`` (a walk bounded by ``budget`` s of this thread's CPU time:
+    ``(count, capped)``)."""
     roots = []
     with no_torch_function():
         for t in tensors:
@@ -266,13 +268,13 @@ def count_nodes(tensors: Sequence[torch.Tensor], budget: float) -> tuple[int, bo
     seen: dict[int, Any] = {id(r): r for r in roots}
     stack = list(seen.values())
     roots.clear()
-    deadline = time.perf_counter() + budget
+    deadline = time.thread_time() + budget
     capped = False
     k = 0
     while stack:
         node = stack.pop()
         k += 1
-        if k % 512 == 0 and time.perf_counter() > deadline:
+        if k % 512 == 0 and time.thread_time() > deadline:
             capped = True
             break
         for child, _ in node.next_functions:

@@ -179,7 +179,9 @@ def test_tm002_message_a_forward_with_autograd_holds_every_layers_activation() -
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         saved.append(t.numel() * t.element_size())
-        return t
+        # a detached alias: the tensor itself would make an output -> grad_fn -> packed output cycle that
+        # gc cannot see, left alive for the rest of the test process
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(x)
