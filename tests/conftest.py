@@ -63,6 +63,18 @@ def _no_leaked_tracking() -> Iterator[None]:
     assert torch._C._len_torch_dispatch_stack() == 0
 
 
+@pytest.fixture(autouse=True)
+def _not_compiled_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts as a process torch.compile never compiled in: an earlier test in the same worker may
+    have compiled (the host watcher then records no lines, so as not to make compiled code recompile), and
+    the tests must not depend on which file ran before them. Compiling inside the test counts as usual."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is not None:
+        monkeypatch.setitem(utils.counters["frames"], "total", 0)
+
+
 # Modules that import a large framework (Lightning, transformers) run last: once imported, a framework's
 # objects stay in the session and every garbage collection of every later test walks them (the holder
 # searches and the batch-size trials collect often); the modules import it in their first test (the

@@ -69,15 +69,6 @@ RUNS = (
 )
 
 
-@pytest.fixture(autouse=True)
-def _never_compiled(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These programs never use torch.compile; an earlier test in the same process may have (the host
-    watcher then records no lines, so as not to make compiled code recompile): its frame count is 0 here."""
-    utils = sys.modules.get("torch._dynamo.utils")
-    if utils is not None:
-        monkeypatch.setitem(utils.counters["frames"], "total", 0)
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Each program once under ``torchmem run``, two at a time, forked from an interpreter that imported
