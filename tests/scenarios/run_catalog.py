@@ -325,6 +325,13 @@ class _ForkServer:
         self._log.close()
 
 
+def fixture_workers() -> int:
+    """Programs a module's fixture runs at a time: 3 when the suite runs in one process, 2 in a worker of
+    ``-n`` (the other workers use the other cores: 3 at a time there made the host programs' own readings
+    late enough that their host growth was found too late to be named)."""
+    return 2 if os.environ.get("PYTEST_XDIST_WORKER") else 3
+
+
 def run_all(
     scenarios: Sequence[Expected],
     tmp_path_factory: Any,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from scenarios.corpus_catalog import BY_NAME, CORPUS, KNOWN_WRONG, for_device, leaks
-from scenarios.run_catalog import Expected, check, run_all, safety_failures
+from scenarios.run_catalog import Expected, check, fixture_workers, run_all, safety_failures
 
 CPU_ENV = {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
 CPU = for_device("cpu")
@@ -35,7 +35,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     order = sorted(
         CPU, key=lambda s: (s.name not in SLOW_FIRST, SLOW_FIRST.index(s.name) if s.name in SLOW_FIRST else 0)
     )
-    return run_all(order, tmp_path_factory, workers=3, env=CPU_ENV, fork_server=True, timeout=120)
+    workers = fixture_workers()
+    return run_all(order, tmp_path_factory, workers=workers, env=CPU_ENV, fork_server=True, timeout=120)
 
 
 def _param(s: Expected) -> Any:

@@ -14,6 +14,7 @@ from scenarios.run_catalog import (
     BY_NAME,
     Expected,
     check,
+    fixture_workers,
     for_device,
     paired_runs,
     run_all,
@@ -40,12 +41,12 @@ SLOW_FIRST = (
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Every program run once, three at a time, each in a child forked from an interpreter that has
-    imported torch and torchmem (each run is mostly interpreter and torch start-up otherwise): the suite
-    stays within the CPU suite's time budget. ``test_cost_against_plain_python`` and ``tests/cli`` run
-    ``python -m torchmem run`` from a fresh interpreter."""
+    """Every program run once, three at a time (two in a worker of ``-n``), each in a child forked from an
+    interpreter that has imported torch and torchmem (each run is mostly interpreter and torch start-up
+    otherwise): the suite stays within the CPU suite's time budget. ``test_cost_against_plain_python`` and
+    ``tests/cli`` run ``python -m torchmem run`` from a fresh interpreter."""
     order = sorted(CPU, key=lambda s: s.name not in SLOW_FIRST)
-    return run_all(order, tmp_path_factory, workers=3, env=CPU_ENV, fork_server=True)
+    return run_all(order, tmp_path_factory, workers=fixture_workers(), env=CPU_ENV, fork_server=True)
 
 
 # A known regression of this session (issue 26's holder search: each graph node's saved tensors are reached
