@@ -28,7 +28,7 @@ from torchmem.lint._syntax import (
     node_line,
     short,
 )
-from torchmem.lint._walk import Binding, Ctx, Scope, Walker
+from torchmem.lint._walk import Binding, Ctx, Scope, Walker, same_path
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,9 @@ class Rules(KeptChecks):
     def _on_zero_grad(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         if self.facts.cuda_graphs or self.facts.grad_inplace:
             return  # CUDA graphs and in-place gradient sums need the buffers
+        if ctx.branch and not scope.trains and not (ctx.loop is not None and ctx.loop.trains):
+            return  # a rare path outside the step (zeroing NaN gradients in a hook): the step's own
+            # zero_grad still frees the buffers
         self.add(
             node,
             "TM008",
@@ -307,7 +310,7 @@ class Rules(KeptChecks):
         return False
 
     def _tm002(self, scope: Scope) -> None:
-        if scope.kind == "lambda" or scope.first_eval_loop is None or not self.facts.torch_imported:
+        if scope.kind == "lambda" or not scope.eval_loops or not self.facts.torch_imported:
             return  # a file that imports nothing of torch's world: `generator(...)` is not a model
         # A method named like evaluation is often called by a framework that sets no_grad itself (a
         # pipeline's _forward): for methods only an explicit `.eval()` call counts.
@@ -329,16 +332,23 @@ class Rules(KeptChecks):
             return  # TM010 said more: the loop keeps what it computes
         if scope.backward_roots:
             return  # `torch.autograd.grad(...)` on what the loop computes: its gradients are used
-        loop = scope.first_eval_loop
-        calls = [c for c in loop.model_calls if self.flow.function_of(c, scope) is None]
-        if not named:  # the model put in eval() mode is the one called (not a parameterless helper)
-            receivers = scope.eval_receivers | {  # model = get_peft_model(...).eval()
-                key
-                for key, bound in scope.bindings.items()
-                if any(isinstance(b.value, ast.Call) and last_name(b.value.func) == "eval" for b in bound)
-            }
-            calls = [c for c in calls if self._called_on(c, receivers)]
-        if not calls:
+        bound_eval = {  # model = get_peft_model(...).eval()
+            key
+            for key, bound in scope.bindings.items()
+            if any(isinstance(b.value, ast.Call) and last_name(b.value.func) == "eval" for b in bound)
+        }
+        for loop in scope.eval_loops:
+            calls = [c for c in loop.model_calls if self.flow.function_of(c, scope) is None]
+            if not named:  # the model put in eval() mode is the one called (not a parameterless helper)
+                receivers = bound_eval | {  # an eval() in the other arm of an `if` is not this loop's
+                    key
+                    for key, arms in scope.eval_branches.items()
+                    if any(same_path(arm, loop.branch) for arm in arms)
+                }
+                calls = [c for c in calls if self._called_on(c, receivers)]
+            if calls:
+                break
+        else:
             return  # functions of this file (`validate_network(...)`), or not the model put in eval mode
         call = calls[0]
         why = f"`{scope.name}` evaluates" if named else "the model is in eval() mode"

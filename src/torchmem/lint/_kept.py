@@ -64,6 +64,13 @@ class KeptChecks:
             return found
         seen: set[str] = set()
         todo = list(scope.backward_roots | scope.backwarded)
+        if not todo:
+            self._feeding[id(scope)] = seen
+            return seen
+        stored: dict[str, list[ast.AST]] = {}  # what goes into each container: `preds.append(out)`
+        for kind, _node, _ctx, extra in scope.events:
+            if kind in ("store", "aug") and isinstance(extra, tuple):
+                stored.setdefault(extra[0], []).append(extra[1])
         while todo and len(seen) < 400:
             key = todo.pop()
             if key in seen:
@@ -74,6 +81,8 @@ class KeptChecks:
             for b in scope.bindings.get(key, ()):
                 if b.value is not None:
                     todo.extend(names_in(b.value) - seen)
+            for value in stored.get(key, ()):  # a container backwarded (`torch.cat(losses).backward()`)
+                todo.extend(names_in(value) - seen)  # reaches what was put in it
         self._feeding[id(scope)] = seen
         return seen
 
@@ -353,6 +362,10 @@ class KeptChecks:
         lives = next((lp for lp in ctx.loop.chain() if key not in lp.rebound and key not in lp.cleared), None)
         if lives is None:
             return
+        if isinstance(lives.node, (ast.For, ast.AsyncFor)) and isinstance(
+            lives.node.iter, (ast.List, ast.Tuple, ast.Set)
+        ):
+            return  # a fixed handful of attempts (`for parse in (a, b, c):`): what it keeps cannot grow
         self.add(
             node,
             "TM011",

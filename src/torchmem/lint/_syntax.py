@@ -65,6 +65,7 @@ TORCH_FRESH = frozenset(
 )  # fmt: skip
 TORCH_ROOTS = frozenset({"torch", "F", "functional", "nn", "fn"})
 _NO_GRAD_CTX = frozenset({"no_grad", "inference_mode"})
+_NO_GRAD_SUFFIXES = ("_no_grad", "_inference_mode")
 _EVAL_WORDS = frozenset(
     {
         "eval", "evaluate", "evaluation", "validate", "validation", "valid", "val", "predict",
@@ -204,6 +205,11 @@ def no_grad_item(expr: ast.AST) -> int:
         if name == "inference_mode" and call is not None and call.args and is_const(call.args[0], False):
             return 0
         return 1
+    if name.endswith(_NO_GRAD_SUFFIXES):
+        # A project's own wrapper named after the switch it wraps (yolov5's `smart_inference_mode()`:
+        # `torch.inference_mode()` or `torch.no_grad()` by torch version): off; with arguments
+        # (`maybe_no_grad(flag)`), perhaps.
+        return -1 if call is not None and (call.args or call.keywords) else 1
     if name == "set_grad_enabled" and call is not None and call.args:
         if is_const(call.args[0], False):
             return 1

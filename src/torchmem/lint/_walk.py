@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from torchmem.lint._syntax import (
     ARGS_NAMES,
@@ -46,6 +47,7 @@ _CALLS_OF_NOTE = frozenset(
 _NOT_CHILDREN = frozenset({"ctx", "op", "ops", "attr", "id", "arg", "conversion", "type_comment", "kind"})
 _CHILD_FIELDS: dict[type[ast.AST], tuple[str, ...]] = {}
 _JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
+Branch: TypeAlias = tuple[tuple[int, int], ...]
 
 
 # -- what the walk records ----------------------------------------------------------------------------------
@@ -63,6 +65,7 @@ class Loop:
     carried: dict[str, int] = field(default_factory=dict)  # name -> line: bound from its own previous value
     detached: set[str] = field(default_factory=set)  # names cut from their graph in the loop
     targets: set[str] = field(default_factory=set)  # names the for statement binds each iteration
+    branch: Branch = ()  # the arms of the `if` statements the loop is written in
 
     def chain(self) -> Iterator[Loop]:
         loop: Loop | None = self
@@ -78,6 +81,16 @@ class Ctx:
     guard: Loop | None = None  # under an if/except inside this loop
     in_handler: bool = False
     exc: str | None = None  # the name an enclosing `except ... as e:` binds
+    branch: Branch = ()  # the arms of the enclosing `if` statements: ((id of the if, 0 body / 1 else), ...)
+
+
+def same_path(a: Branch, b: Branch) -> bool:
+    """Whether code written in the arms ``a`` can run on the same pass as code in the arms ``b``: no `if`
+    of both is taken one way for one and the other way for the other."""
+    if not a or not b:
+        return True
+    arms = dict(a)
+    return all(arms.get(if_id, arm) == arm for if_id, arm in b)
 
 
 @dataclass
@@ -104,8 +117,9 @@ class Scope:
     trains: bool = False
     eval_called: bool = False
     eval_receivers: set[str] = field(default_factory=set)  # `model` of `model.eval()`, `model.cuda().eval()`
+    eval_branches: dict[str, list[Branch]] = field(default_factory=dict)  # where each receiver's eval() is
     events: list[tuple[str, ast.AST, Ctx, object]] = field(default_factory=list)
-    first_eval_loop: Loop | None = None
+    eval_loops: list[Loop] = field(default_factory=list)  # outermost loops with a model call, in order
     grad_maybe: bool = False  # set_grad_enabled(<a variable>): autograd may be off, not known
     params: list[str] = field(default_factory=list)
     declared: set[str] = field(default_factory=set)  # names declared `nonlocal` or `global`
@@ -190,12 +204,13 @@ class Walker:
             return
         if isinstance(target, ast.Attribute):
             self._expr(target.value, scope, ctx)
-        scope.bindings.setdefault(key, []).append(
+        bound = scope.bindings.setdefault(key, [])
+        bound.append(
             Binding(node_line(target), int(getattr(target, "col_offset", 0)), value, ctx.no_grad, index)
         )
         loop = ctx.loop
         if loop is not None and value is not None:
-            self._carry(key, value, node_line(target), loop)
+            self._carry(key, value, node_line(target), loop, bound[:-1])
         while loop is not None:
             loop.rebound.add(key)
             loop = loop.parent
@@ -213,8 +228,9 @@ class Walker:
             bound.value, bound.index, bound.path = iterable, None, path
 
     @staticmethod
-    def _carry(key: str, value: ast.expr, line: int, loop: Loop) -> None:
-        """Record ``h = f(x, h)`` (state carried into the next iteration) and ``h = h.detach()``."""
+    def _carry(key: str, value: ast.expr, line: int, loop: Loop, earlier: list[Binding]) -> None:
+        """Record ``h = f(x, h)`` (state carried into the next iteration) and ``h = h.detach()``; not when
+        ``h`` was bound afresh earlier in the same iteration (``wave, = next(it); wave = wave.to(d)``)."""
         uses = False
         cut = False
         stack: list[ast.AST] = [value]
@@ -237,6 +253,11 @@ class Walker:
             _push_children(n, cls, stack)
         if not uses:
             return
+        start = node_line(loop.node)
+        if not cut and any(
+            start < b.line < line and (b.value is None or key not in names_in(b.value)) for b in earlier
+        ):
+            return  # what the previous iteration left is replaced before this reads it
         for lp in loop.chain():
             if cut:
                 lp.detached.add(key)
@@ -259,26 +280,27 @@ class Walker:
                 self._assign_target(s.target, s.value, scope, ctx)
         elif isinstance(s, (ast.For, ast.AsyncFor)):
             self._expr(s.iter, scope, ctx)
-            loop = Loop(s, ctx.loop)
-            inner = Ctx(loop, ctx.no_grad, None, False)
+            loop = Loop(s, ctx.loop, branch=ctx.branch)
+            inner = Ctx(loop, ctx.no_grad, None, False, branch=ctx.branch)
             self._bind(s.target, None, scope, inner)
             self._elements_of(s.target, s.iter, scope, ())
             loop.targets = {n.id for n in ast.walk(s.target) if isinstance(n, ast.Name)}
             self._body(s.body, scope, inner)
             self._body(s.orelse, scope, ctx)
         elif isinstance(s, ast.While):
-            loop = Loop(s, ctx.loop)
-            inner = Ctx(loop, ctx.no_grad, None, False)
+            loop = Loop(s, ctx.loop, branch=ctx.branch)
+            inner = Ctx(loop, ctx.no_grad, None, False, branch=ctx.branch)
             self._expr(s.test, scope, inner)
             self._body(s.body, scope, inner)
             self._body(s.orelse, scope, ctx)
         elif isinstance(s, ast.If):
             self._expr(s.test, scope, ctx)
-            sub = ctx
+            guard = ctx.guard
             if ctx.loop is not None and not self._availability_test(s.test):
-                sub = Ctx(ctx.loop, ctx.no_grad, ctx.loop, ctx.in_handler, ctx.exc)
-            self._body(s.body, scope, sub)
-            self._body(s.orelse, scope, sub)
+                guard = ctx.loop
+            for arm, stmts in ((0, s.body), (1, s.orelse)):
+                sub = Ctx(ctx.loop, ctx.no_grad, guard, ctx.in_handler, ctx.exc, (*ctx.branch, (id(s), arm)))
+                self._body(stmts, scope, sub)
         elif isinstance(s, (ast.With, ast.AsyncWith)):
             no_grad = ctx.no_grad
             for item in s.items:
@@ -293,7 +315,7 @@ class Walker:
                     no_grad = False
                 if item.optional_vars is not None:
                     self._bind(item.optional_vars, None, scope, ctx)
-            inner = Ctx(ctx.loop, no_grad, ctx.guard, ctx.in_handler, ctx.exc)
+            inner = Ctx(ctx.loop, no_grad, ctx.guard, ctx.in_handler, ctx.exc, ctx.branch)
             self._body(s.body, scope, inner)
         elif isinstance(s, ast.Try) or type(s).__name__ == "TryStar":
             try_node: ast.Try = s  # type: ignore[assignment]
@@ -303,7 +325,7 @@ class Walker:
                     self._expr(h.type, scope, ctx)
                 if h.name:
                     scope.bindings.setdefault(h.name, []).append(Binding(h.lineno, h.col_offset, None, False))
-                handler_ctx = Ctx(ctx.loop, ctx.no_grad, ctx.loop, True, h.name or ctx.exc)
+                handler_ctx = Ctx(ctx.loop, ctx.no_grad, ctx.loop, True, h.name or ctx.exc, ctx.branch)
                 self._body(h.body, scope, handler_ctx)
             self._body(try_node.orelse, scope, ctx)
             self._body(try_node.finalbody, scope, ctx)
@@ -336,7 +358,8 @@ class Walker:
         elif type(s).__name__ == "Match":
             self._expr(s.subject, scope, ctx)  # type: ignore[attr-defined]
             for case in s.cases:  # type: ignore[attr-defined]
-                self._body(case.body, scope, Ctx(ctx.loop, ctx.no_grad, ctx.loop, ctx.in_handler, ctx.exc))
+                case_ctx = Ctx(ctx.loop, ctx.no_grad, ctx.loop, ctx.in_handler, ctx.exc, ctx.branch)
+                self._body(case.body, scope, case_ctx)
         elif isinstance(s, (ast.Import, ast.ImportFrom)):
             mods = [a.name for a in s.names] if isinstance(s, ast.Import) else [s.module or ""]
             if any(m.split(".", 1)[0] in TORCH_WORLD for m in mods):
@@ -376,7 +399,7 @@ class Walker:
                 if dotted(e) != key:
                     scope.events.append(("aug", t, ctx, (key, e)))
             if ctx.loop is not None:
-                self._carry(key, value, node_line(t), ctx.loop)
+                self._carry(key, value, node_line(t), ctx.loop, scope.bindings.get(key, []))
             return
         self._bind(t, value, scope, ctx)
 
@@ -518,6 +541,7 @@ class Walker:
                 key = container_key(recv)
                 if key is not None:
                     scope.eval_receivers.add(key)
+                    scope.eval_branches.setdefault(key, []).append(ctx.branch)
             elif (
                 name in ("append", "appendleft", "insert", "add")
                 and isinstance(func, ast.Attribute)
@@ -600,8 +624,9 @@ class Walker:
                 lp.model_calls.append(call)
                 if lp.model_call is None:
                     lp.model_call = call
-            if scope.first_eval_loop is None:
-                scope.first_eval_loop = list(loop.chain())[-1]
+            outer = list(loop.chain())[-1]
+            if outer not in scope.eval_loops:
+                scope.eval_loops.append(outer)
         # the children: the caller's walk visits them (no recursion per call)
 
     @staticmethod

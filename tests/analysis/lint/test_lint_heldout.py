@@ -1,0 +1,223 @@
+"""The false positives of the held-out corpus of issue 30 (set A of docs/lint_corpus.md: NeMo, ParlAI,
+torchrec, TTS, OpenNMT-py, yolov5, SlowFast, audiolm-pytorch, demucs), each reduced to its data flow, with
+the twin that must still be flagged: the change that silences the look-alike must not silence the
+anti-pattern next to it."""
+
+from __future__ import annotations
+
+import textwrap
+
+from torchmem.lint import lint_source
+
+HEAD = "import torch\nimport torch.nn.functional as F\n"
+
+
+def codes(src: str, path: str = "train.py") -> list[str]:
+    return [f.code for f in lint_source(HEAD + textwrap.dedent(src), path)]
+
+
+# -- a project's own no_grad wrapper (yolov5 `@smart_inference_mode()`, 4 false TM002/TM010) ------------
+EVAL = """
+{decorator}
+def run(model, loader, criterion):
+    model.eval()
+    loss = 0
+    for x, y in loader:
+        y_hat = model(x)
+        loss += criterion(y_hat, y)
+    return loss
+"""
+
+
+def test_a_wrapper_named_after_inference_mode_turns_autograd_off() -> None:
+    assert codes(EVAL.format(decorator="@smart_inference_mode()")) == []
+    assert codes(EVAL.format(decorator="@torch_no_grad")) == []
+
+
+def test_a_wrapper_with_an_argument_may_turn_it_off_and_is_not_flagged() -> None:
+    assert codes(EVAL.format(decorator="@maybe_no_grad(args.frozen)")) == []
+
+
+def test_an_unrelated_decorator_leaves_the_eval_loop_flagged() -> None:
+    assert codes(EVAL.format(decorator="@smart_cache()")) == ["TM010"]
+    assert codes(EVAL.format(decorator="")) == ["TM010"]
+
+
+def test_a_with_block_of_such_a_wrapper_counts_too() -> None:
+    src = """
+    def score(model, loader):
+        model.eval()
+        with smart_inference_mode():
+            for x in loader:
+                out = model(x)
+    """
+    assert codes(src) == []
+    assert codes(src.replace("smart_inference_mode()", "smart_timer()")) == ["TM002"]
+
+
+# -- kept outputs backwarded through a second container (torchrec's sharding tests, 4 false TM010) --------
+KEPT = """
+def check(unsharded_model, sharded_model, inputs, names):
+    preds = []
+    for rank in range(world_size):
+        preds.append(unsharded_model(inputs[rank]))
+    grads = []
+    for rank in range(world_size):
+        per_rank = preds[rank].to_dict()
+        grads.extend([per_rank[n] for n in names])
+    {tail}
+"""
+
+
+def test_outputs_that_reach_a_backward_through_another_container_are_not_kept_for_nothing() -> None:
+    assert codes(KEPT.format(tail="torch.stack(grads).sum().backward()"), "tests/test_sharding.py") == []
+
+
+def test_outputs_kept_while_another_value_is_backwarded_are_still_flagged() -> None:
+    src = KEPT.format(tail="sharded_model(inputs[0]).sum().backward()")
+    assert codes(src, "tests/test_sharding.py") == ["TM010"]
+
+
+def test_a_loss_container_backwarded_after_the_loop_reaches_through_subscripts() -> None:
+    src = """
+    def check(unsharded_model, inputs, names):
+        out = []
+        for rank in range(world_size):
+            out.append(unsharded_model(inputs[rank]))
+        losses = []
+        for rank in range(world_size):
+            for n in names:
+                losses.append(out[rank][n].values().view(-1))
+        torch.cat(losses).sum().backward()
+    """
+    assert codes(src, "tests/test_sharding.py") == []
+    assert codes(src.replace("torch.cat(losses)", "torch.cat(other)"), "tests/test_sharding.py") == ["TM010"]
+
+
+# -- model.eval() in the other arm of an `if` (torchrec's zch benchmark, a false TM002) -------------------
+BENCH = """
+def main(model, batches, cuda):
+    if cuda:
+        for b in batches:
+            out = model(b)
+    else:
+        model.eval()
+        for b in batches:
+            out = model(b)
+"""
+
+
+def test_eval_in_the_other_arm_does_not_make_this_loop_an_evaluation() -> None:
+    found = lint_source(HEAD + textwrap.dedent(BENCH), "bench.py")
+    assert [(f.code, f.line) for f in found] == [("TM002", 10)]  # the loop after eval(), not the first
+
+
+def test_eval_before_the_if_applies_to_both_arms() -> None:
+    src = """
+    def main(model, batches, cuda):
+        model.eval()
+        if cuda:
+            for b in batches:
+                out = model(b.cuda())
+        else:
+            for b in batches:
+                out = model(b)
+    """
+    found = lint_source(HEAD + textwrap.dedent(src), "bench.py")
+    assert [(f.code, f.line) for f in found] == [("TM002", 7)]  # the first loop
+
+
+def test_a_loop_with_eval_only_in_the_other_arm_is_silent() -> None:
+    src = """
+    def main(model, batches, cuda):
+        if cuda:
+            for b in batches:
+                out = model(b)
+        else:
+            model.eval()
+    """
+    assert codes(src, "bench.py") == []
+
+
+# -- state replaced at the start of each iteration (audiolm-pytorch's trainer, a false TM004) -------------
+DISCR = """
+def train(model, dl_iter, optim, steps):
+    for i in range(steps):
+        {fresh}
+        wave = wave.to(device)
+        losses = model(wave, return_discr_losses_separately=True)
+        for name, loss in losses:
+            loss.backward(retain_graph=True)
+        optim.step()
+"""
+
+
+def test_a_name_rebound_from_fresh_data_each_iteration_carries_no_graph() -> None:
+    assert codes(DISCR.format(fresh="wave, = next(dl_iter)")) == []
+    assert codes(DISCR.format(fresh="wave = next(dl_iter)")) == []
+
+
+def test_a_name_that_is_only_transformed_in_place_still_carries_the_graph() -> None:
+    src = """
+    def train(model, loader, optim, hidden):
+        for x in loader:
+            out, hidden = model(x, hidden)
+            hidden = hidden.to(device)
+            out.sum().backward(retain_graph=True)
+            optim.step()
+    """
+    assert codes(src) == ["TM004"]
+
+
+# -- zero_grad(set_to_none=False) on a rare path of a hook (NeMo's NaN guard, a false TM008) -------------
+def test_zeroing_nan_gradients_in_a_hook_is_not_the_steps_zero_grad() -> None:
+    src = """
+    class Model(torch.nn.Module):
+        def on_after_backward(self):
+            valid = all(torch.isfinite(p.grad).all() for p in self.parameters() if p.grad is not None)
+            if not valid:
+                self.zero_grad(set_to_none=False)
+    """
+    assert codes(src) == []
+
+
+def test_the_steps_own_zero_grad_is_still_flagged_under_an_if() -> None:
+    src = """
+    for i, (x, y) in enumerate(loader):
+        F.cross_entropy(model(x), y).backward()
+        if i % 4 == 3:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+    """
+    assert codes(src) == ["TM008"]
+
+
+def test_an_override_of_the_zeroing_hook_is_still_flagged() -> None:
+    src = """
+    class Model(torch.nn.Module):
+        def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+            optimizer.zero_grad(set_to_none=False)
+    """
+    assert codes(src) == ["TM008"]
+
+
+# -- a fixed handful of parse attempts (NeMo's k2 graph loader, a debatable TM011) ------------------------
+PARSE = """
+def load_graph(text):
+    errors = []
+    for parse in {attempts}:
+        try:
+            return parse(text)
+        except (TypeError, ValueError) as e:
+            errors.append(e)
+    raise Exception(errors)
+"""
+
+
+def test_errors_of_a_fixed_list_of_attempts_are_not_a_growing_store() -> None:
+    assert codes(PARSE.format(attempts="(from_openfst, from_str, from_json)")) == []
+    assert codes(PARSE.format(attempts="[from_openfst, from_str]")) == []
+
+
+def test_errors_kept_across_a_loop_over_data_are_still_flagged() -> None:
+    assert codes(PARSE.format(attempts="parsers")) == ["TM011"]
