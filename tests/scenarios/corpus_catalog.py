@@ -65,7 +65,7 @@ CORPUS_SCENARIOS: tuple[Expected, ...] = (
     _e("decode_inner_growth", "inner_growth",
        about="GRU decoding without no_grad(): the hidden state's graph grows token to token, freed per call"),
     # -- no step boundary torchmem recognises -----------------------------------------------------------
-    _e("metric_torchmetrics_never_reset", "leak", None, "auroc",
+    _e("metric_torchmetrics_never_reset", "leak", None, "auroc", kind="metric_state", fix="`auroc.reset()`",
        about="torchmetrics BinaryAUROC (list states) update() in a loop, never reset"),
     _e("metric_handwritten_never_reset", "leak", None, "recall.sims",
        about="a hand-written recall@k metric keeping similarity rows, never reset"),

@@ -28,11 +28,13 @@ from torchmem.analysis.leak_fixes import (
     GROWING_TENSOR,
     HOOK,
     KEPT_OPTIMIZER,
+    METRIC_STATE,
     RETAINED_GRAPH,
     UNKNOWN,
     cycle_fix,
     fix_for,
     grad_graph_fix,
+    metric_state_fix,
 )
 from torchmem.results.holders import HolderPath, HolderStep, StepKind
 from torchmem.results.leaks import Culprit, SiteGrowth
@@ -235,10 +237,54 @@ def _kind(g: SiteGrowth) -> str:
     path, head = indexed[0]
     if any(_through_kept_optimizer(p) for p in paths):
         return KEPT_OPTIMIZER
-    keyed = any(s.kind in _CONTAINER_ITEMS and s.key_type == "str" for s in head)
+    if _metric_state(path) is not None:
+        return METRIC_STATE
+    growing = _growing_key_type(paths)
+    keyed = (
+        growing == "str"
+        if growing is not None
+        else any(s.kind in _CONTAINER_ITEMS and s.key_type == "str" for s in head)
+    )
     if not _in_frame(path, head) and _module_level_container(path, head):
         return GLOBAL
     return CACHE if keyed else ACCUMULATION
+
+
+def _growing_key_type(paths: Sequence[HolderPath]) -> str | None:
+    """The key type of the container that grows: the first container step (in path order) whose key differs
+    between the sampled paths — ``int`` for ``history[9]['dists']`` (a list of per-step records), ``str``
+    for ``cache['epoch3-batch7']`` (a cache keyed by input). ``None`` where no key differs (one path)."""
+    columns: list[list[HolderStep]] = []
+    for p in paths:
+        items = [s for s in _holder_steps(p) if s.kind in _CONTAINER_ITEMS]
+        for j, s in enumerate(items):
+            if j == len(columns):
+                columns.append([])
+            columns[j].append(s)
+    for column in columns:
+        if len({s.name for s in column}) > 1:
+            return column[0].key_type
+    return None
+
+
+def _metric_state(path: HolderPath) -> tuple[str, str, str] | None:
+    """``(owner, state, reset)`` where the path's first container is an attribute of a metric-like object:
+    its class computes a result from what it collects (``compute``) and empties it (``reset``, or
+    ``clear``) — a torchmetrics ``Metric``'s list state, a hand-written metric's list. ``None`` otherwise."""
+    steps = _holder_steps(path)
+    i = next((i for i, s in enumerate(steps) if s.kind in _CONTAINER_ITEMS), None)
+    if not i:
+        return None
+    attr = steps[i - 1]
+    methods = set(attr.methods.split(",")) if attr.methods else set()
+    if attr.kind is not StepKind.ATTRIBUTE or "compute" not in methods:
+        return None
+    reset = "reset" if "reset" in methods else "clear" if "clear" in methods else None
+    if reset is None:
+        return None
+    owner = holder_name(HolderPath.of(path.root, steps[: i - 1], max(i - 2, 0)))
+    state = holder_name(HolderPath.of(path.root, steps[:i], i - 1))
+    return owner, state, reset
 
 
 def _through_kept_optimizer(path: HolderPath) -> bool:
@@ -312,6 +358,11 @@ def _through_a_sequence(path: HolderPath) -> bool:
     return False
 
 
+def _metric_fix(holder: HolderPath, per_step: float, unit: str) -> str:
+    owner, state, reset = _metric_state(holder) or ("?", "?", "reset")
+    return metric_state_fix(owner, state, reset, per_step, unit)
+
+
 def attribute(
     growth: Sequence[SiteGrowth],
     *,
@@ -371,6 +422,8 @@ def attribute(
                 if kind in (GRAPH_CHAIN, RETAINED_GRAPH) and holder is not None and _grad_graph(holder)
                 else cycle_fix()
                 if kind == CYCLE and _autograd_cycle(merged.paths)
+                else _metric_fix(holder, per_step, unit)
+                if kind == METRIC_STATE and holder is not None and _metric_state(holder) is not None
                 else fix_for(kind, name, per_step, merged.cycle_types, unit=unit, device=device),
             )
         )

@@ -20,6 +20,7 @@ GLOBAL = "global_registry"
 CACHE = "cache"
 ACCUMULATION = "device_accumulation"
 KEPT_OPTIMIZER = "kept_optimizer"
+METRIC_STATE = "metric_state"
 UNKNOWN = "unknown"
 
 KINDS = (
@@ -33,6 +34,7 @@ KINDS = (
     CACHE,
     ACCUMULATION,
     KEPT_OPTIMIZER,
+    METRIC_STATE,
     UNKNOWN,
 )
 
@@ -61,6 +63,20 @@ def grad_graph_fix(owner: str, per_step: float, unit: str = "step") -> str:
         "(`optimizer.zero_grad(set_to_none=True)`), or take second-order gradients with "
         "`torch.autograd.grad(..., create_graph=True)` instead of "
         "storing them in `.grad`"
+    )
+
+
+def metric_state_fix(owner: str, state: str, reset: str, per_step: float, unit: str = "step") -> str:
+    """The fix where a metric-like object ``owner`` (its class computes a result from what it collects, and
+    can empty it with ``reset``) keeps every call's tensors in ``state``.
+
+    Example:
+        >>> print(metric_state_fix("auroc", "auroc.target", "reset", 2**19))
+        `auroc` collects every call's tensors in `auroc.target` (+512.0 KiB/step) and is not reset: call ...
+    """
+    return (
+        f"`{owner}` collects every call's tensors in `{state}` (+{_mib(per_step)}/{unit}) and is not "
+        f"reset: call `{owner}.{reset}()` after each `compute()` (or give it a fixed-size state)"
     )
 
 
@@ -160,9 +176,11 @@ __all__ = [
     "HOOK",
     "KEPT_OPTIMIZER",
     "KINDS",
+    "METRIC_STATE",
     "RETAINED_GRAPH",
     "UNKNOWN",
     "cycle_fix",
     "fix_for",
     "grad_graph_fix",
+    "metric_state_fix",
 ]

@@ -19,8 +19,10 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
-from types import CodeType, FrameType
+from types import CodeType, FrameType, FunctionType, ModuleType
 from typing import Any
+
+from torchmem.capture.loop_calls import loop_calls
 
 # Samples with the same candidate before it is wrapped; returns that make it the repeating unit.
 _SAMPLES = 3
@@ -91,9 +93,10 @@ def candidate(
     return None
 
 
-def _owner_of(callee: FrameType) -> tuple[Any, str, Any] | None:
-    """Where the function running in ``callee`` is bound: ``(owner, name, function)`` — the class (through
-    its MRO) of the ``self``/``cls`` argument for a method, else the module globals of the function."""
+def _owner_of(callee: FrameType) -> tuple[Any, str, Any, str | None] | None:
+    """Where the function running in ``callee`` is bound: ``(owner, name, function, label)`` — the class
+    (through its MRO) of the ``self``/``cls`` argument for a method, else the module globals of the function,
+    else an instance's dict (:func:`_instance_owner`, labelled ``Class.name``)."""
     code = callee.f_code
     name = code.co_name
     args = code.co_varnames[: code.co_argcount]
@@ -104,11 +107,46 @@ def _owner_of(callee: FrameType) -> tuple[Any, str, Any] | None:
             fn = k.__dict__.get(name)
             target = getattr(fn, "__func__", fn)
             if getattr(target, "__code__", None) is code:
-                return k, name, fn
+                return k, name, fn, None
         return None
     fn = callee.f_globals.get(name)
     if getattr(fn, "__code__", None) is code:
-        return callee.f_globals, name, fn
+        return callee.f_globals, name, fn, None
+    return _instance_owner(callee)
+
+
+# Values of the caller's namespace looked into for a function bound on an instance (at most).
+_MAX_VALUES = 2000
+
+
+def _instance_owner(callee: FrameType) -> tuple[Any, str, Any, str | None] | None:
+    """Where a function bound on an *instance* is (``metric.__dict__['update']``: a library that wraps a
+    method per instance, as torchmetrics wraps ``Metric.update``): the instance dict of a value the caller
+    names (its locals, or its module's globals) holding a function whose code runs in ``callee``."""
+    code = callee.f_code
+    caller = callee.f_back
+    if caller is None:
+        return None
+    spaces = [caller.f_globals]
+    if caller.f_code.co_flags & 0x02:  # CO_NEWLOCALS: a function's frame (a module's locals are its globals)
+        spaces.insert(0, caller.f_locals)
+    seen = 0
+    for space in spaces:
+        for value in list(space.values()):
+            seen += 1
+            if seen > _MAX_VALUES:
+                return None
+            if isinstance(value, (type, ModuleType, FunctionType)):
+                continue
+            try:
+                d = object.__getattribute__(value, "__dict__")
+            except Exception:
+                continue
+            if not isinstance(d, dict):
+                continue
+            for key, fn in list(d.items()):
+                if isinstance(key, str) and getattr(fn, "__code__", None) is code:
+                    return d, key, fn, f"{type(value).__qualname__}.{key}"
     return None
 
 
@@ -150,6 +188,8 @@ class UnitFinder:
             return
         try:
             frame = sys._current_frames().get(self._thread)
+            for owner, name, fn, bound in loop_calls(frame, self._tried, self._program):
+                self._wrap_target(owner, name, fn, getattr(fn, "__func__", fn).__code__, bound)
             found = candidate(frame, self._tried, self._program)
             del frame
             if found is None:
@@ -173,9 +213,11 @@ class UnitFinder:
         where = _owner_of(callee)
         if where is None:
             return
-        owner, name, fn = where
-        code = callee.f_code
-        label = f"{code.co_qualname if hasattr(code, 'co_qualname') else name}() call"
+        owner, name, fn, bound = where
+        self._wrap_target(owner, name, fn, callee.f_code, bound)
+
+    def _wrap_target(self, owner: Any, name: str, fn: Any, code: CodeType, bound: str | None) -> None:
+        label = f"{bound or (code.co_qualname if hasattr(code, 'co_qualname') else name)}() call"
         finder = self
         calls = [0]
         func = getattr(fn, "__func__", fn)

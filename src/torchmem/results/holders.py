@@ -99,6 +99,9 @@ class HolderStep:
             ``"AddmmBackward0"``); ``""`` for a root.
         key_type: For an item, dict key or hook entry: the type of the key (``"str"``, ``"int"``); else
             ``""``.
+        methods: For an attribute of an object: which of the methods that empty or use what it collects
+            (``reset``, ``clear``, ``compute``) its class defines, comma-separated (``"reset,compute"`` for a
+            metric); else ``""``.
 
     Example:
         >>> s = HolderStep(StepKind.ITEM, "['k3']", "'k3'", "dict", "str")
@@ -111,6 +114,7 @@ class HolderStep:
     name: str = ""
     holder_type: str = ""
     key_type: str = ""
+    methods: str = ""
 
     def __str__(self) -> str:
         return self.text
@@ -122,6 +126,7 @@ class HolderStep:
             "name": self.name,
             "holder_type": self.holder_type,
             "key_type": self.key_type,
+            **({"methods": self.methods} if self.methods else {}),
         }
 
     @classmethod

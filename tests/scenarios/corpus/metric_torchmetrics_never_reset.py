@@ -3,7 +3,8 @@
 over, for every chunk of every evaluation round, without ever calling `reset()`. No model runs, no
 optimizer steps: nothing marks a step.
 
-Expected: leak on the timeline (per second), held by the metric's list state (`auroc`).
+Expected: leak, one step per `update()` call (found from the loop's code), held by the metric's list state
+(`auroc`), with the fix `auroc.reset()` after each `compute()`.
 """
 
 import time

@@ -77,12 +77,38 @@ def _attribute_text(key: Any) -> str:
     return f".__dict__[{key!r}]"
 
 
+# Methods of an object that empty what it collects, or use it (a metric's ``compute``).
+_LIFECYCLE = ("reset", "clear", "compute")
+_lifecycle_of: dict[type, str] = {}
+
+
+def lifecycle_methods(obj: Any) -> str:
+    """Which of ``reset``, ``clear``, ``compute`` the class of ``obj`` defines as plain functions (through
+    its MRO, never ``object``'s or a builtin container's), comma-separated; read from the classes' dicts, so
+    nothing of the object runs."""
+    t = type(obj)
+    got = _lifecycle_of.get(t)
+    if got is None:
+        names = []
+        for name in _LIFECYCLE:
+            for k in t.__mro__:
+                if getattr(k, "__module__", "") == "builtins" or name not in k.__dict__:
+                    continue
+                fn = k.__dict__[name]  # the first class that defines it decides (``reset = None`` hides it)
+                if isinstance(getattr(fn, "__func__", fn), types.FunctionType):
+                    names.append(name)
+                break
+        got = _lifecycle_of[t] = ",".join(names)
+    return got
+
+
 def _named(kind: StepKind, key: Any, holder: Any) -> HolderStep:
     """An attribute-like step (attribute, module global, class attribute) for ``key``; `` -> ?`` unnamed."""
     if key is MISSING:
         return HolderStep(StepKind.OTHER, " -> ?", "", type_name(holder))
+    methods = lifecycle_methods(holder) if kind is StepKind.ATTRIBUTE else ""
     return HolderStep(
-        kind, _attribute_text(key), key if isinstance(key, str) else repr(key), type_name(holder)
+        kind, _attribute_text(key), key if isinstance(key, str) else repr(key), type_name(holder), "", methods
     )
 
 

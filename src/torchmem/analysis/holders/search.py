@@ -47,6 +47,26 @@ FAN_IN = 2048  # most referrers followed per object
 POP_BUDGET = 20_000  # most states the path enumeration pops per target and pass
 _INF = 1 << 30
 
+_OWN_TYPES: dict[type, bool] = {}
+
+
+def torchmem_owned(obj: Any) -> bool:
+    """Whether ``obj`` is torchmem's own machinery (an instance of one of its classes, one of its functions or
+    a method bound to its objects): never a holder a person should be shown, even where a library keeps it
+    (a hook torchmem installed in ``torch.nn.modules.module``). The demo's program (``torchmem._demo``) is
+    the user's code."""
+    t = type(obj)
+    if t is types.FunctionType:
+        mod = getattr(obj, "__module__", None) or ""
+        return mod.startswith("torchmem.") and not mod.startswith("torchmem._demo")
+    if t is types.MethodType:
+        return torchmem_owned(obj.__func__) or torchmem_owned(obj.__self__)
+    own = _OWN_TYPES.get(t)
+    if own is None:
+        mod = getattr(t, "__module__", "") or ""
+        own = _OWN_TYPES[t] = mod.startswith("torchmem.") and not mod.startswith("torchmem._demo")
+    return own
+
 # An edge up from a node: (parent node, the steps of a virtual edge or None, weight in references).
 ParentEdge = tuple[int, "tuple[HolderStep, ...] | None", int]
 # A partial path from a target upward: (node, steps of the edge below it, weight, the link below) or None.
@@ -261,7 +281,7 @@ class _BackwardSearch:
             fan: dict[int, int] = {}
             for c, p, steps, w in edges:
                 pid = id(p)
-                if pid in ignore:
+                if pid in ignore or torchmem_owned(p):
                     self.held_by_ignored.add(c)
                     continue
                 pn = node_of_id.get(pid)

@@ -1,0 +1,209 @@
+"""The functions a program's loop calls, read from its bytecode (issue 26's repeating unit).
+
+A loop whose calls are cheap beside what else it does (``metric.update(...)`` between ``torch.rand`` and a
+``time.sleep``) is almost never caught *inside* the call by a look at the stack: the program's frame is seen
+at the loop's other lines. :func:`loop_calls` reads the loop the frame is in from its code instead: the
+backward jump that spans the instruction the frame is at bounds the loop's body, and every name or dotted
+name the body loads (``auroc.update``, ``step``, ``trainer.fit_batch``) is resolved without running the
+program's code (:func:`inspect.getattr_static`: no property, no ``__getattr__`` runs). The Python functions
+among them — the program's or a library's, never torch's, torchmem's or the standard library's, never a
+generator — are where each can be wrapped: a class attribute, an instance's dict (a library that wraps a
+method per instance, as torchmetrics wraps ``Metric.update``) or a module's globals.
+"""
+
+from __future__ import annotations
+
+import dis
+import inspect
+from collections.abc import Iterator
+from types import CodeType, FrameType, FunctionType, MethodType, ModuleType
+from typing import Any
+
+# Loads that start a dotted name, and loads that extend it.
+_NAME_LOADS = frozenset(
+    {"LOAD_NAME", "LOAD_GLOBAL", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLASSDEREF"}
+)
+_ATTR_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+# Instructions that neither end a dotted name nor start one.
+_NEUTRAL = frozenset({"CACHE", "EXTENDED_ARG", "NOP", "PUSH_NULL"})
+# generators, coroutines, async generators: a return is not the end of an iteration's work
+_GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200
+# Functions wrapped from one look at most.
+MAX_CALLS = 4
+
+_loops: dict[CodeType, tuple[tuple[int, int], ...]] = {}
+_names: dict[tuple[CodeType, int, int], tuple[tuple[str, ...], ...]] = {}
+
+
+def loop_ranges(code: CodeType) -> tuple[tuple[int, int], ...]:
+    """``(first, last)`` instruction offsets of every loop of ``code``: a jump back to an earlier offset."""
+    got = _loops.get(code)
+    if got is None:
+        spans: list[tuple[int, int]] = []
+        for ins in dis.get_instructions(code):
+            target = ins.argval
+            jump = ins.opcode in dis.hasjrel or ins.opcode in dis.hasjabs
+            if jump and isinstance(target, int) and target < ins.offset:
+                spans.append((target, ins.offset))
+        got = _loops[code] = tuple(spans)
+    return got
+
+
+def innermost_loop(code: CodeType, offset: int) -> tuple[int, int] | None:
+    """The innermost loop of ``code`` whose body holds the instruction at ``offset``."""
+    inside = [(a, b) for a, b in loop_ranges(code) if a <= offset <= b]
+    return min(inside, key=lambda ab: ab[1] - ab[0]) if inside else None
+
+
+def dotted_loads(code: CodeType, first: int, last: int) -> tuple[tuple[str, ...], ...]:
+    """The dotted names loaded between offsets ``first`` and ``last`` (``("auroc", "update")``), in order,
+    each once."""
+    key = (code, first, last)
+    got = _names.get(key)
+    if got is None:
+        found: list[tuple[str, ...]] = []
+        chain: list[str] = []
+
+        def close() -> None:
+            if chain and tuple(chain) not in found:
+                found.append(tuple(chain))
+            chain.clear()
+
+        for ins in dis.get_instructions(code):
+            if ins.offset < first or ins.offset > last:
+                continue
+            if ins.opname in _NEUTRAL:
+                continue
+            if ins.opname in _NAME_LOADS and isinstance(ins.argval, str):
+                close()
+                chain.append(ins.argval)
+            elif ins.opname in _ATTR_LOADS and chain and isinstance(ins.argval, str):
+                chain.append(ins.argval)
+            else:
+                close()
+        close()
+        got = _names[key] = tuple(found)
+    return got
+
+
+def _lookup(frame: FrameType, name: str) -> Any:
+    missing = object()
+    if frame.f_code.co_flags & 0x02:  # CO_NEWLOCALS: a function's frame
+        value = frame.f_locals.get(name, missing)
+        if value is not missing:
+            return value
+    value = frame.f_globals.get(name, missing)
+    if value is not missing:
+        return value
+    builtins = frame.f_globals.get("__builtins__")
+    space = builtins if isinstance(builtins, dict) else getattr(builtins, "__dict__", {})
+    return space.get(name)
+
+
+def _static(obj: Any, name: str) -> Any:
+    try:
+        return inspect.getattr_static(obj, name)
+    except AttributeError:
+        return None
+
+
+def where_bound(obj: Any, name: str) -> tuple[Any, str, Any, str | None] | None:
+    """Where the function ``obj.name`` is bound, as :func:`~torchmem.capture.units` wraps it:
+    ``(owner, name, function, label)``; ``None`` where it is no plain Python function."""
+    if isinstance(obj, ModuleType):
+        fn = obj.__dict__.get(name)
+        return (obj.__dict__, name, fn, None) if isinstance(fn, FunctionType) else None
+    if not isinstance(obj, type):
+        try:
+            d = object.__getattribute__(obj, "__dict__")
+        except Exception:
+            d = None
+        if isinstance(d, dict) and isinstance(d.get(name), FunctionType):
+            return d, name, d[name], f"{type(obj).__qualname__}.{name}"
+    klass = obj if isinstance(obj, type) else type(obj)
+    for k in klass.__mro__:
+        fn = k.__dict__.get(name)
+        target = getattr(fn, "__func__", fn)
+        if fn is not None:
+            return (k, name, fn, None) if isinstance(target, FunctionType) else None
+    return None
+
+
+def _resolve(frame: FrameType, dotted: tuple[str, ...]) -> tuple[Any, str, Any, str | None] | None:
+    head = _lookup(frame, dotted[0])
+    if head is None:
+        return None
+    if len(dotted) == 1:
+        if isinstance(head, MethodType) and isinstance(head.__func__, FunctionType):
+            return where_bound(head.__self__, head.__func__.__name__)
+        if isinstance(head, FunctionType):
+            return frame.f_globals, dotted[0], head, None
+        return None
+    obj = head
+    for attr in dotted[1:-1]:
+        obj = _static(obj, attr)
+        if obj is None or isinstance(obj, (property, staticmethod, classmethod)):
+            return None
+    return where_bound(obj, dotted[-1])
+
+
+def _eligible(fn: Any) -> CodeType | None:
+    from torchmem._warn import _INTERNAL, _origin
+    from torchmem.capture.units import _stdlib
+
+    target = getattr(fn, "__func__", fn)
+    code = getattr(target, "__code__", None)
+    if not isinstance(code, CodeType) or code.co_flags & _GENERATOR_FLAGS or code.co_name.startswith("<"):
+        return None
+    if _origin(code.co_filename, str(getattr(target, "__module__", "") or "")) == _INTERNAL:
+        return None
+    if _stdlib(code.co_filename):
+        return None
+    return code
+
+
+def loop_calls(
+    frame: FrameType | None, skip: set[CodeType], program: str | None = None
+) -> Iterator[tuple[Any, str, Any, str | None]]:
+    """The functions the loop of the program's outermost frame that is in a loop calls, not in ``skip``
+    (each one given is added to it), at most :data:`MAX_CALLS`: ``(owner, name, function, label)`` each
+    (see the module's text). Where that loop's calls were all tried, the next frame inwards in a loop."""
+    from torchmem.capture.units import _is_user
+
+    chain: list[FrameType] = []
+    f = frame
+    while f is not None:
+        chain.append(f)
+        f = f.f_back
+    chain.reverse()
+    start = None
+    if program:
+        start = next((i for i, fr in enumerate(chain) if fr.f_code.co_filename == program), None)
+    if start is None:
+        start = next((i for i, fr in enumerate(chain) if _is_user(fr)), None)
+    if start is None:
+        return
+    for fr in chain[start:]:
+        if not _is_user(fr):
+            continue
+        loop = innermost_loop(fr.f_code, fr.f_lasti)
+        if loop is None:
+            continue
+        given = 0
+        for dotted in dotted_loads(fr.f_code, *loop):
+            where = _resolve(fr, dotted)
+            if where is None:
+                continue
+            code = _eligible(where[2])
+            if code is None or code in skip:
+                continue
+            skip.add(code)
+            yield where
+            given += 1
+            if given >= MAX_CALLS:
+                return
+        if given:
+            return  # the outermost loop's calls first; a frame further in is looked at once they are tried
+
+
+__all__ = ["MAX_CALLS", "dotted_loads", "innermost_loop", "loop_calls", "loop_ranges", "where_bound"]

@@ -1,0 +1,194 @@
+"""The repeating unit read from the loop's bytecode (issue 26): a loop whose call is cheap beside the rest of
+an iteration (a metric ``update()`` between tensor ops and a sleep) is found from a look at the loop's frame
+at any of its lines, wrapped where it is bound (a class, an instance's dict, a module's globals) and counted;
+torch's functions, builtins, generators and code outside any loop never are."""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import torch
+
+from torchmem.capture.loop_calls import dotted_loads, innermost_loop, loop_calls, where_bound
+from torchmem.capture.units import UnitFinder
+from torchmem.run.session import Session
+
+
+class WrappedPerInstance:
+    """A metric whose ``update`` is wrapped per instance (as torchmetrics does): the function the loop calls
+    lives in the instance's dict."""
+
+    def __init__(self) -> None:
+        self.rows: list[torch.Tensor] = []
+        self.update = self._wrap(self.update)  # type: ignore[method-assign]
+
+    @staticmethod
+    def _wrap(fn: Any) -> Any:
+        @functools.wraps(fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs)
+
+        return wrapped
+
+    def update(self, x: torch.Tensor) -> None:
+        self.rows.append(x.clone())
+
+    def compute(self) -> torch.Tensor:
+        return torch.cat(self.rows).mean()
+
+    def reset(self) -> None:
+        self.rows.clear()
+
+
+class Loud:
+    """Reading ``Loud().boom`` runs code: the lookup must not."""
+
+    reads = 0
+
+    @property
+    def boom(self) -> Any:
+        Loud.reads += 1
+        return print
+
+    def step(self) -> None:
+        pass
+
+
+def _frame_of(thread: threading.Thread) -> FrameType:
+    frame = sys._current_frames()[thread.ident]  # type: ignore[index]
+    return frame
+
+
+def _looping(body: Any, ready: threading.Event, stop: threading.Event) -> threading.Thread:
+    t = threading.Thread(target=body, args=(ready, stop), daemon=True)
+    t.start()
+    assert ready.wait(5)
+    return t
+
+
+def test_the_loop_s_calls_are_found_at_any_line_of_the_loop() -> None:
+    metric = WrappedPerInstance()
+    loud = Loud()
+
+    def body(ready: threading.Event, stop: threading.Event) -> None:
+        ready.set()
+        while not stop.is_set():
+            x = torch.rand(4)
+            metric.update(x)
+            loud.step()
+            if stop is None:  # never true: the loop names `loud.boom` without reading it
+                _ = loud.boom
+            time.sleep(0.002)  # where the look mostly finds the frame: not inside any call
+
+    ready, stop = threading.Event(), threading.Event()
+    t = _looping(body, ready, stop)
+    try:
+        time.sleep(0.02)
+        found = list(loop_calls(_frame_of(t), set()))
+    finally:
+        stop.set()
+        t.join()
+    labels = [(name, label, type(owner).__name__) for owner, name, _fn, label in found]
+    # the instance's wrapped update (in its dict) and the class's method; torch.rand, the builtin sleep,
+    # stop.is_set (the standard library's) are not; the property is never read
+    assert ("update", "WrappedPerInstance.update", "dict") in labels, labels
+    assert ("step", None, "type") in labels, labels
+    assert len(labels) == 2, labels
+    assert Loud.reads == 0
+
+
+def test_code_outside_a_loop_gives_no_call() -> None:
+    metric = WrappedPerInstance()
+
+    def body(ready: threading.Event, stop: threading.Event) -> None:
+        metric.update(torch.rand(2))
+        ready.set()
+        stop.wait(5)  # waiting, not looping: the frame is at no loop's line
+
+    ready, stop = threading.Event(), threading.Event()
+    t = _looping(body, ready, stop)
+    try:
+        time.sleep(0.02)
+        found = list(loop_calls(_frame_of(t), set()))
+    finally:
+        stop.set()
+        t.join()
+    assert found == []
+
+
+def test_loops_and_dotted_names_are_read_from_the_bytecode() -> None:
+    src = "for i in range(3):\n    a.b.c(i)\n    f(i)\nafter()\n"
+    code = compile(src, "<prog>", "exec")
+    (first, last), *_ = sorted(
+        {innermost_loop(code, off) for off in range(0, 400, 2)} - {None},  # type: ignore[arg-type]
+        key=lambda ab: ab[0],
+    )
+    names = dotted_loads(code, first, last)
+    assert ("a", "b", "c") in names and ("f",) in names and ("i",) in names
+    assert ("after",) not in names  # after the loop
+
+
+def test_where_bound_never_takes_a_builtin_or_a_property() -> None:
+    assert where_bound(torch, "rand") is None  # a builtin of torch's module
+    assert where_bound(Loud(), "boom") is None
+    assert where_bound(WrappedPerInstance(), "reset") is not None
+
+
+def test_a_cheap_metric_update_in_a_loop_becomes_the_unit() -> None:
+    """The calls take a tiny part of each iteration: a look inside them is rare, a look at the loop is not."""
+    steps: list[int] = []
+    found: list[str] = []
+    errors: list[str] = []
+    metric = WrappedPerInstance()
+    original = metric.__dict__["update"]
+    ready, stop = threading.Event(), threading.Event()
+    f: list[UnitFinder] = []
+
+    def body(ready: threading.Event, stop: threading.Event) -> None:
+        f.append(UnitFinder(lambda: steps.append(1), found.append, errors.append, threading.get_ident()))
+        ready.set()
+        for _ in range(60):
+            metric.update(torch.rand(8))
+            time.sleep(0.005)
+        stop.set()
+
+    sampler_stop = threading.Event()
+
+    def sampler() -> None:
+        while not sampler_stop.wait(0.02):
+            if f:
+                f[0].sample()
+
+    s = threading.Thread(target=sampler)
+    s.start()
+    t = _looping(body, ready, stop)
+    t.join()
+    sampler_stop.set()
+    s.join()
+    f[0].remove()
+    assert errors == [] and found == ["WrappedPerInstance.update() call"], (found, errors)
+    assert len(steps) >= 30
+    assert metric.__dict__["update"] is original  # the wrapper removed
+
+
+def test_a_run_names_a_never_reset_metric_and_its_reset(tmp_path: Path) -> None:
+    metric = WrappedPerInstance()
+    s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False, interval=0.01).start()
+    try:
+        for i in range(150):
+            metric.update(torch.full((64, 1024), float(i)))  # 256 KiB kept per call
+            time.sleep(0.002)
+    finally:
+        res = s.finish(0, "exit")
+    assert res.boundary.startswith("WrappedPerInstance.update() call"), res.boundary
+    leak = res.leak
+    assert leak is not None and leak.leaking and leak.unit == "step", str(leak)
+    top = leak.culprits[0]
+    assert top.kind == "metric_state", str(leak)
+    assert "metric.reset()" in top.fix and "metric.rows" in top.fix, top.fix
