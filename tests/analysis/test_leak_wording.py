@@ -4,6 +4,7 @@ never denies the verdict printed above it."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -207,7 +208,8 @@ def test_the_leak_warning_on_the_cpu_speaks_of_memory_not_device_memory() -> Non
         for _ in torchmem.watch(range(12), device="cpu", min_bytes_per_step=64 * 1024):
             kept.append(torch.ones(256, 256))
     (msg,) = [str(w.message) for w in caught if issubclass(w.category, LeakWarning)]
-    assert msg.startswith("torchmem: memory grows by 256.00 KiB/step on cpu"), msg
+    # (the CPU's default figure, the C heap: the tensors' 256 KiB and what malloc and the list add)
+    assert re.match(r"torchmem: memory grows by 25[6-9]\.\d\d KiB/step on cpu", msg), msg
     assert "device memory" not in msg
 
 

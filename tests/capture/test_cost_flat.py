@@ -149,8 +149,8 @@ def early_late(per_step: list[int]) -> tuple[float, float]:
 
 @pytest.mark.parametrize(("source", "steps"), [("heap", STEPS), ("ledger", 4000)])
 def test_per_step_work_and_kept_readings_do_not_grow_with_the_run(source: str, steps: int) -> None:
-    """The C heap as the figure (``torchmem run``'s on the CPU) over 10,000 steps; the exact accounting
-    (``watch()``'s default on the CPU) over 4,000 (its steps are several times slower)."""
+    """The C heap as the figure (``watch()``'s and ``torchmem run``'s on the CPU) over 10,000 steps; the
+    exact accounting (``source="ledger"``) over 4,000 (its steps are several times slower)."""
     per_step, elements, w = run_counted(source, steps)
     assert w.steps == steps
     r = w.report()

@@ -193,7 +193,7 @@ def test_beside_a_watcher_that_keeps_the_ledger_on_and_after_it_forgets() -> Non
     model = _model()
     kept = []
     rec = LoopSurvivors("cpu", steps=4)
-    with torchmem.watch(device="cpu", warn=False) as w:
+    with torchmem.watch(device="cpu", warn=False, source="ledger") as w:
         for step in range(1, 8):
             kept.append(model(torch.randn(32, 64)))
             w.step()

@@ -91,9 +91,16 @@ def test_a_device_without_statistics_is_a_clear_error_not_a_silent_zero() -> Non
     with pytest.raises(torchmem.WatchError, match="no allocator statistics") as err:
         torchmem.watch(device="cpu", source="allocator").__enter__()
     assert "source='auto'" in err.value.hint
-    # and the default uses exact accounting there, saying so
+    # the default reads the C heap there (issue 29: no per-op accounting until growth is named), saying so
     with torchmem.watch(device="cpu") as w:
         w.step()
+        assert not ledger().active
+    assert w.report().source == "heap"
+    assert any("the C heap in use" in n for n in w.report().notes)
+    # and source="ledger" uses the exact accounting for the whole watch, saying so
+    with torchmem.watch(device="cpu", source="ledger") as w:
+        w.step()
+        assert ledger().active
     assert w.report().source == "ledger"
     assert any("exact tensor accounting" in n for n in w.report().notes)
 
@@ -220,7 +227,7 @@ def test_with_the_ledger_as_the_figure_the_sliding_window_stays_small() -> None:
     threshold over a long run does not make each step's bookkeeping grow with the run."""
     kept: list[torch.Tensor] = []
     sizes: list[int] = []
-    w = torchmem.watch(range(300), device="cpu", warn=False)
+    w = torchmem.watch(range(300), device="cpu", warn=False, source="ledger")
     for _ in w:
         kept.append(torch.ones(1024))  # 4 KiB per step, far below the threshold: never reported
         win = w._window

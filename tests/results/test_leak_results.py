@@ -43,7 +43,7 @@ def test_the_report_text_lists_each_culprit_under_the_verdict() -> None:
     r = _leaky_report()
     lines = str(r).splitlines()
     assert lines[0].startswith("LEAK on cpu: +") and "(confidence " in lines[0]
-    assert lines[1].startswith("  ledger figure: ")
+    assert r.source == "heap" and lines[1].startswith("  heap figure: ")  # the CPU's default figure
     c = r.culprits[0]
     i = next(i for i, line in enumerate(lines) if line.startswith("  [1] "))
     first, *rest = str(c).splitlines()

@@ -5,9 +5,11 @@ short that the read would cost more than 1 % of it). When the figure grows stead
 opens: the exact storage ledger records each new storage's allocation site for a few steps, and the sites
 whose live bytes keep rising are joined to the objects that hold them (:func:`torchmem.holders`), to the
 autograd graphs they belong to and to reference cycles. Deep mode opens such windows periodically even
-without growth. On a device without allocator statistics (the CPU) the ledger is the figure itself, on for
-the whole watch, unless ``source="heap"`` asks for the C heap in use as the figure (one ~1 µs read per step,
-the ledger on only in attribution windows, as with an allocator).
+without growth. On the CPU (no allocator statistics) the figure is the C heap in use (glibc ``mallinfo2``: a
+few µs per reading, the first 32 readings after the warm-up at every step, then strided as an allocator's),
+and the ledger runs only in attribution windows, as with an allocator (issue 29: a CPU loop under the ledger
+for the whole watch took ~3x its time). ``source="ledger"`` asks for the exact accounting as the figure, on
+for the whole watch; it is the figure where the C heap cannot be read (no glibc >= 2.33).
 
 Cost per step: one reading, then O(1) work (:class:`~torchmem.analysis.leaks.GrowthStream`'s pre-checks and
 a bounded series): flat in the number of steps (``benchmarks/watch_cost.py``).
@@ -33,6 +35,7 @@ from torchmem._errors import TorchmemError
 from torchmem._format import fmt_bytes
 from torchmem._warn import emit_warning
 from torchmem.capture.watch_stride import (
+    EARLY_READINGS,
     PUBLIC_RELAX_AFTER,
     PUBLIC_RELAXED_FACTOR,
     PUBLIC_RELAXED_SHARE,
@@ -273,7 +276,7 @@ class Watcher(Generic[T]):
         be = backend(dev)
         self._backend = be
         self._stack = ExitStack()
-        # The CPU has no allocator: its figure is the ledger's (even inside cpu_tracking()), or the C heap's.
+        # The CPU has no allocator: its figure is the C heap's, or the ledger's (even inside cpu_tracking()).
         has_stats = dev.type != "cpu" and be.hot().allocated is not None
         if self._source_wanted == "allocator" and not has_stats:
             raise WatchError(
@@ -281,7 +284,11 @@ class Watcher(Generic[T]):
                 "Use source='auto' or 'ledger': torchmem then counts tensor storages exactly (costs per op)"
                 + (", or source='heap' (the C heap in use, ~1 µs per step)." if dev.type == "cpu" else "."),
             )
-        if self._source_wanted == "heap":
+        wanted = self._source_wanted
+        if wanted == "auto" and dev.type == "cpu" and heap_in_use() is not None:
+            # The CPU's cheap figure (issue 29): the C heap, the exact accounting only while growth is named.
+            wanted = "heap"
+        if wanted == "heap":
             if dev.type != "cpu":
                 raise WatchError(
                     f"source='heap' reads the process's C heap, which holds CPU tensors, not those of {dev}.",
@@ -296,7 +303,7 @@ class Watcher(Generic[T]):
                     "Neither the C heap (glibc mallinfo2) nor the resident set size can be read here.",
                     "Use source='auto' (torchmem's exact tensor accounting on the CPU).",
                 )
-        elif self._source_wanted == "ledger" or not has_stats:
+        elif wanted == "ledger" or not has_stats:
             try:
                 self._stack.enter_context(ledger().enabled())
             except TorchmemError as exc:
@@ -319,6 +326,8 @@ class Watcher(Generic[T]):
         self._attribution.start(str(dev), self.source, self._read)
         # What one reading costs, to choose a sampling stride that keeps light mode under 1 % of a step.
         self._schedule.start(self.source, self._read)
+        if self._exclusive and self._host_figure and self._schedule.fixed is None:
+            self._schedule.early = EARLY_READINGS  # a short loop judged within 10 steps, as with the ledger
         if self._want_survivors:
             from torchmem.capture.survivors import LoopSurvivors
 
@@ -544,7 +553,11 @@ def watch(
         window: Steps an attribution window records allocation sites for.
         every: In deep mode, steps between attribution windows.
         stride: Read every ``stride``-th step; ``None`` chooses from the warm-up: every step, or every
-            k-th step when one reading costs more than 0.5 % of a step (capped by ``max_stride``).
+            k-th step when one reading costs more than 0.5 % of a step (capped by ``max_stride``). With the
+            C heap as the figure (the CPU's default) the first 32 readings after the warm-up are taken at
+            every step where they cost under 5 ms in all (a short loop is judged within 10 steps), and a
+            reading then stays under 2 % of a step, ``max_stride`` aside (a fragmented heap's reading takes
+            tens of µs).
         max_stride: The most steps between readings when the stride is chosen automatically. The default,
             2, keeps detection of a steady leak within 10 steps after the warm-up; ``None`` lets very short
             steps be read rarely enough to stay under 0.5 % (detection then takes 5 readings). After 256
@@ -552,14 +565,16 @@ def watch(
             8 x ``max_stride`` (a leak that starts then is found within 5 x 16 steps); ``max_stride=1``
             reads every step throughout.
         source: The figure read at each step. ``"auto"``: the allocator's counters where the device has
-            them, else (the CPU) torchmem's exact tensor accounting, on for the whole watch (a few µs per
-            op). ``"allocator"``: fail where the device has no allocator statistics. ``"ledger"``: the exact
-            accounting on any device. ``"heap"`` (CPU only): the C heap in use (glibc ``mallinfo2``, ~1 µs
-            per step; the resident set size where it cannot be read, and the report's ``source`` then says
-            ``"rss"``). It also counts memory that is not a tensor (autograd graphs, other native
-            allocations), so it finds host-side growth too; the exact accounting runs only in attribution
-            windows, while growth is named, as with an allocator. What turning it on and off changes in the
-            heap is left out of the readings.
+            them; on the CPU the C heap in use (``"heap"`` below) where glibc can report it, else
+            torchmem's exact tensor accounting. ``"allocator"``: fail where the device has no allocator
+            statistics. ``"ledger"``: the exact accounting on any device, on for the whole watch (a few µs
+            per op: ~3x a loop of small CPU ops; figures exact to the byte). ``"heap"`` (CPU only): the C
+            heap in use (glibc ``mallinfo2``, a few µs per reading; the resident set size where it cannot
+            be read, and the report's ``source`` then says ``"rss"``). It also counts memory that is not a
+            tensor (autograd graphs, malloc's headers, other native allocations), so it finds host-side
+            growth too; the exact accounting runs only in attribution windows, while growth is named, as
+            with an allocator. What turning it on and off, and naming the culprits (a garbage collection),
+            change in the heap is left out of the readings.
         optimizer_steps: Count a step at every ``optimizer.step()`` of any optimizer (on this thread).
         on_leak: Called once with the :class:`LeakReport` when a leak is found and attributed.
         warn: Emit one :class:`LeakWarning` when a leak is found (it is always logged to the
@@ -589,7 +604,8 @@ def watch(
         >>> print(r.culprits[0].fix)
         `losses` keeps one autograd graph per step (...): store `loss.item()` for logging, or ...
 
-        The C heap as the figure (a ~1 µs reading per step; the ledger only while growth is named):
+        The C heap as the figure (the CPU's default; a few µs per reading, the ledger only while growth is
+        named):
 
         >>> kept = []
         >>> with torchmem.watch(device="cpu", source="heap", stride=1, warn=False) as w:

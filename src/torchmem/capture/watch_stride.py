@@ -6,8 +6,9 @@ at the end of the warm-up from the warm-up's step durations and readings, at mos
 A host figure (the C heap, RSS: a reading grows with the heap's fragmentation, tens of µs) is timed again
 every :data:`RETUNE_EVERY` readings and read rarely enough to stay under 2 % of the run whatever
 ``max_stride`` says; a *relaxed* schedule (``torchmem run``'s watcher, after ``relax_after`` readings) keeps
-its readings under :data:`RELAXED_SHARE` of the run the same way. The ledger as the figure is read at every
-step (a reading is a dictionary look-up).
+its readings under :data:`RELAXED_SHARE` of the run the same way. A user's watcher on a host figure takes
+its first :data:`EARLY_READINGS` readings after the warm-up at every step (``early``), the chosen stride
+after them. The ledger as the figure is read at every step (a reading is a dictionary look-up).
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ RELAXED_MAX_STRIDE = 256
 PUBLIC_RELAX_AFTER = 256
 PUBLIC_RELAXED_SHARE = 0.005
 PUBLIC_RELAXED_FACTOR = 8
+# A user's watcher on a host figure (the CPU's default, the C heap) reads every step for this many readings
+# after the warm-up, whatever stride the readings' cost chose, where they cost at most EARLY_BUDGET seconds
+# in all (a reading up to ~156 µs; a few µs as a rule): a short loop is judged and its growth attributed
+# within 10 steps of the warm-up, as with the exact ledger that read every step; a long run pays it once.
+EARLY_READINGS = 32
+EARLY_BUDGET = 0.005
 
 
 class ReadingSchedule:
@@ -51,6 +58,8 @@ class ReadingSchedule:
         self.relax_after: int | None = None
         self.relaxed_share = RELAXED_SHARE  # a relaxed schedule's share of a step, and its widest stride
         self.relaxed_max = RELAXED_MAX_STRIDE
+        self.early = 0  # readings after the warm-up taken at every step, whatever stride is chosen
+        self._deferred: tuple[int, str | None] | None = None  # (stride, note) chosen in the early readings
         self._every_step = False  # the ledger is the figure: no stride is chosen
         self._host_figure = False  # the C heap or RSS: costly readings, timed again now and then
         self._tune_cost: float | None = None
@@ -112,6 +121,9 @@ class ReadingSchedule:
     def reading(self, n: int, reader: Callable[[], int]) -> int:
         """A reading after the warm-up, at step ``n``; now and then timed, and the stride chosen again."""
         self.readings = k = self.readings + 1
+        if k == self.early and self._deferred is not None:  # the early readings end: the chosen stride
+            self.stride, self.note = self._deferred
+            self._deferred = None
         if (
             k % RETUNE_EVERY
             or self.fixed is not None
@@ -153,15 +165,19 @@ class ReadingSchedule:
         floor = math.ceil(cost / (0.02 * step_time)) if self._host_figure else 1
         if floor > k:
             k, capped = floor, False
-        if k == self.stride:
-            return
-        self.stride = k
-        self.note = (
+        note = (
             f"a step takes {step_time * 1e6:.0f} µs and a reading {cost * 1e6:.1f} µs: reading every {k} "
             "steps" + (" (max_stride caps it, to keep detection within 10 steps)" if capped else "")
             if k > 1
             else None
         )
+        if self.readings < self.early and cost * self.early <= EARLY_BUDGET:  # every step until then
+            self._deferred = (k, note)
+            return
+        if k == self.stride:
+            return
+        self.stride = k
+        self.note = note
 
     def _retune(self, n: int, cost: float, now: float) -> None:
         """Now and then, for a host figure or a relaxed schedule: choose the stride again from the reading's
@@ -174,6 +190,8 @@ class ReadingSchedule:
 
 
 __all__ = [
+    "EARLY_BUDGET",
+    "EARLY_READINGS",
     "PUBLIC_RELAXED_FACTOR",
     "PUBLIC_RELAXED_SHARE",
     "PUBLIC_RELAX_AFTER",

@@ -222,7 +222,8 @@ def build_report(
             f"figures: {what}; allocation sites from torchmem's exact tensor accounting, on only while "
             "growth was being attributed"
             + (
-                f" (what turning it on and off changed, {fmt_bytes(excluded)}, is left out)"
+                f" (what turning it on and off and naming the culprits changed, {fmt_bytes(excluded)}, is "
+                "left out)"
                 if excluded
                 else ""
             )

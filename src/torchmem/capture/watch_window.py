@@ -96,6 +96,8 @@ class Attribution:
         self.excluded = 0
         self._attributing = False
         self._quiet_until = 0
+        self._deep_window = False  # the open window was opened because deep mode was due
+        self._next_deep = every  # the step from which deep mode is due next
 
     def start(self, device: str, source: str, read: Callable[[], int]) -> None:
         """The watch starts on ``device``, its figure ``source`` read by ``read`` (at call time: the watcher's
@@ -119,7 +121,11 @@ class Attribution:
         boundaries, then close it (or, with the ledger as the figure, renew it now and then)."""
         leaking = growth.leaking
         win = self.window
-        deep_due = self._mode == "deep" and n % self._every == 0
+        # Deep mode is due at each multiple of `every` steps, or at the first reading after it (a stride need
+        # not divide `every`).
+        deep_due = self._mode == "deep" and n >= self._next_deep
+        if deep_due and (win is None or win.boundaries >= self._window_len + 1):
+            self._next_deep = (n // self._every + 1) * self._every
         if win is None:
             # (Once attributed, a suspicion opens no window: it could not attribute again.)
             if (
@@ -128,10 +134,14 @@ class Attribution:
                 or (not self.attempted and n >= self._quiet_until and self._suspicious(steps, values))
             ):
                 self.open(n)
+                self._deep_window = deep_due
             return
         ready = win.boundaries >= self._window_len + 1
         if ready:
-            if (leaking and not self.attempted) or deep_due:
+            # (A deep window of a figure other than the ledger opened when deep mode was due: it attributes
+            # once it has seen enough boundaries, `window` steps later.)
+            if (leaking and not self.attempted) or deep_due or self._deep_window:
+                self._deep_window = False
                 self._attribute(win, growth)
             # A window costs a dispatch per op where the ledger is not on anyway: close it once it has
             # served (attributed, or the suspicion was not confirmed). With the ledger as the figure it
@@ -186,6 +196,9 @@ class Attribution:
         if self._attributing:
             return
         self._attributing = True
+        # With a host figure, what naming the culprits changes in it (the cycle scan's collection frees the
+        # garbage the program left; the holder search's index) is torchmem's too: left out of the readings.
+        before = self._read() if self._host_figure else 0
         try:
             self.attempted = True
             self.culprits = find_culprits(
@@ -200,6 +213,8 @@ class Attribution:
             self._on_error("attribution", exc)
         finally:
             self._attributing = False
+            if self._host_figure:
+                self._exclude(self._read() - before)
 
 
 def _no_reading() -> int:
