@@ -192,3 +192,60 @@ def test_a_run_names_a_never_reset_metric_and_its_reset(tmp_path: Path) -> None:
     top = leak.culprits[0]
     assert top.kind == "metric_state", str(leak)
     assert "metric.reset()" in top.fix and "metric.rows" in top.fix, top.fix
+
+
+def load_file(i: int) -> torch.Tensor:
+    time.sleep(0.001)
+    return torch.zeros(4)
+
+
+def test_a_set_up_loop_s_call_gives_way_to_the_loop_the_program_runs_next(tmp_path: Path) -> None:
+    """A set-up loop (files loaded one by one) is the first loop seen and its call the first unit; once the
+    program has left it, the call of the loop it runs now (the metric never reset) takes over and the leak
+    is judged and named per call of that."""
+    metric = WrappedPerInstance()
+    s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False, interval=0.01).start()
+    try:
+        data = []
+        for i in range(400):  # ~0.5 s of set-up, a call the sampler sees
+            data.append(load_file(i))
+        t0 = time.monotonic()
+        i = 0
+        while time.monotonic() - t0 < 6.0:
+            metric.update(torch.full((64, 1024), float(i)))  # 256 KiB kept per call
+            time.sleep(0.004)
+            i += 1
+    finally:
+        res = s.finish(0, "exit")
+    assert res.boundary.startswith("WrappedPerInstance.update() call"), res.boundary
+    leak = res.leak
+    assert leak is not None and leak.leaking, str(leak)
+    assert leak.culprits and leak.culprits[0].kind == "metric_state", str(leak)
+
+
+def epoch(n: float) -> None:
+    time.sleep(n)
+
+
+def test_a_unit_whose_calls_are_long_is_kept_while_it_runs() -> None:
+    """An epoch function that runs for longer than the staleness limit stays the unit: it is on the stack."""
+    steps: list[int] = []
+    found: list[str] = []
+    f = UnitFinder(lambda: steps.append(1), found.append, found.append, threading.get_ident())
+    stop = threading.Event()
+
+    def sampler() -> None:
+        while not stop.wait(0.02):
+            f.sample()
+
+    t = threading.Thread(target=sampler)
+    t.start()
+    try:
+        for n in (0.02,) * 8 + (3.6, 0.02):
+            epoch(n)
+    finally:
+        stop.set()
+        t.join()
+        f.remove()
+    assert found == ["epoch() call"], found
+    assert len(steps) >= 3 and f.label == "epoch() call"  # found once: never let go while it ran

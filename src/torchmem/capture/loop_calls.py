@@ -136,8 +136,8 @@ def _resolve(frame: FrameType, dotted: tuple[str, ...]) -> tuple[Any, str, Any, 
     if len(dotted) == 1:
         if isinstance(head, MethodType) and isinstance(head.__func__, FunctionType):
             return where_bound(head.__self__, head.__func__.__name__)
-        if isinstance(head, FunctionType):
-            return frame.f_globals, dotted[0], head, None
+        if isinstance(head, FunctionType) and frame.f_globals.get(dotted[0]) is head:
+            return frame.f_globals, dotted[0], head, None  # a local variable cannot be rebound: only globals
         return None
     obj = head
     for attr in dotted[1:-1]:

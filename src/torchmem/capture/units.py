@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable
 from types import CodeType, FrameType, FunctionType, ModuleType
 from typing import Any
@@ -27,7 +28,11 @@ from torchmem.capture.loop_calls import loop_calls
 # Samples with the same candidate before it is wrapped; returns that make it the repeating unit.
 _SAMPLES = 3
 _REPEATS = 3
-_MAX_CANDIDATES = 6
+_MAX_CANDIDATES = 12
+# A unit that has not returned for this long (and for 20 of its usual gaps), and is not running, belongs to a
+# loop the program left (a set-up loop): the loop the program runs now is looked for (at most _RETIRE times).
+_STALE_S = 3.0
+_RETIRE = 3
 
 
 def _origin_of(frame: FrameType) -> int:
@@ -181,13 +186,20 @@ class UnitFinder:
         self.label: str | None = None
         self.active = True  # False once another boundary was chosen (then the wrappers only count)
         self._off = False
+        self._unit_code: CodeType | None = None
+        self._last_return = 0.0
+        self._gap = 0.0  # moving average of the seconds between the unit's returns
+        self._retired = 0
 
     def sample(self) -> None:
         """One look at the program's stack (from the sampler thread). Never raises."""
-        if self._off or self.label is not None or len(self._tried) >= _MAX_CANDIDATES:
+        if self._off or (self.label is None and len(self._tried) >= _MAX_CANDIDATES):
             return
         try:
             frame = sys._current_frames().get(self._thread)
+            if self.label is not None:
+                self._check_stale(frame)
+                return
             for owner, name, fn, bound in loop_calls(frame, self._tried, self._program):
                 self._wrap_target(owner, name, fn, getattr(fn, "__func__", fn).__code__, bound)
             found = candidate(frame, self._tried, self._program)
@@ -203,6 +215,22 @@ class UnitFinder:
             del caller, callee
         except Exception as exc:
             self._fail(exc)
+
+    def _check_stale(self, frame: FrameType | None) -> None:
+        """Let go of a unit whose loop the program left: no return for :data:`_STALE_S` seconds and 20 of its
+        usual gaps, and its function not running now. Its wrapper stays: if it returns again it is the unit
+        again; meanwhile the loop the program runs now is looked for."""
+        if not self.active or self._retired >= _RETIRE or len(self._tried) >= _MAX_CANDIDATES:
+            return
+        if time.monotonic() - self._last_return < max(_STALE_S, 20 * self._gap):
+            return
+        f = frame
+        while f is not None:
+            if f.f_code is self._unit_code:
+                return  # a long call of the unit (an epoch function): still the unit
+            f = f.f_back
+        self._retired += 1
+        self.label = None
 
     def _fail(self, exc: BaseException) -> None:
         if not self._off:
@@ -225,7 +253,7 @@ class UnitFinder:
         def unit(*args: Any, **kwargs: Any) -> Any:
             result = func(*args, **kwargs)
             try:
-                finder._returned(calls, label)
+                finder._returned(calls, label, code)
             except Exception as exc:
                 finder._fail(exc)
             return result
@@ -256,7 +284,7 @@ class UnitFinder:
         with self._lock:
             self._undo.append(undo)
 
-    def _returned(self, calls: list[int], label: str) -> None:
+    def _returned(self, calls: list[int], label: str, code: CodeType) -> None:
         if threading.get_ident() != self._thread or self._off:
             return
         calls[0] += 1
@@ -264,9 +292,15 @@ class UnitFinder:
             if calls[0] < _REPEATS:
                 return
             self.label = label
+            self._unit_code = code
+            self._gap = 0.0
+            self._last_return = time.monotonic()
             self._on_found(label)
         elif self.label != label:
             return
+        now = time.monotonic()
+        self._gap = 0.9 * self._gap + 0.1 * (now - self._last_return)
+        self._last_return = now
         if self.active:
             self._on_step()
 

@@ -113,8 +113,9 @@ class StepSource:
         (and no work runs in child processes: ``children``), the call the loop repeats."""
         if self._boundaries is not None:
             self._boundaries.check_imports()
-        if self._units is not None and self._kind is None and not children:
-            self._units.sample()  # no step yet (and no work in child processes): the loop's call
+        if self._units is not None and self._kind in (None, "unit") and not children:
+            # no step yet (and no work in child processes): the loop's call; or a unit whose loop was left
+            self._units.sample()
 
     def take_replay(self) -> int | None:
         """The figure of the step ending now when it was read at the boundary's first event, once."""
@@ -145,9 +146,11 @@ class StepSource:
             self._records.note(f"step detection: a first reading failed ({type(exc).__name__}: {exc})")
 
     def _unit_found(self, label: str) -> None:
-        """The program's repeating unit was found (no other boundary): its calls are the steps from now."""
-        if self._kind is None:
-            self._on_switch("unit", f"{label} (the function the program's loop calls)")
+        """The program's repeating unit was found (no other boundary): its calls are the steps from now. A
+        new unit after one whose loop the program left (a set-up loop) takes over."""
+        text = f"{label} (the function the program's loop calls)"
+        if self._kind is None or (self._kind == "unit" and self._label != text):
+            self._on_switch("unit", text)
 
     def _unit_step(self) -> None:
         if self._kind == "unit" and not self._records.disabled:
@@ -160,9 +163,11 @@ class StepSource:
         if kind != "unit" and self._units is not None:
             self._units.active = False  # a boundary torchmem recognises counts the steps
         try:
-            previous, self._kind, self._label = self._kind, kind, label
+            previous, old_label = self._kind, self._label
+            self._kind, self._label = kind, label
             if previous is not None:
-                before = self._label_of(previous)
+                # the unit's label now is the new unit's: the one left is the label it had
+                before = old_label.split(" (", 1)[0] if previous == "unit" else self._label_of(previous)
                 counted = self._restart(label)
                 if counted >= 3:
                     self._switches.append(
