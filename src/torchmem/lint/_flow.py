@@ -108,7 +108,9 @@ class DataFlow:
             return UNKNOWN
         if isinstance(expr, ast.Subscript):
             base = self.kind(expr.value, scope, line, depth + 1)
-            return base if base == TENSOR else UNKNOWN
+            if base == SAFE and self._filled_later(expr.value, scope, line):
+                return UNKNOWN  # `outs = []` is SAFE, not what is appended to it afterwards
+            return base  # a slice of a tensor made under no_grad has no graph either
         if isinstance(expr, ast.Call):
             return self._call_kind(expr, scope, line, depth)
         if isinstance(expr, ast.BinOp):
@@ -132,6 +134,16 @@ class DataFlow:
         if isinstance(expr, ast.NamedExpr):
             return self.kind(expr.value, scope, line, depth + 1)
         return UNKNOWN
+
+    @staticmethod
+    def _filled_later(expr: ast.AST, scope: Scope, line: int) -> bool:
+        """Whether ``expr`` names a container bound from a display (``[]``, ``{}``, ``[x for ...]``)."""
+        key = dotted(expr) if isinstance(expr, (ast.Name, ast.Attribute)) else None
+        if key is None:
+            return not isinstance(expr, ast.Attribute)
+        bound = [b for b in scope.bindings.get(key, ()) if b.line < line]
+        value = max(bound, key=lambda b: b.line).value if bound else None
+        return isinstance(value, (ast.List, ast.Dict, ast.Set, ast.Tuple, ast.ListComp, ast.DictComp))
 
     def _elements(self, elts: Iterable[ast.AST | None], scope: Scope, line: int, depth: int) -> int:
         kinds = {self.kind(e, scope, line, depth + 1) for e in elts if not isinstance(e, ast.Starred)}
@@ -231,8 +243,10 @@ class DataFlow:
                 return SAFE
             if name == "abs" and len(call.args) == 1:
                 return self.kind(call.args[0], scope, line, depth + 1)
-            if is_model_callee(func) or is_loss_callee(func):
+            if is_model_callee(func):
                 return TENSOR
+            if is_loss_callee(func):
+                return self._loss_kind(call, scope, line, depth)
             return UNKNOWN
         if not isinstance(func, ast.Attribute):
             return UNKNOWN
@@ -258,9 +272,21 @@ class DataFlow:
             if name == "forward" and is_model_callee(func):
                 return TENSOR
             return UNKNOWN
-        if is_model_callee(func) or is_loss_callee(func):
+        if is_model_callee(func):
             return TENSOR
+        if is_loss_callee(func):
+            return self._loss_kind(call, scope, line, depth)
         return UNKNOWN
+
+    def _loss_kind(self, call: ast.Call, scope: Scope, line: int, depth: int) -> int:
+        """A loss computed from predictions that carry no graph (logits made under no_grad) has none: SAFE
+        when the first argument is known to carry none and no argument carries one; else TENSOR."""
+        args = [a for a in call.args if not isinstance(a, ast.Starred)]
+        if not args or len(args) != len(call.args):
+            return TENSOR
+        kinds = [self.kind(a, scope, line, depth + 1) for a in args]
+        kinds += [self.kind(k.value, scope, line, depth + 1) for k in call.keywords]
+        return SAFE if kinds[0] == SAFE and TENSOR not in kinds else TENSOR
 
     def cuda_ish(self, expr: ast.AST | None, depth: int = 0) -> bool:
         """Whether an expression names a CUDA device (a literal, or a module-level name bound to one)."""

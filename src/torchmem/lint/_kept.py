@@ -138,6 +138,8 @@ class KeptChecks:
             return
         if isinstance(node, ast.Subscript) and self._fixed_key(node.slice, lives.rebound | lives.targets):
             return  # `d[name] = out` with `name` the same every iteration: one slot, overwritten
+        if self._bounded(scope, key, node_line(node)):
+            return  # `deque(maxlen=n)`: a ring of the last n, it does not grow with the run
         if ctx.no_grad and not isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
             return  # made under no_grad
         line = node_line(node) + 1
@@ -173,6 +175,30 @@ class KeptChecks:
             f"`{key}` {verb} `{short(value)}`, a tensor that carries its autograd graph, across the "
             f"iterations of a training loop (line {node_line(loop.node)}): {grows}",
         )
+
+    def _bounded(self, scope: Scope, key: str, line: int) -> bool:
+        """Whether the container is a ``deque`` made with a ``maxlen`` (here, at module level, or in the
+        class's ``__init__`` for ``self.<name>``)."""
+        places = [scope.bindings.get(key, ()), self.w.module.bindings.get(key, ())]
+        if key.startswith("self.") and scope.cls is not None:
+            init = self.w.functions.get(f"{scope.cls.name}.__init__")
+            if init is not None:
+                places.append(init.bindings.get(key, ()))
+        for bound in places:
+            made = [
+                b.value for b in bound if b.value is not None and (bound is not places[0] or b.line < line)
+            ]
+            if made:
+                value = made[-1]
+                if isinstance(value, ast.Call) and last_name(value.func) == "deque":
+                    maxlen = next((k.value for k in value.keywords if k.arg == "maxlen"), None)
+                    if maxlen is None and len(value.args) >= 2:
+                        maxlen = value.args[1]
+                    return maxlen is not None and not (
+                        isinstance(maxlen, ast.Constant) and maxlen.value is None
+                    )
+                return False
+        return False
 
     def _decodes(self, loop: Loop, key: str, scope: Scope) -> bool:
         """Whether the loop carries graph-carrying state from one iteration to the next (``out, h =

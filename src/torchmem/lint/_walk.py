@@ -150,7 +150,13 @@ class Walker:
         self.scopes: list[Scope] = []
         self.functions: dict[str, Scope] = {}  # functions by name; methods as "Class.name"
         name = path.replace("\\", "/").rsplit("/", 1)[-1]
-        self.test_file = name.startswith("test_") or name.endswith("_test.py") or name == "conftest.py"
+        stem = name[:-3] if name.endswith(".py") else name
+        self.test_file = (  # pytest's own patterns, and a collection of tests (`torch_stub_tests.py`)
+            stem.startswith("test_")
+            or stem.endswith("_test")
+            or stem == "conftest"
+            or "tests" in stem.split("_")
+        )
         self.module = self._new_scope(tree, "<module>", None, "module")
         self._body(tree.body, self.module, Ctx())
 
@@ -372,6 +378,8 @@ class Walker:
         return isinstance(test, ast.Call) and last_name(test.func) == "is_available"
 
     def _assign_target(self, t: ast.expr, value: ast.expr, scope: Scope, ctx: Ctx) -> None:
+        if isinstance(t, ast.Attribute) and t.attr == "grad" and not is_const(value, None):
+            self.facts.grad_inplace = True  # `p.grad = torch.empty_like(p)`: buffers the program allocates
         if isinstance(t, ast.Subscript):
             container = container_key(t.value)
             self._expr(t, scope, ctx)

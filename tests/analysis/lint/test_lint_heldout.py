@@ -221,3 +221,121 @@ def test_errors_of_a_fixed_list_of_attempts_are_not_a_growing_store() -> None:
 
 def test_errors_kept_across_a_loop_over_data_are_still_flagged() -> None:
     assert codes(PARSE.format(attempts="parsers")) == ["TM011"]
+
+
+# == set B of docs/lint_corpus.md (measured after the fixes above, then its own false positives) ==========
+# -- a loss of predictions made under no_grad (optimum's GPTQ perplexity, a false TM010) ------------------
+PERPLEXITY = """
+def evaluate_perplexity(model, data, n_samples, seqlen):
+    model.eval()
+    nlls = []
+    for i in range(n_samples):
+        batch = data[:, i * seqlen:(i + 1) * seqlen]
+        {grad}
+            logits = model(batch).logits
+        shift_logits = logits[:, :-1, :].contiguous().float()
+        loss = loss_fct(shift_logits.view(-1, shift_logits.size(-1)), batch[:, 1:].reshape(-1))
+        nlls.append(loss.float() * seqlen)
+    return torch.exp(torch.stack(nlls).sum()).item()
+"""
+
+
+def test_a_loss_of_logits_made_under_no_grad_carries_no_graph() -> None:
+    assert codes(PERPLEXITY.format(grad="with torch.no_grad():")) == []
+
+
+def test_a_loss_of_logits_made_with_autograd_on_is_still_kept() -> None:
+    assert codes(PERPLEXITY.format(grad="if True:")) == ["TM010"]
+
+
+def test_a_slice_of_a_list_filled_with_outputs_is_not_taken_for_a_number() -> None:
+    src = """
+    losses = []
+    for x, y in loader:
+        outs = []
+        outs.append(model(x))
+        loss = criterion(outs[-1], y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss)
+    """
+    assert codes(src) == ["TM001"]
+
+
+# -- a bounded ring of recent values (pytorch3d's NeRF visuals cache, a false TM001) ----------------------
+RING = """
+def train(model, loader, optimizer, history_size):
+    cache = {made}
+    for batch in loader:
+        out, metrics = model(batch)
+        loss = metrics["mse"]
+        loss.backward()
+        optimizer.step()
+        cache.append({{"rgb": out["rgb"], "bundle": out["bundle"]}})
+"""
+
+
+def test_a_deque_with_maxlen_is_a_ring_not_a_growing_store() -> None:
+    assert codes(RING.format(made="collections.deque(maxlen=history_size)")) == []
+    assert codes(RING.format(made="deque([], history_size)")) == []
+
+
+def test_a_deque_without_maxlen_or_a_list_still_grows() -> None:
+    assert codes(RING.format(made="collections.deque()")) == ["TM001"]
+    assert codes(RING.format(made="deque(maxlen=None)")) == ["TM001"]
+    assert codes(RING.format(made="[]")) == ["TM001"]
+
+
+def test_a_ring_made_in_init_bounds_the_attribute() -> None:
+    src = """
+    class Trainer:
+        def __init__(self, n):
+            self.recent = {made}
+        def fit(self, loader):
+            for x, y in loader:
+                loss = F.cross_entropy(self.model(x), y)
+                loss.backward()
+                self.optimizer.step()
+                self.recent.append(loss)
+    """
+    assert codes(src.format(made="deque(maxlen=n)")) == []
+    assert codes(src.format(made="[]")) == ["TM001"]
+
+
+# -- a file of tests named `*_tests.py` (xformers' type-stub tests, a false TM002) ------------------------
+STUB = """
+def test_module_list():
+    modules = nn.ModuleList([nn.AdaptiveAvgPool2d(0), nn.AdaptiveAvgPool2d(1)])
+    for module in modules:
+        y = module(x)
+"""
+
+
+def test_test_functions_in_a_file_of_tests_are_not_evaluations() -> None:
+    assert codes(STUB, "stubs/torch_stub_tests.py") == []
+    assert codes(STUB, "tests.py") == []
+
+
+def test_the_same_function_in_a_script_is_still_an_evaluation() -> None:
+    assert codes(STUB, "stubs/torch_stubs.py") == ["TM002"]
+    assert codes(STUB, "test.py") == ["TM002"]  # a script named test.py evaluates
+
+
+# -- gradients the program allocates itself (apex's NCCL-pool DDP example, a debatable TM008) -------------
+POOL = """
+{alloc}
+for _ in range(10):
+    optimizer.zero_grad(set_to_none=False)
+    loss_fn(ddp_model(torch.randn(20, 10)), labels).backward()
+    optimizer.step()
+"""
+
+
+def test_gradient_buffers_allocated_by_the_program_are_kept_on_purpose() -> None:
+    alloc = "for param in ddp_model.parameters():\n    param.grad = torch.empty_like(param)"
+    assert codes(POOL.format(alloc=alloc)) == []
+
+
+def test_setting_grads_to_none_does_not_count_as_allocating_them() -> None:
+    alloc = "for param in ddp_model.parameters():\n    param.grad = None"
+    assert codes(POOL.format(alloc=alloc)) == ["TM008"]
