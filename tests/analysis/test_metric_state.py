@@ -117,3 +117,28 @@ def test_a_plain_list_keeps_the_accumulation_fix() -> None:
     growth = SiteGrowth("eval.py:9", float(MiB), 4 * MiB, 4, 1.0, paths)
     (c,) = attribute([growth], device="cpu")
     assert c.kind == "device_accumulation" and "reset" not in c.fix, c
+
+
+class TwoStates(Metric):
+    def __init__(self) -> None:
+        super().__init__()
+        self.targets: list[torch.Tensor] = []
+
+
+pair = TwoStates()
+
+
+def test_the_states_of_one_metric_are_one_culprit() -> None:
+    for _ in range(4):
+        pair.scores.append(torch.randn(256, 256))
+        pair.targets.append(torch.randn(128, 256))
+    (scores,) = holder_paths_of_storages([pair.scores[-1].untyped_storage()])
+    (targets,) = holder_paths_of_storages([pair.targets[-1].untyped_storage()])
+    growth = [
+        SiteGrowth("eval.py:9", float(MiB), 4 * MiB, 4, 1.0, scores),
+        SiteGrowth("eval.py:10", MiB / 2, 2 * MiB, 4, 1.0, targets),
+    ]
+    (c,) = attribute(growth, device="cpu")
+    assert c.kind == "metric_state" and c.bytes_per_step == 1.5 * MiB, c
+    assert [s for s, _ in c.sites] == ["eval.py:9", "eval.py:10"], c.sites
+    assert "`pair.scores` and `pair.targets`" in c.fix and "`pair.reset()`" in c.fix, c.fix

@@ -385,6 +385,7 @@ def attribute(
         key = _main_pattern(g.paths) if g.paths else f"<unheld {g.site}>"
         groups.setdefault(key, []).append(g)
     culprits: list[Culprit] = []
+    metrics: dict[int, tuple[str, str, str]] = {}  # id(culprit) -> its metric's (owner, state, reset)
     for key, gs in groups.items():
         gs.sort(key=lambda g: -g.bytes_per_step)
         merged = SiteGrowth(
@@ -427,8 +428,47 @@ def attribute(
                 else fix_for(kind, name, per_step, merged.cycle_types, unit=unit, device=device),
             )
         )
+        metric = _metric_state(holder) if kind == METRIC_STATE and holder is not None else None
+        if metric is not None:
+            metrics[id(culprits[-1])] = metric
+    culprits = _merge_metric_states(culprits, metrics, unit)
     culprits.sort(key=lambda c: -c.bytes_per_step)
     return tuple(culprits)
+
+
+def _merge_metric_states(
+    culprits: list[Culprit], metrics: dict[int, tuple[str, str, str]], unit: str
+) -> list[Culprit]:
+    """One culprit per metric: the states of one object (``auroc.preds``, ``auroc.target``) are one fix.
+    ``metrics``: ``id(culprit) -> (owner, state, reset)`` of the metric-state culprits."""
+    by_owner: dict[str, list[Culprit]] = {}
+    rest: list[Culprit] = []
+    for c in culprits:
+        m = metrics.get(id(c))
+        if m is None:
+            rest.append(c)
+        else:
+            by_owner.setdefault(m[0], []).append(c)
+    for owner, cs in by_owner.items():
+        if len(cs) == 1:
+            rest.append(cs[0])
+            continue
+        cs.sort(key=lambda c: -c.bytes_per_step)
+        per_step = sum(c.bytes_per_step for c in cs)
+        states = [metrics[id(c)][1] for c in cs]
+        rest.append(
+            Culprit(
+                kind=METRIC_STATE,
+                site=cs[0].site,
+                sites=tuple(s for c in cs for s in c.sites),
+                holder=cs[0].holder,
+                bytes=sum(c.bytes for c in cs),
+                bytes_per_step=per_step,
+                graph_bytes=sum(c.graph_bytes for c in cs),
+                fix=metric_state_fix(owner, states, metrics[id(cs[0])][2], per_step, unit),
+            )
+        )
+    return rest
 
 
 __all__ = ["attribute", "holder_name", "holder_pattern", "site_growth"]

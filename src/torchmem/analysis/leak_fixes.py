@@ -66,16 +66,20 @@ def grad_graph_fix(owner: str, per_step: float, unit: str = "step") -> str:
     )
 
 
-def metric_state_fix(owner: str, state: str, reset: str, per_step: float, unit: str = "step") -> str:
+def metric_state_fix(
+    owner: str, state: str | Sequence[str], reset: str, per_step: float, unit: str = "step"
+) -> str:
     """The fix where a metric-like object ``owner`` (its class computes a result from what it collects, and
-    can empty it with ``reset``) keeps every call's tensors in ``state``.
+    can empty it with ``reset``) keeps every call's tensors in ``state`` (one attribute, or several).
 
     Example:
         >>> print(metric_state_fix("auroc", "auroc.target", "reset", 2**19))
         `auroc` collects every call's tensors in `auroc.target` (+512.0 KiB/step) and is not reset: call ...
     """
+    states = [state] if isinstance(state, str) else list(state)
+    where = " and ".join(f"`{x}`" for x in states)
     return (
-        f"`{owner}` collects every call's tensors in `{state}` (+{_mib(per_step)}/{unit}) and is not "
+        f"`{owner}` collects every call's tensors in {where} (+{_mib(per_step)}/{unit}) and is not "
         f"reset: call `{owner}.{reset}()` after each `compute()` (or give it a fixed-size state)"
     )
 

@@ -193,7 +193,7 @@ class UnitFinder:
 
     def sample(self) -> None:
         """One look at the program's stack (from the sampler thread). Never raises."""
-        if self._off or (self.label is None and len(self._tried) >= _MAX_CANDIDATES):
+        if self._off or not self.active or (self.label is None and len(self._tried) >= _MAX_CANDIDATES):
             return
         try:
             frame = sys._current_frames().get(self._thread)
@@ -268,20 +268,24 @@ class UnitFinder:
         elif isinstance(fn, classmethod):
             wrapped = classmethod(unit)
         if isinstance(owner, dict):
-            owner[name] = wrapped
 
             def undo() -> None:
                 if owner.get(name) is wrapped:
                     owner[name] = fn
 
         else:
-            setattr(owner, name, wrapped)
 
             def undo() -> None:
                 if owner.__dict__.get(name) is wrapped:
                     setattr(owner, name, fn)
 
-        with self._lock:
+        with self._lock:  # never installed once removed (another boundary took over meanwhile)
+            if not self.active:
+                return
+            if isinstance(owner, dict):
+                owner[name] = wrapped
+            else:
+                setattr(owner, name, wrapped)
             self._undo.append(undo)
 
     def _returned(self, calls: list[int], label: str, code: CodeType) -> None:
@@ -305,7 +309,9 @@ class UnitFinder:
             self._on_step()
 
     def remove(self) -> None:
+        """Restore every name the finder rebound (where the program did not rebind it meanwhile)."""
         with self._lock:
+            self.active = False
             undo, self._undo = self._undo, []
         for u in reversed(undo):
             try:

@@ -161,7 +161,9 @@ class StepSource:
         if self._records.disabled or self.step_marker:
             return
         if kind != "unit" and self._units is not None:
-            self._units.active = False  # a boundary torchmem recognises counts the steps
+            # a boundary torchmem recognises counts the steps: the program's functions are its own again
+            self._units.active = False
+            self._units.remove()
         try:
             previous, old_label = self._kind, self._label
             self._kind, self._label = kind, label

@@ -20,8 +20,8 @@ start = time.perf_counter()
 rounds = 0
 while time.perf_counter() - start < 2.0:
     for _ in range(4):
-        scores = torch.rand(65536, device=device)  # SITE
-        labels = (torch.rand(65536, device=device) > 0.5).long()
+        scores = torch.rand(65536, device=device)
+        labels = (torch.rand(65536, device=device) > 0.5).long()  # SITE
         auroc.update(scores, labels)
     rounds += 1
     time.sleep(0.03)

@@ -57,6 +57,8 @@ def torchmem_owned(obj: Any) -> bool:
     the user's code."""
     t = type(obj)
     if t is types.FunctionType:
+        if "__wrapped__" in obj.__dict__:
+            return False  # a wrapper torchmem put in the program's place stands for the function it wraps
         mod = getattr(obj, "__module__", None) or ""
         return mod.startswith("torchmem.") and not mod.startswith("torchmem._demo")
     if t is types.MethodType:
@@ -66,6 +68,7 @@ def torchmem_owned(obj: Any) -> bool:
         mod = getattr(t, "__module__", "") or ""
         own = _OWN_TYPES[t] = mod.startswith("torchmem.") and not mod.startswith("torchmem._demo")
     return own
+
 
 # An edge up from a node: (parent node, the steps of a virtual edge or None, weight in references).
 ParentEdge = tuple[int, "tuple[HolderStep, ...] | None", int]
