@@ -46,6 +46,8 @@ class DataFlow:
         #: Names taken as graph-carrying tensors whatever their binding (a helper's parameter, a forward's
         #: inputs) while a rule asks about one function.
         self.assume: dict[str, int] = {}
+        #: The function ``assume`` is about (its parameters): another function's ``x`` is not this one's.
+        self.assume_in: Scope | None = None
         #: Inside a module's forward: ``self.<sub>(x)`` of a tensor is a submodule's output.
         self.forward_mode = False
 
@@ -95,7 +97,7 @@ class DataFlow:
             if isinstance(expr, ast.Attribute) and expr.attr in SAFE_ATTRS:
                 return SAFE
             key = dotted(expr)
-            if key is not None and key in self.assume:
+            if key is not None and key in self.assume and (self.assume_in is None or scope is self.assume_in):
                 return self.assume[key]
             if key is not None:
                 found = self._binding_kind(key, scope, line, depth)

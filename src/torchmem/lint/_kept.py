@@ -140,6 +140,8 @@ class KeptChecks:
             return  # `d[name] = out` with `name` the same every iteration: one slot, overwritten
         if self._bounded(scope, key, node_line(node)):
             return  # `deque(maxlen=n)`: a ring of the last n, it does not grow with the run
+        if fixed_handful(lives):
+            return  # `for model in (ref, test):` keeps one value per listed case, not one per step
         if ctx.no_grad and not isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
             return  # made under no_grad
         line = node_line(node) + 1
@@ -284,11 +286,11 @@ class KeptChecks:
                 arg = self._argument(call, i, param)
                 if arg is None:
                     continue
-                self.flow.assume = {param: TENSOR}
+                self.flow.assume, self.flow.assume_in = {param: TENSOR}, fn
                 try:
                     carries = self.flow.kind(sextra[1], fn, node_line(store) + 1) == TENSOR
                 finally:
-                    self.flow.assume = {}
+                    self.flow.assume, self.flow.assume_in = {}, None
                 if not carries or self.flow.kind(arg, scope, node_line(call) + 1) != TENSOR:
                     continue
                 loop = next(
@@ -388,10 +390,10 @@ class KeptChecks:
         lives = next((lp for lp in ctx.loop.chain() if key not in lp.rebound and key not in lp.cleared), None)
         if lives is None:
             return
-        if isinstance(lives.node, (ast.For, ast.AsyncFor)) and isinstance(
-            lives.node.iter, (ast.List, ast.Tuple, ast.Set)
-        ):
+        if fixed_handful(lives):
             return  # a fixed handful of attempts (`for parse in (a, b, c):`): what it keeps cannot grow
+        if not any(lp.trains or lp.model_call is not None for lp in ctx.loop.chain()):
+            return  # a loop that runs no model (trying parsers, types): its failed frames hold no tensors
         self.add(
             node,
             "TM011",
@@ -428,7 +430,7 @@ class KeptChecks:
         if not stores:
             return
         reset = self._resets(scope.cls)
-        self.flow.assume = {p: TENSOR for p in scope.params[1:]}
+        self.flow.assume, self.flow.assume_in = {p: TENSOR for p in scope.params[1:]}, scope
         self.flow.forward_mode = True
         try:
             for kind, node, _ctx, extra in stores:
@@ -451,7 +453,7 @@ class KeptChecks:
                 )
                 return
         finally:
-            self.flow.assume = {}
+            self.flow.assume, self.flow.assume_in = {}, None
             self.flow.forward_mode = False
 
     @staticmethod
@@ -460,7 +462,8 @@ class KeptChecks:
         return {k for k in scope.bindings if "." not in k and k != "self"}
 
     def _resets(self, cls: ast.ClassDef) -> set[str]:
-        """``self.<attr>`` names some method other than ``__init__`` rebinds or clears."""
+        """``self.<attr>`` names some method other than ``__init__`` rebinds, clears or returns (the class
+        manages what it keeps, or hands it out: a recorder)."""
         found = self._reset_attrs.get(id(cls))
         if found is not None:
             return found
@@ -487,8 +490,19 @@ class KeptChecks:
                         key = dotted(t.value if isinstance(t, ast.Subscript) else t)
                         if key is not None:
                             out.add(key)
+                elif isinstance(n, ast.Return) and n.value is not None and member.name != "forward":
+                    key = dotted(n.value)  # `def get_tensor_value(self): return self.tensor_val`: a
+                    if key is not None and key.startswith("self."):  # recorder hands out what it keeps
+                        out.add(key)
         self._reset_attrs[id(cls)] = out
         return out
+
+
+def fixed_handful(loop: Loop) -> bool:
+    """A ``for`` over a literal display (``for cfg in ((768, 2048), (2048, 768)):``): a fixed number of
+    listed cases, not the steps of a run."""
+    node = loop.node
+    return isinstance(node, (ast.For, ast.AsyncFor)) and isinstance(node.iter, (ast.List, ast.Tuple, ast.Set))
 
 
 def _store_in_loop(fn: Scope, store: ast.AST) -> bool:

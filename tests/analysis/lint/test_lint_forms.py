@@ -1215,7 +1215,7 @@ def test_a_pytest_test_named_test_is_not_an_evaluation() -> None:
     src = """
     def test_ess_shape():
         ess = []
-        for batch_size in (2, 1):
+        for batch_size in batch_sizes:
             output = loss_module(make_batch(batch_size))
             ess.append(output["ESS"])
     """

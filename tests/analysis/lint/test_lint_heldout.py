@@ -219,8 +219,22 @@ def test_errors_of_a_fixed_list_of_attempts_are_not_a_growing_store() -> None:
     assert codes(PARSE.format(attempts="[from_openfst, from_str]")) == []
 
 
-def test_errors_kept_across_a_loop_over_data_are_still_flagged() -> None:
-    assert codes(PARSE.format(attempts="parsers")) == ["TM011"]
+def test_errors_of_a_loop_that_runs_no_model_hold_no_tensors() -> None:
+    assert codes(PARSE.format(attempts="parsers")) == []  # fairseq2's union-member attempts, set C
+
+
+def test_errors_kept_across_a_loop_that_runs_the_model_are_still_flagged() -> None:
+    src = """
+    def score_all(model, batches):
+        errors = []
+        for batch in batches:
+            try:
+                out = model(batch)
+            except RuntimeError as e:
+                errors.append(e)
+        return errors
+    """
+    assert codes(src) == ["TM011"]
 
 
 # == set B of docs/lint_corpus.md (measured after the fixes above, then its own false positives) ==========
@@ -339,3 +353,97 @@ def test_gradient_buffers_allocated_by_the_program_are_kept_on_purpose() -> None
 def test_setting_grads_to_none_does_not_count_as_allocating_them() -> None:
     alloc = "for param in ddp_model.parameters():\n    param.grad = None"
     assert codes(POOL.format(alloc=alloc)) == ["TM008"]
+
+
+# == set C of docs/lint_corpus.md (measured once after the fixes of A and B) ==============================
+# -- a helper's parameter is not the forward's (torchao's OutputLogger storing `_detach(x)`, a false TM013)
+LOGGER = """
+def _detach(x):
+    detached = None
+    if isinstance(x, torch.Tensor):
+        detached = x.detach()
+    else:
+        detached = x
+    return detached
+
+
+class OutputLogger(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stats = []
+
+    def forward(self, x):
+        self.stats.append({kept})
+        return x
+"""
+
+
+def test_a_helper_that_detaches_is_read_with_its_own_parameters() -> None:
+    assert codes(LOGGER.format(kept="_detach(x)")) == []
+
+
+def test_the_forward_keeping_its_input_itself_is_still_flagged() -> None:
+    assert codes(LOGGER.format(kept="x * 2")) == ["TM013"]
+
+
+# -- a recorder that hands out what it keeps (torchao's RecordingObserver, a debatable TM013) -------------
+RECORDER = """
+class RecordingObserver(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tensor_val = []
+
+    def forward(self, x):
+        self.tensor_val.append(x.clone())
+        return x
+{getter}
+"""
+
+
+def test_a_module_that_returns_its_record_from_a_method_keeps_it_on_purpose() -> None:
+    getter = "\n    def get_tensor_value(self):\n        return self.tensor_val\n"
+    assert codes(RECORDER.format(getter=getter)) == []
+
+
+def test_a_module_that_only_accumulates_is_still_flagged() -> None:
+    assert codes(RECORDER.format(getter="")) == ["TM013"]
+
+
+# -- one value per listed case (torchao's FSDP parity helper, 2 false TM001; xtuner's shape sweep, TM003) --
+PARITY = """
+def check_parity(ref_model, ref_optim, fsdp_model, fsdp_optim, inp):
+    for it in range(10):
+        losses = []
+        for model, optim in {pairs}:
+            optim.zero_grad()
+            losses.append(model(inp).sum())
+            losses[-1].backward()
+            optim.step()
+        assert losses[0] == losses[1]
+"""
+
+
+def test_values_kept_per_listed_case_are_not_kept_per_step() -> None:
+    assert codes(PARITY.format(pairs="((ref_model, ref_optim), (fsdp_model, fsdp_optim))")) == []
+
+
+def test_values_kept_per_item_of_a_runtime_list_are_still_flagged() -> None:
+    assert codes(PARITY.format(pairs="pairs")) == ["TM001"]
+
+
+SWEEP = """
+def test_gemm():
+    for dim0, dim1 in {shapes}:
+        torch.cuda.empty_cache()
+        x = torch.randn(64, dim0, requires_grad=True)
+        out = gemm(x, dim1)
+        out.mean().backward()
+"""
+
+
+def test_empty_cache_between_listed_shapes_is_not_per_step() -> None:
+    assert codes(SWEEP.format(shapes="((768, 2048), (2048, 768))"), "test_gemm.py") == []
+
+
+def test_empty_cache_on_every_step_of_a_data_loop_is_still_flagged() -> None:
+    assert codes(SWEEP.format(shapes="loader"), "test_gemm.py") == ["TM003"]
