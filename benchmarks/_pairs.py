@@ -25,6 +25,7 @@ import math
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,13 +132,19 @@ def measure_pairs(
     *,
     collect: bool = True,
     progress: Callable[[int, float, float], None] | None = None,
+    stop: Callable[[float], bool] | None = None,
 ) -> Pairs:
     """``pairs`` pairs of ``run_a()`` and ``run_b()``, ``A B`` then ``B A`` alternately, each after a
     ``gc.collect()`` (``collect``). Each run returns its figure (a float: seconds, µs per step), or a tuple
     ``(figure, extra)`` whose ``extra`` is kept in :attr:`Pairs.extra`. ``progress(i, a, b)`` after each
-    pair."""
+    pair. ``stop(seconds)``, given the longest pair's wall time so far (0 before the first), is asked before
+    each pair: ``True`` ends the measurement there (a time budget; the pairs done are kept)."""
     out = Pairs()
+    longest = 0.0
     for i in range(pairs):
+        if stop is not None and stop(longest):
+            break
+        t0 = time.perf_counter()
         order = (("a", run_a), ("b", run_b)) if i % 2 == 0 else (("b", run_b), ("a", run_a))
         got: dict[str, Any] = {}
         for side, fn in order:
@@ -149,6 +156,7 @@ def measure_pairs(
         out.a.append(fa)
         out.b.append(fb)
         out.extra.append((xa, xb))
+        longest = max(longest, time.perf_counter() - t0)
         if progress is not None:
             progress(i, fa, fb)
     return out

@@ -7,7 +7,10 @@ anchor) and under ``python -m torchmem run script.py``, as interleaved pairs (``
 thread per process, each run in its own temporary folder (where ``torchmem run`` writes its capture file).
 Two times per run: the whole process (interpreter start, ``import torch``, the program, torchmem's end
 summary) and the time the program prints around its own loop (``LOOP_SECONDS=<float>``, its last line),
-which leaves out start-up. Each figure is the median of the pairs' ratios with its 95 % interval (order
+which leaves out start-up; and the loop's CPU time (``LOOP_CPU_SECONDS``, ``time.process_time()``: every
+thread of the process, torchmem's sampler included, as ``torchmem run`` runs the program in its own process),
+which a machine shared with other work inflates far less than the wall clock (a preempted process is not
+charged for the time it waits). Each figure is the median of the pairs' ratios with its 95 % interval (order
 statistics). The ``own`` column is torchmem's own estimate of its cost, the ``overhead`` record of the
 same runs' captures (median of its ``ratio``): it should agree with the measured loop ratio.
 The ``verdict`` column reads torchmem's end summary on stderr: ``quiet`` (no leak, no
@@ -19,11 +22,19 @@ Run (the CPU figures are meant with one thread per process):
     PYTHONPATH=src python3 benchmarks/run_cost.py [--device cpu|cuda] [--pairs 10] [--programs a,b]
         [--scale 1.0] [--out results.jsonl] [--keep DIR] [--torchmem-args "--no-status"] [--cpus 2-3]
 
-On an H100 (each under ~4 minutes):
+``--budget SECONDS`` sizes each program to that wall time (probe, pairs and all): one plain and one
+``torchmem run`` probe at ``--scale`` (default 0.05) give each side's start-up (the process's time outside its
+loop: interpreter, ``import torch``, CUDA, torchmem's end summary) and the loop's time per unit of scale;
+the loop is then as long as the budget leaves for ``--pairs`` pairs (at least 0.5 s; a budget too small for
+that is said), and no pair starts that would end past the budget (the table then has the pairs done; fewer
+than 6 leave the interval out). ``--loop-seconds S`` asks for loops of S seconds instead. Both print what
+they expect.
 
-    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs hostbound_mlp --scale 0.5
-    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs resnet18 --scale 0.25
-    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs gpt_train --scale 0.2
+On an H100 host (issue 29's GPU loops, each ~120 s with these knobs):
+
+    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs resnet18 --budget 110
+    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs hostbound_mlp --budget 110
+    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs gpt_train --budget 110
 
 ``--device`` (default: cuda if available, else cpu) reaches the programs as ``--device`` and as
 ``TORCHMEM_BENCH_DEVICE``; ``--scale`` multiplies each program's default number of steps (through
@@ -87,6 +98,7 @@ TARGETS: dict[str, tuple[float, float]] = {
 }
 
 _LOOP = re.compile(r"^LOOP_SECONDS=([0-9.eE+-]+)\s*$", re.MULTILINE)
+_LOOP_CPU = re.compile(r"^LOOP_CPU_SECONDS=([0-9.eE+-]+)\s*$", re.MULTILINE)
 _SUMMARY_HEAD = re.compile(r"^torchmem: \d+ steps in ")
 _LEAK = re.compile(r"\bLEAK\b")
 _OOM = re.compile(r"^OOM\b|out-of-memory errors? caught")
@@ -102,6 +114,7 @@ class Run:
     wall_s: float
     loop_s: float | None
     cpu_s: float  # user + system CPU time of the process
+    loop_cpu_s: float | None = None  # the CPU time of the process over its loop (all its threads)
     summary: list[str] = field(default_factory=list)  # torchmem's end summary (torchmem runs)
     verdict: str = ""
     tail: str = ""  # the last lines of stderr when the run failed
@@ -126,6 +139,8 @@ class Row:
     ratio_ci: tuple[float, float] | None = None
     loop_ci: tuple[float, float] | None = None
     own_ratio: float | None = None  # median of the captures' overhead ratio
+    loop_cpu_ratio: float | None = None  # the loop's CPU time (all threads), torchmem run / plain
+    loop_cpu_ci: tuple[float, float] | None = None
 
 
 def _torch_facts() -> dict[str, str | bool]:
@@ -205,7 +220,9 @@ def _run_once(mode: str, pair: int, cmd: list[str], env: dict[str, str], keep: P
     cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
     found = _LOOP.findall(proc.stdout)
     loop = float(found[-1]) if found else None
+    found_cpu = _LOOP_CPU.findall(proc.stdout)
     run = Run(mode=mode, pair=pair, rc=proc.returncode, wall_s=wall, loop_s=loop, cpu_s=cpu)
+    run.loop_cpu_s = float(found_cpu[-1]) if found_cpu else None
     run.overhead = overhead
     if mode == "torchmem":
         run.summary = _summary(proc.stderr)
@@ -227,6 +244,7 @@ def measure(
     env: dict[str, str],
     torchmem_args: list[str],
     keep: Path | None,
+    deadline: float | None = None,
 ) -> Row:
     script = str(PROGRAMS_DIR / f"{name}.py")
     prog_argv = [script, "--device", device]
@@ -251,13 +269,21 @@ def measure(
 
         return go
 
-    got = measure_pairs(side("plain", plain_cmd), side("torchmem", tm_cmd), pairs)  # A B, B A, ...
+    def stop(longest: float) -> bool:  # no pair starts that would end past the deadline (the first runs)
+        if deadline is not None and longest and time.perf_counter() + longest > deadline:
+            print(f"  {name}: stopped at the budget's end", file=sys.stderr)
+            return True
+        return False
+
+    got = measure_pairs(side("plain", plain_cmd), side("torchmem", tm_cmd), pairs, stop=stop)  # A B, B A
     ok = [(a, b) for a, b in got.extra if a.rc == 0 and b.rc == 0]
     loop_ok = [(a, b) for a, b in ok if a.loop_s and b.loop_s is not None]
     wall_pairs = Pairs([a.wall_s for a, _ in ok], [b.wall_s for _, b in ok])
     loop_pairs = Pairs(
         [a.loop_s for a, _ in loop_ok if a.loop_s], [b.loop_s for _, b in loop_ok if b.loop_s is not None]
     )
+    cpu_ok = [(a, b) for a, b in ok if a.loop_cpu_s and b.loop_cpu_s is not None]
+    cpu_pairs = Pairs([a.loop_cpu_s or 0.0 for a, _ in cpu_ok], [b.loop_cpu_s or 0.0 for _, b in cpu_ok])
     owns = [float(b.overhead["ratio"]) for _, b in ok if b.overhead and b.overhead.get("ratio") is not None]
     tm_runs = [r for r in runs if r.mode == "torchmem"]
     verdicts = [r.verdict for r in tm_runs]
@@ -286,7 +312,68 @@ def measure(
         ratio_ci=wall_pairs.interval() if wall_pairs.n else None,
         loop_ci=loop_pairs.interval() if loop_pairs.n else None,
         own_ratio=_median(owns),
+        loop_cpu_ratio=cpu_pairs.median() if cpu_pairs.n else None,
+        loop_cpu_ci=cpu_pairs.interval() if cpu_pairs.n else None,
     )
+
+
+def size_to_budget(
+    name: str,
+    device: str,
+    env: dict[str, str],
+    torchmem_args: list[str],
+    probe_scale: float,
+    pairs: int,
+    budget: float | None,
+    loop_seconds: float | None,
+) -> dict[str, str]:
+    """``env`` with the ``TORCHMEM_BENCH_SCALE`` that makes ``name``'s loop last ``loop_seconds``, or as long
+    as ``budget`` seconds leave for ``pairs`` pairs after the probe (one plain and one ``torchmem run`` at
+    ``probe_scale``, which also give each side's start-up)."""
+    script = str(PROGRAMS_DIR / f"{name}.py")
+    prog_argv = [script, "--device", device]
+    probe_env = dict(env, TORCHMEM_BENCH_SCALE=str(probe_scale))
+    t0 = time.perf_counter()
+    plain = _run_once("plain", -1, [sys.executable, *prog_argv], probe_env, None, "probe")
+    tm = _run_once(
+        "torchmem",
+        -1,
+        [sys.executable, "-m", "torchmem", "run", *torchmem_args, *prog_argv],
+        probe_env,
+        None,
+        "",
+    )
+    probe_s = time.perf_counter() - t0
+    if plain.rc != 0 or tm.rc != 0 or not plain.loop_s or tm.loop_s is None:
+        print(
+            f"  {name}: the probe failed; scale {probe_scale} kept\n    {plain.tail or tm.tail}",
+            file=sys.stderr,
+        )
+        return probe_env
+    start_plain = plain.wall_s - plain.loop_s
+    start_tm = tm.wall_s - tm.loop_s
+    # (the probe's first steps warm up: an over-estimate of a step, on the safe side of the budget)
+    per_scale = plain.loop_s / probe_scale
+    loop = loop_seconds
+    if loop is None:
+        assert budget is not None
+        loop = ((budget - probe_s) / pairs - start_plain - start_tm) / 2
+        if loop < 0.5:
+            print(
+                f"  {name}: a budget of {budget:.0f} s leaves {loop:.2f} s per loop for {pairs} pairs "
+                f"(start-up {start_plain:.1f} s plain, {start_tm:.1f} s torchmem run): loops of 0.5 s",
+                file=sys.stderr,
+            )
+            loop = 0.5
+    scale = probe_scale * loop / plain.loop_s
+    expect = probe_s + pairs * (start_plain + start_tm + 2 * loop * 1.02)
+    print(
+        f"  {name}: probe {probe_s:.1f} s (start-up {start_plain:.1f} s plain, {start_tm:.1f} s "
+        f"torchmem run; loop {per_scale:.1f} s per unit of scale); scale {scale:.4g}: loops of "
+        f"~{loop:.2f} s; expect ~{expect:.0f} s for {pairs} pairs",
+        file=sys.stderr,
+    )
+    return dict(env, TORCHMEM_BENCH_SCALE=f"{scale:.6g}")
 
 
 def _fmt(x: float | None, spec: str) -> str:
@@ -297,7 +384,8 @@ def print_table(header: str, rows: list[Row]) -> None:
     print(header)
     cols = (
         f"{'program':<16} {'device':<6} {'plain s':>8} {'tm s':>8} {'ratio':>6} {'95% interval':>16} "
-        f"{'loop plain':>10} {'loop tm':>8} {'loop ratio':>10} {'95% interval':>16} {'own':>6} "
+        f"{'loop plain':>10} {'loop tm':>8} {'loop ratio':>10} {'95% interval':>16} {'loop cpu':>8} "
+        f"{'95% interval':>16} {'own':>6} "
         f"{'target':>6} {'met':>3}  verdict"
     )
     print(cols)
@@ -314,6 +402,7 @@ def print_table(header: str, rows: list[Row]) -> None:
             f"{r.program:<16} {r.device:<6} {_fmt(r.plain_s, '8.2f')} {_fmt(r.torchmem_s, '8.2f')} "
             f"{_fmt(r.ratio, '6.3f')} {fmt_interval(r.ratio_ci):>16} {_fmt(r.loop_plain_s, '10.2f')} "
             f"{_fmt(r.loop_torchmem_s, '8.2f')} {_fmt(r.loop_ratio, '10.3f')} {fmt_interval(r.loop_ci):>16} "
+            f"{_fmt(r.loop_cpu_ratio, '8.3f')} {fmt_interval(r.loop_cpu_ci):>16} "
             f"{_fmt(r.own_ratio, '6.3f')} {r.target:>6.2f} {met:>3}  {r.verdict}"
         )
     print()
@@ -342,6 +431,8 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="also append the table as JSON lines to this file")
     ap.add_argument("--keep", default=None, help="keep each run's folder (and capture) under this folder")
     ap.add_argument("--torchmem-args", default="", help="options for torchmem run (default: none)")
+    ap.add_argument("--budget", type=float, default=None, help="seconds per program, probe and pairs")
+    ap.add_argument("--loop-seconds", type=float, default=None, help="size each program's loop to this")
     args = ap.parse_args()
 
     chosen = [p.strip() for p in args.programs.split(",") if p.strip()]
@@ -372,7 +463,22 @@ def main() -> int:
     )
     print(header, file=sys.stderr)
 
-    rows = [measure(name, device, args.pairs, env, shlex.split(args.torchmem_args), keep) for name in chosen]
+    tm_args = shlex.split(args.torchmem_args)
+    rows = []
+    for name in chosen:
+        t0 = time.perf_counter()
+        penv = env
+        if args.budget is not None or args.loop_seconds is not None:
+            probe_scale = args.scale if args.scale is not None else 0.05
+            penv = size_to_budget(
+                name, device, env, tm_args, probe_scale, args.pairs, args.budget, args.loop_seconds
+            )
+        deadline = t0 + args.budget if args.budget is not None else None
+        rows.append(measure(name, device, args.pairs, penv, tm_args, keep, deadline))
+        print(
+            f"  {name}: {time.perf_counter() - t0:.0f} s (scale {penv.get('TORCHMEM_BENCH_SCALE', '1')})",
+            file=sys.stderr,
+        )
     print_table(header, rows)
     if args.out:
         with open(args.out, "a", encoding="utf-8") as f:

@@ -1,24 +1,31 @@
 """Benchmark: what public ``torchmem.watch()`` costs per step, and whether that grows with the run (issue 29).
 
-For each run length (``--steps``, default 1,000, 10,000 and 100,000 steps of the ``tiny`` step) the plain
-loop and the same loop wrapped in ``torchmem.watch()`` (light mode, the default source: on CUDA the
-allocator's counters, on the CPU what ``watch()`` picks there) run as interleaved pairs (``A B``, ``B A``;
-``benchmarks/_pairs.py``: pinned CPU and threads, ``gc.collect()`` before each run). Each pair gives the
-watcher's added µs per step and the ratio; the table has their medians with 95 % intervals (order
-statistics of the pairs). The cost is flat in the run's length when the added µs per step do not rise from
-1k to 100k steps. The last columns are counted, not timed: the readings the watcher took per step and the
-readings it keeps (the report's series, bounded), from the last watched run of each length.
+For each model (``--model``, a comma-separated list) and each run length (``--steps``, default 1,000, 10,000
+and 100,000 steps; or ``--seconds S``: as many steps as take about S seconds, from a probe of the step) the
+plain loop and the same loop wrapped in ``torchmem.watch()`` (light mode, the default source: on CUDA the
+allocator's counters, on the CPU the C heap; ``--source`` picks another) run as interleaved pairs (``A B``,
+``B A``; ``benchmarks/_pairs.py``: pinned CPU and threads, ``gc.collect()`` before each run). Each pair gives
+the watcher's added µs per step and the ratio (``--clock cpu``: timed by the process's CPU time, which
+other work on a shared CPU host inflates far less than the wall clock; the watcher starts no thread); the
+table has their medians with 95 % intervals (order statistics of the pairs). The cost is flat in the run's
+length when the added µs per step do not rise from 1k to 100k steps. The last columns are counted, not
+timed: the readings the watcher took per step and the readings it keeps (the report's series, bounded), from
+the last watched run of each length.
 
-    PYTHONPATH=src python3 benchmarks/watch_cost.py [--device cpu|cuda] [--model tiny|mlp|resnet18|gpt2]
-        [--steps 1000,10000,100000] [--pairs 10] [--source auto|heap|ledger|allocator] [--stride K]
-        [--cpus 1] [--threads 1]
+    PYTHONPATH=src python3 benchmarks/watch_cost.py [--device cpu|cuda] [--model tiny,mlp,resnet18,gpt2]
+        [--steps 1000,10000,100000 | --seconds S] [--pairs 10] [--source auto|heap|ledger|allocator]
+        [--stride K] [--cpus 1] [--threads 1] [--clock wall|cpu] [--budget SECONDS]
 
-On an H100 (each under ~4 minutes):
+Before the pairs it prints the time it expects them to take (``expect: ...``): with ``--seconds S`` each
+model takes about ``2 x pairs x S`` plus its set-up (a few seconds; GPT-2's build ~10 s). ``--budget B``: no
+pair starts that would end more than B seconds after the start (the table has the pairs done; a model not
+reached by then is skipped).
 
+On an H100 host (issue 29's GPU loops: 10 pairs of ~1 s loops per model, ~25-35 s each, ~100 s in all):
+
+    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model resnet18,mlp,gpt2 --seconds 1 \
+        --budget 130
     PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model tiny --steps 1000,10000,20000
-    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model mlp --steps 8000
-    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model resnet18 --steps 1500
-    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model gpt2 --steps 200
 """
 
 from __future__ import annotations
@@ -40,23 +47,27 @@ from _pairs import fmt_interval, measure_pairs, pin, table
 
 
 def run_loop(
-    step: Callable[[], None], n: int, device: torch.device, watch_kwargs: dict[str, Any] | None
+    step: Callable[[], None],
+    n: int,
+    device: torch.device,
+    watch_kwargs: dict[str, Any] | None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> tuple[float, Any]:
     """µs per step of ``n`` steps, plain (``watch_kwargs`` None) or wrapped in ``torchmem.watch()``; with the
     watcher's counts ``(readings, kept, source, verdict)`` when watched."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
-    t0 = time.perf_counter()
+    t0 = clock()
     if watch_kwargs is None:
         for _ in range(n):
             step()
         sync()
-        return (time.perf_counter() - t0) / n * 1e6, None
+        return (clock() - t0) / n * 1e6, None
     w = torchmem.watch(range(n), device=device, warn=False, **watch_kwargs)
     for _ in w:
         step()
     sync()
-    dt = (time.perf_counter() - t0) / n * 1e6
+    dt = (clock() - t0) / n * 1e6
     rep = w.report()
     if rep.leaking:
         print(f"  note: the watcher reported a leak: {rep.reason}", file=sys.stderr)
@@ -64,53 +75,72 @@ def run_loop(
     return dt, (readings, len(rep.series), rep.source, rep.verdict, w._stride)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--model", default="tiny", choices=MODELS)
-    ap.add_argument("--steps", default="1000,10000,100000")
-    ap.add_argument("--pairs", type=int, default=10)
-    ap.add_argument("--source", default="auto", help="watch()'s source (default: auto)")
-    ap.add_argument("--stride", type=int, default=None, help="watch()'s stride (default: chosen by it)")
-    ap.add_argument("--cpus", default=None, help="CPUs to pin to (default: the last one)")
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    dev = torch.device(args.device)
-    pinned = pin(args.cpus, args.threads, count=4 if dev.type == "cuda" else 1)
-    kwargs: dict[str, Any] = {"source": args.source}
-    if args.stride is not None:
-        kwargs["stride"] = args.stride
-    step, what = make_step(args.model, dev)
-    for _ in range(50):  # warm up: lazy init, allocator caches
+def probe_step_s(step: Callable[[], None], device: torch.device, seconds: float = 0.3) -> float:
+    """Seconds per step of ``step``, from as many steps as take about ``seconds`` (the first few timed to
+    size the rest)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    n = 4
+    while True:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        sync()
+        dt = time.perf_counter() - t0
+        if dt >= seconds or n >= 1 << 20:
+            return dt / n
+        n = max(n * 2, int(n * seconds / max(dt, 1e-6)))
+
+
+def bench_model(
+    name: str, dev: torch.device, args: argparse.Namespace, kwargs: dict[str, Any], deadline: float | None
+) -> list[Any]:
+    """The table's rows for one model: one per run length (no pair starts that would end past
+    ``deadline``)."""
+    t_setup = time.perf_counter()
+    step, what = make_step(name, dev)
+    for _ in range(50 if dev.type == "cuda" else 20):  # warm up: lazy init, allocator caches, autotuning
         step()
     for _ in torchmem.watch(range(20), device=dev, warn=False, **kwargs):  # the watcher's one-time work
         step()
-
-    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
+    step_s = probe_step_s(step, dev)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.seconds is not None:
+        lengths = [max(30, round(args.seconds / step_s))]
+    else:
+        lengths = [int(x) for x in args.steps.split(",")]
+    expect = sum(2 * args.pairs * n * step_s for n in lengths)
     print(
-        f"watch_cost — {datetime.date.today()}, {dev} ({where}), CPU {cpu_name()}, "
-        f"torch {torch.__version__}, python {platform.python_version()}, {pinned}"
-    )
-    print(
-        f"step: {what}; watch(source={args.source!r}); {args.pairs} interleaved pairs per length; "
-        "medians with 95 % intervals"
+        f"  {name}: {what}; {step_s * 1e6:.0f} µs/step; set-up {time.perf_counter() - t_setup:.1f} s; "
+        f"expect: {args.pairs} pairs x {lengths} steps ~ {expect:.0f} s",
+        file=sys.stderr,
     )
     rows = []
-    for n in (int(s) for s in args.steps.split(",")):
+    for n in lengths:
 
         def plain(n: int = n) -> tuple[float, Any]:
-            return run_loop(step, n, dev, None)
+            return run_loop(step, n, dev, None, clock)
 
         def watched(n: int = n) -> tuple[float, Any]:
-            return run_loop(step, n, dev, kwargs)
+            return run_loop(step, n, dev, kwargs, clock)
 
-        p = measure_pairs(plain, watched, args.pairs)
-        counts = p.extra[-1][1]
-        readings, kept, source, verdict, stride = counts
+        def stop(longest: float, n: int = n) -> bool:  # (before the first pair: the probe's estimate)
+            if deadline is not None and time.perf_counter() + max(longest, 2 * n * step_s) > deadline:
+                print(f"  {name}: stopped at the budget's end", file=sys.stderr)
+                return True
+            return False
+
+        p = measure_pairs(plain, watched, args.pairs, stop=stop)
+        readings, kept, source, verdict, stride = p.extra[-1][1]
+        plain_sorted = sorted(p.a)
+        spread = (plain_sorted[-1] - plain_sorted[0]) / plain_sorted[len(p.a) // 2] if p.a else 0.0
         rows.append(
             (
+                name,
                 n,
-                f"{sorted(p.a)[len(p.a) // 2]:.2f}",
+                p.n,
+                f"{plain_sorted[len(p.a) // 2]:.2f}",
+                f"{spread * 100:.1f}%",
                 f"{sorted(p.b)[len(p.b) // 2]:.2f}",
                 f"{p.diff_median():+.2f}",
                 fmt_interval(p.diff_interval(), "+.2f"),
@@ -122,12 +152,64 @@ def main() -> int:
                 verdict,
             )
         )
-        print(f"  {n} steps done: ratio {p.summary()}", file=sys.stderr)
+        print(f"  {name}, {n} steps done: ratio {p.summary()}", file=sys.stderr)
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--model", default="tiny", help=f"comma-separated, of {', '.join(MODELS)}")
+    ap.add_argument("--steps", default="1000,10000,100000")
+    ap.add_argument("--seconds", type=float, default=None, help="each loop ~ this long (instead of --steps)")
+    ap.add_argument("--pairs", type=int, default=10)
+    ap.add_argument("--budget", type=float, default=None, help="seconds in all: no pair starts past them")
+    ap.add_argument("--source", default="auto", help="watch()'s source (default: auto)")
+    ap.add_argument("--stride", type=int, default=None, help="watch()'s stride (default: chosen by it)")
+    ap.add_argument("--cpus", default=None, help="CPUs to pin to (default: the last one)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--clock",
+        default="wall",
+        choices=("wall", "cpu"),
+        help="time each loop by the wall clock (default) or by the process's CPU time (a shared CPU host)",
+    )
+    args = ap.parse_args()
+    models = [m.strip() for m in args.model.split(",") if m.strip()]
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; known: {MODELS}")
+    dev = torch.device(args.device)
+    pinned = pin(args.cpus, args.threads, count=4 if dev.type == "cuda" else 1)
+    kwargs: dict[str, Any] = {"source": args.source}
+    if args.stride is not None:
+        kwargs["stride"] = args.stride
+    where = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_name()
+    print(
+        f"watch_cost — {datetime.date.today()}, {dev} ({where}), CPU {cpu_name()}, "
+        f"torch {torch.__version__}, python {platform.python_version()}, {pinned}"
+    )
+    print(
+        f"watch(source={args.source!r}); {args.clock} clock; {args.pairs} interleaved pairs per length; "
+        "medians with 95 % "
+        "intervals; 'spread': (slowest - fastest) / median of the plain loops"
+    )
+    t0 = time.perf_counter()
+    deadline = t0 + args.budget if args.budget is not None else None
+    rows = []
+    for name in models:
+        if deadline is not None and time.perf_counter() > deadline:
+            print(f"  {name}: skipped (the budget is spent)", file=sys.stderr)
+            continue
+        rows += bench_model(name, dev, args, kwargs, deadline)
     print(
         table(
             (
+                "model",
                 "steps",
+                "pairs",
                 "plain µs",
+                "spread",
                 "watch µs",
                 "added µs",
                 "95% interval",
@@ -141,6 +223,7 @@ def main() -> int:
             rows,
         )
     )
+    print(f"({time.perf_counter() - t0:.0f} s in all)")
     return 0
 
 
