@@ -168,22 +168,9 @@ def loop_calls(
     """The functions the loop of the program's outermost frame that is in a loop calls, not in ``skip``
     (each one given is added to it), at most :data:`MAX_CALLS`: ``(owner, name, function, label)`` each
     (see the module's text). Where that loop's calls were all tried, the next frame inwards in a loop."""
-    from torchmem.capture.units import _is_user
+    from torchmem.capture.units import _is_user, program_frames
 
-    chain: list[FrameType] = []
-    f = frame
-    while f is not None:
-        chain.append(f)
-        f = f.f_back
-    chain.reverse()
-    start = None
-    if program:
-        start = next((i for i, fr in enumerate(chain) if fr.f_code.co_filename == program), None)
-    if start is None:
-        start = next((i for i, fr in enumerate(chain) if _is_user(fr)), None)
-    if start is None:
-        return
-    for fr in chain[start:]:
+    for fr in program_frames(frame, program):
         if not _is_user(fr):
             continue
         loop = innermost_loop(fr.f_code, fr.f_lasti)

@@ -62,6 +62,24 @@ def _stdlib(filename: str) -> bool:
 _GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200
 
 
+def program_frames(frame: FrameType | None, program: str | None = None) -> list[FrameType]:
+    """The stack of ``frame``, outermost first, from the outermost frame of the program's code (the first
+    frame of ``program``'s file where it is given — the launcher's frames before it are not the program's —
+    else the first frame of the user's code); empty where there is none."""
+    chain: list[FrameType] = []
+    f = frame
+    while f is not None:
+        chain.append(f)
+        f = f.f_back
+    chain.reverse()
+    start = None
+    if program:
+        start = next((i for i, fr in enumerate(chain) if fr.f_code.co_filename == program), None)
+    if start is None:
+        start = next((i for i, fr in enumerate(chain) if _is_user(fr)), None)
+    return [] if start is None else chain[start:]
+
+
 def candidate(
     frame: FrameType | None, skip: set[CodeType], program: str | None = None
 ) -> tuple[FrameType, FrameType] | None:
@@ -69,23 +87,10 @@ def candidate(
     callee is not in ``skip`` (candidates already tried), ``None`` where there is none. ``program``: the
     program's file (``torchmem run``'s script): its outermost frame starts the program's code (the
     launcher's frames before it are not the program's)."""
-    chain: list[FrameType] = []
-    f = frame
-    while f is not None:
-        chain.append(f)
-        f = f.f_back
-    chain.reverse()  # outermost first
-    start = None
-    if program:
-        start = next((i for i, fr in enumerate(chain) if fr.f_code.co_filename == program), None)
-    if start is None:
-        start = next((i for i, fr in enumerate(chain) if _is_user(fr)), None)
-    if start is None:
-        return None
-    user = [start]
-    for i in range(user[0], len(chain) - 1):
+    chain = program_frames(frame, program)
+    for i in range(len(chain) - 1):
         caller, callee = chain[i], chain[i + 1]
-        if not _is_user(caller) and i != user[0]:
+        if not _is_user(caller) and i != 0:
             continue
         code = callee.f_code
         if code in skip or code.co_name.startswith("<") or code.co_flags & _GENERATOR_FLAGS:
