@@ -16,11 +16,13 @@ from torchmem.lint._kept import KeptChecks, fixed_handful
 from torchmem.lint._syntax import (
     DATASET_METHODS,
     METER_NAMES,
+    RANK_VARS,
     TENSOR,
     container_key,
     dotted,
     has_star_kwargs,
     is_const,
+    is_const_in,
     is_dataset_class,
     is_eval_name,
     keyword_arg,
@@ -141,6 +143,8 @@ class Rules(KeptChecks):
             for b in scope.bindings.get(source.id, ())
         ):
             return
+        if self._one_process(scope, ctx, call):
+            return  # `if rank == 0:` / after `if rank > 0: return`: one process loads, not every rank
         if source is not None and self._saved_here(scope, source):
             return  # saved by this process a moment before: its devices are this process's
         if source is not None and self._loaded_elsewhere_with_map_location(scope, source):
@@ -165,10 +169,28 @@ class Rules(KeptChecks):
 
     @staticmethod
     def _saved_here(scope: Scope, source: ast.AST) -> bool:
-        text = ast.dump(source)
+        texts = {ast.dump(source)}
+        if isinstance(source, ast.Name):  # `path = f.name` after `torch.save(state, f.name)`
+            texts.update(ast.dump(b.value) for b in scope.bindings.get(source.id, ()) if b.value is not None)
         for kind, other, _ctx, _extra in scope.events:
             saved = kind == "save" and isinstance(other, ast.Call) and len(other.args) >= 2
-            if saved and ast.dump(other.args[1]) == text:  # type: ignore[attr-defined]
+            if saved and ast.dump(other.args[1]) in texts:  # type: ignore[attr-defined]
+                return True
+        return False
+
+    def _one_process(self, scope: Scope, ctx: Ctx, call: ast.Call) -> bool:
+        """Whether only one process reaches the call: under an `if` that tests for rank 0 (or the main
+        process), or after `if rank > 0: return` in the function's body."""
+        if any(_rank_zero_test(self.w.if_tests.get(if_id)) for if_id, _arm in ctx.branch):
+            return True
+        for s in getattr(scope.node, "body", ()):
+            if node_line(s) >= call.lineno:
+                break
+            if (
+                isinstance(s, ast.If)
+                and _rank_zero_test(s.test)
+                and any(isinstance(x, ast.Return) for x in s.body)
+            ):
                 return True
         return False
 
@@ -383,6 +405,8 @@ class Rules(KeptChecks):
             and self._no_workers(scope.cls.name)
         ):
             return  # every DataLoader of this file over the dataset loads in the main process
+        if "collate_fn" in role and self._collated_without_workers():
+            return  # every DataLoader of this file given a collate_fn collates in the main process
         for kind, node, _ctx, _extra in scope.events:
             if kind == "cuda" and isinstance(node, ast.Call) and self.flow.is_cuda_call(node):
                 self.add(
@@ -392,6 +416,25 @@ class Rules(KeptChecks):
                     "be initialised after a fork (and each worker would create its own CUDA context)",
                 )
                 return
+
+    def _collated_without_workers(self) -> bool:
+        """Whether this file gives collate functions to DataLoaders, all without workers (petastorm's
+        DataLoader has none: it collates in the main process)."""
+        found = False
+        for scope in self.w.scopes:
+            for kind, node, _ctx, _extra in scope.events:
+                if kind != "dataloader" or not isinstance(node, ast.Call):
+                    continue
+                if keyword_arg(node, "collate_fn") is None:
+                    continue
+                found = True
+                workers = keyword_arg(node, "num_workers")
+                if workers is not None and not (
+                    is_const(workers.value, None)
+                    or (isinstance(workers.value, ast.Constant) and workers.value.value == 0)
+                ):
+                    return False
+        return found
 
     def _no_workers(self, cls_name: str) -> bool:
         """Whether this file gives instances of ``cls_name`` to DataLoaders, all without workers."""
@@ -433,6 +476,37 @@ class Rules(KeptChecks):
         if name in self.facts.worker_names or "worker_init" in low:
             return f"`{name}` (a worker_init_fn)"
         return None
+
+
+def _rank_zero_test(test: ast.expr | None) -> bool:
+    """``rank == 0``, ``args.local_rank > 0``, ``os.environ.get("RANK", "0") == "0"``,
+    ``accelerator.is_main_process``, ``is_rank_zero()``: a test that singles out one process."""
+    if test is None:
+        return False
+    if isinstance(test, ast.UnaryOp):
+        return _rank_zero_test(test.operand)
+    if isinstance(test, ast.BoolOp):
+        return any(_rank_zero_test(v) for v in test.values)
+    if isinstance(test, ast.Call):
+        test = test.func
+    if isinstance(test, (ast.Name, ast.Attribute)):
+        name = last_name(test).lower()
+        return name.endswith(("main_process", "rank_zero", "global_zero", "is_master", "is_main"))
+    if isinstance(test, ast.Compare) and len(test.comparators) == 1:
+        sides = (test.left, test.comparators[0])
+        zero = any(isinstance(x, ast.Constant) and x.value in (0, "0") for x in sides)
+        ranked = any(
+            (
+                "rank" in last_name(n).lower()
+                if isinstance(n, (ast.Name, ast.Attribute))
+                else is_const_in(n, RANK_VARS)
+            )
+            for x in sides
+            for n in ast.walk(x)
+            if isinstance(n, (ast.Name, ast.Attribute, ast.Constant))
+        )
+        return zero and ranked
+    return False
 
 
 def check_tree(tree: ast.Module, path: str) -> list[RawFinding]:

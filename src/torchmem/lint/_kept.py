@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from torchmem.lint._syntax import TENSOR, dotted, is_eval_name, last_name, node_line, short
+from torchmem.lint._syntax import TENSOR, TORCH_FRESH, dotted, is_eval_name, last_name, node_line, short
 from torchmem.lint._walk import Ctx, Loop, Scope, names_in
 
 if TYPE_CHECKING:
@@ -142,6 +142,12 @@ class KeptChecks:
             return  # `deque(maxlen=n)`: a ring of the last n, it does not grow with the run
         if fixed_handful(lives):
             return  # `for model in (ref, test):` keeps one value per listed case, not one per step
+        if (
+            ctx.no_grad
+            and isinstance(node, ast.Subscript)
+            and self._made_by_torch(scope, key, node_line(node))
+        ):
+            return  # `losses[i] = loss` under no_grad into `torch.zeros(n)`: the value is copied, not kept
         if ctx.no_grad and not isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
             return  # made under no_grad
         line = node_line(node) + 1
@@ -177,6 +183,17 @@ class KeptChecks:
             f"`{key}` {verb} `{short(value)}`, a tensor that carries its autograd graph, across the "
             f"iterations of a training loop (line {node_line(loop.node)}): {grows}",
         )
+
+    @staticmethod
+    def _made_by_torch(scope: Scope, key: str, line: int) -> bool:
+        """Whether the container is a tensor made by a torch factory (``torch.zeros(n, device=d)``)."""
+        bound = [b for b in scope.bindings.get(key, ()) if b.line < line and b.value is not None]
+        if not bound:
+            return False
+        value = max(bound, key=lambda b: b.line).value
+        func = value.func if isinstance(value, ast.Call) else None
+        root = dotted(func.value) if isinstance(func, ast.Attribute) else None
+        return root == "torch" and last_name(func) in TORCH_FRESH  # type: ignore[arg-type]
 
     def _bounded(self, scope: Scope, key: str, line: int) -> bool:
         """Whether the container is a ``deque`` made with a ``maxlen`` (here, at module level, or in the

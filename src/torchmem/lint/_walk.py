@@ -48,6 +48,23 @@ _NOT_CHILDREN = frozenset({"ctx", "op", "ops", "attr", "id", "arg", "conversion"
 _CHILD_FIELDS: dict[type[ast.AST], tuple[str, ...]] = {}
 _JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
 Branch: TypeAlias = tuple[tuple[int, int], ...]
+# Methods whose result requires grad when their receiver does (what `.numpy()` of it would refuse).
+_KEEP_GRAD = frozenset(
+    {
+        "cpu",
+        "float",
+        "double",
+        "half",
+        "to",
+        "contiguous",
+        "squeeze",
+        "unsqueeze",
+        "reshape",
+        "view",
+        "clone",
+        "flatten",
+    }
+)
 
 
 # -- what the walk records ----------------------------------------------------------------------------------
@@ -149,6 +166,8 @@ class Walker:
         self.facts = ModuleFacts()
         self.scopes: list[Scope] = []
         self.functions: dict[str, Scope] = {}  # functions by name; methods as "Class.name"
+        self.if_tests: dict[int, ast.expr] = {}  # the test of each `if`, by the id a Ctx.branch names
+        self._gradless: set[int] = set()  # model calls whose output is `.numpy()`-ed as it is
         name = path.replace("\\", "/").rsplit("/", 1)[-1]
         stem = name[:-3] if name.endswith(".py") else name
         self.test_file = (  # pytest's own patterns, and a collection of tests (`torch_stub_tests.py`)
@@ -301,6 +320,7 @@ class Walker:
             self._body(s.orelse, scope, ctx)
         elif isinstance(s, ast.If):
             self._expr(s.test, scope, ctx)
+            self.if_tests[id(s)] = s.test
             guard = ctx.guard
             if ctx.loop is not None and not self._availability_test(s.test):
                 guard = ctx.loop
@@ -606,6 +626,8 @@ class Walker:
                 scope.events.append(("sink", call, ctx, None))
             elif name == "graph" and isinstance(func, ast.Attribute) and last_name(func.value) == "cuda":
                 self.facts.cuda_graphs = True
+        if name == "numpy" and isinstance(func, ast.Attribute) and not call.args:
+            self._numpy_of(func.value)
         if name in ("add_", "copy_", "zero_") and last_name(getattr(func, "value", func)) == "grad":
             self.facts.grad_inplace = True
         if is_cuda_use(call):
@@ -625,6 +647,7 @@ class Walker:
             not ctx.no_grad
             and loop is not None
             and (call.args or call.keywords)
+            and id(call) not in self._gradless
             and is_model_callee(func)
             and not (isinstance(func, ast.Name) and func.id[:1].isupper())  # a class: makes a model
         ):
@@ -636,6 +659,27 @@ class Walker:
             if outer not in scope.eval_loops:
                 scope.eval_loops.append(outer)
         # the children: the caller's walk visits them (no recursion per call)
+
+    def _numpy_of(self, recv: ast.expr) -> None:
+        """``model(x)[0].cpu().numpy()``: ``.numpy()`` raises on a tensor that requires grad, so a model call
+        whose output reaches it with nothing cutting the graph (``.detach()``, ``.data``) records none
+        (its module has no trainable parameters, or grad is off where it runs)."""
+        node: ast.AST = recv
+        while True:
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in _KEEP_GRAD
+            ):
+                node = node.func.value
+            elif isinstance(node, ast.Subscript) or (
+                isinstance(node, ast.Attribute) and node.attr not in ("data", "grad")
+            ):
+                node = node.value
+            else:
+                break
+        if isinstance(node, ast.Call) and is_model_callee(node.func):
+            self._gradless.add(id(node))
 
     @staticmethod
     def _mark_training(loop: Loop | None, call: ast.Call | None, retains: bool) -> None:

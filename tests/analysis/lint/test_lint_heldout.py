@@ -447,3 +447,110 @@ def test_empty_cache_between_listed_shapes_is_not_per_step() -> None:
 
 def test_empty_cache_on_every_step_of_a_data_loop_is_still_flagged() -> None:
     assert codes(SWEEP.format(shapes="loader"), "test_gemm.py") == ["TM003"]
+
+
+# == set D of docs/lint_corpus.md (measured once after the fixes of A, B and C) ===========================
+RANKED = """
+import os
+local_rank = int(os.environ["LOCAL_RANK"])
+torch.cuda.set_device(local_rank)
+rank = torch.distributed.get_rank()
+"""
+
+
+# -- one process loads (trlx, TransformerEngine and fairscale tests, 4 false TM006) -----------------------
+def test_a_load_only_rank_zero_runs_is_not_per_rank() -> None:
+    assert codes(RANKED + "if rank == 0:\n    ref = torch.load('ref.pt')\n") == []
+    assert codes(RANKED + "if os.environ.get('RANK', '0') == '0':\n    ref = torch.load('ref.pt')\n") == []
+    assert codes(RANKED + "if accelerator.is_main_process:\n    ref = torch.load('ref.pt')\n") == []
+    src = (
+        RANKED
+        + "def check(fsdp, paths):\n    if fsdp.rank > 0:\n        return\n"
+        + "    return [torch.load(p) for p in paths]\n"
+    )
+    assert codes(src) == []
+
+
+def test_a_load_every_rank_runs_is_still_flagged() -> None:
+    assert codes(RANKED + "ref = torch.load('ref.pt')\n") == ["TM006"]
+    assert codes(RANKED + "if local_rank == -1:\n    raise RuntimeError\nref = torch.load('ref.pt')\n") == [
+        "TM006"
+    ]
+    src = (
+        RANKED
+        + "def check(fsdp, paths):\n    if fsdp.rank > 0:\n        log('not main')\n"
+        + "    return [torch.load(p) for p in paths]\n"
+    )
+    assert codes(src) == ["TM006"]
+
+
+# -- a file this process saved a moment before, reached through a name (TransformerEngine, 2 false TM006) --
+def test_a_load_of_what_was_just_saved_through_a_name_is_this_process_s() -> None:
+    src = RANKED + (
+        "def roundtrip(model):\n"
+        "    with tempfile.NamedTemporaryFile(delete=False) as f:\n"
+        "        torch.save(model.state_dict(), f.name)\n"
+        "        path = f.name\n"
+        "    return torch.load(path)\n"
+    )
+    assert codes(src) == []
+    assert codes(src.replace("torch.save(model.state_dict(), f.name)", "write(f)")) == ["TM006"]
+
+
+# -- values copied into a preallocated tensor under no_grad (open-instruct's reward model, a false TM001) --
+METRICS = """
+losses = torch.zeros((accum,), device=device)
+kept = []
+for i, batch in enumerate(loader):
+    loss = F.cross_entropy(model(batch), batch.y)
+    loss.backward()
+    optimizer.step()
+    with torch.no_grad():
+        {store}
+"""
+
+
+def test_a_value_copied_into_a_torch_tensor_under_no_grad_is_not_kept() -> None:
+    assert codes(METRICS.format(store="losses[i % accum] = loss")) == []
+
+
+def test_a_value_stored_in_a_list_under_no_grad_is_still_kept() -> None:
+    assert codes(METRICS.format(store="kept.append(loss)")) == ["TM001"]
+
+
+# -- a collate_fn given only to loaders without workers (ReAgent's petastorm loaders, 2 false TM005) ------
+COLLATE = """
+def collate_fn(batch):
+    return torch.stack(batch).cuda()
+loader = DataLoader(reader, batch_size=8, collate_fn=collate_fn{workers})
+"""
+
+
+def test_a_collate_fn_that_runs_in_the_main_process_may_use_cuda() -> None:
+    assert codes(COLLATE.format(workers="")) == []
+    assert codes(COLLATE.format(workers=", num_workers=0")) == []
+
+
+def test_a_collate_fn_given_to_workers_is_still_flagged() -> None:
+    assert codes(COLLATE.format(workers=", num_workers=4")) == ["TM005"]
+
+
+# -- `.numpy()` of the output proves no graph (seamless_communication's sinusoidal encoder, a false TM002) --
+ENCODER = """
+def test_positions_with_cache(seq):
+    pos_encoder = SinusoidalPositionEncoder(1024, 55)
+    pos_encoder.eval()
+    for t in range(20):
+        y_exp = pos_encoder(seq[:, t : t + 1, :], None){tail}
+        check(y_exp)
+"""
+
+
+def test_a_forward_whose_output_is_numpy_ed_as_it_is_records_no_graph() -> None:
+    assert codes(ENCODER.format(tail=".numpy()"), "check_unity.py") == []
+    assert codes(ENCODER.format(tail=".cpu().numpy()"), "check_unity.py") == []
+
+
+def test_a_forward_detached_before_numpy_may_still_record_one() -> None:
+    assert codes(ENCODER.format(tail=".detach().numpy()"), "check_unity.py") == ["TM002"]
+    assert codes(ENCODER.format(tail=""), "check_unity.py") == ["TM002"]

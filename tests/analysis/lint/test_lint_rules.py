@@ -300,7 +300,7 @@ def test_tm004_gan_two_losses_in_one_step_is_fine() -> None:
         ("def my_collate(batch):\n    return torch.stack(batch).to('cuda')\n", 2),
         (
             "def pad(batch):\n    return torch.tensor(batch, device='cuda')\n"
-            "DataLoader(ds, collate_fn=pad)\n",
+            "DataLoader(ds, collate_fn=pad, num_workers=2)\n",
             2,
         ),
         ("def init(i):\n    torch.zeros(1).cuda()\nDataLoader(ds, worker_init_fn=init)\n", 2),
@@ -309,7 +309,7 @@ def test_tm004_gan_two_losses_in_one_step_is_fine() -> None:
             "class D(Dataset):\n    def __getitem__(self, i):\n        return self.x[i].to(device)\n",
             4,
         ),
-        ("DataLoader(ds, collate_fn=lambda b: torch.stack(b).cuda())\n", 1),
+        ("DataLoader(ds, collate_fn=lambda b: torch.stack(b).cuda(), num_workers=2)\n", 1),
     ],
 )
 def test_tm005_flags_cuda_in_the_data_pipeline(src: str, line: int) -> None:
