@@ -30,11 +30,13 @@ that is said), and no pair starts that would end past the budget (the table then
 than 6 leave the interval out). ``--loop-seconds S`` asks for loops of S seconds instead. Both print what
 they expect.
 
-On an H100 host (issue 29's GPU loops, each ~120 s with these knobs):
+On an H100 host (issue 29's GPU loops, each at most 120 s with these knobs; the probe at scale 0.1 runs ~1 s
+loops there):
 
-    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs resnet18 --budget 110
-    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs hostbound_mlp --budget 110
-    PYTHONPATH=src python3 benchmarks/run_cost.py --device cuda --programs gpt_train --budget 110
+    export PYTHONPATH=src
+    python3 benchmarks/run_cost.py --device cuda --budget 120 --scale 0.1 --programs resnet18
+    python3 benchmarks/run_cost.py --device cuda --budget 120 --scale 0.1 --programs hostbound_mlp
+    python3 benchmarks/run_cost.py --device cuda --budget 120 --scale 0.1 --programs gpt_train
 
 ``--device`` (default: cuda if available, else cpu) reaches the programs as ``--device`` and as
 ``TORCHMEM_BENCH_DEVICE``; ``--scale`` multiplies each program's default number of steps (through
