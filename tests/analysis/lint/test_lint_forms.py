@@ -701,6 +701,60 @@ FORMS: list[tuple[str, str, str, str]] = [
         """,
         "x.detach()",
     ),
+    # -- forms met in the held-out corpora of issue 30 (docs/lint_corpus.md) ---------------------------------
+    (
+        "a calibration loop after model.eval() (torchao, TorchServe)",
+        "TM002",
+        """
+        def calibrate(model, calib_loader):
+            model.eval()
+            for x in calib_loader:
+                model(x)
+        """,
+        "@torch.no_grad()",
+    ),
+    (
+        "eager generation feeding its KV caches back (ExecuTorch's Core ML llama runner)",
+        "TM002",
+        """
+        def run_eager(model, tokens, k_caches, v_caches, steps):
+            model.eval()
+            for _ in range(steps):
+                logits, k_caches, v_caches = model(tokens, k_caches, v_caches)
+                tokens = logits.argmax(-1)
+            return tokens
+        """,
+        "@torch.no_grad()",
+    ),
+    (
+        "outputs kept after y.backward(dy) (TransformerEngine's tests)",
+        "TM001",
+        """
+        ys = []
+        for x, dy in zip(xs, dys):
+            optimizer.zero_grad()
+            y = model(x)
+            y.backward(dy)
+            optimizer.step()
+            ys.append(y)
+        """,
+        "y.detach()",
+    ),
+    (
+        "state chained through softmax with retain_graph=True (ReAgent's estimator)",
+        "TM004",
+        """
+        x = torch.zeros((1, n), requires_grad=True)
+        opt = torch.optim.SGD([x], lr=0.1)
+        for i in range(100):
+            x = F.softmax(x, dim=1)
+            y = torch.mm(torch.mm(x, cov), x.t())
+            opt.zero_grad()
+            y.backward(retain_graph=True)
+            opt.step()
+        """,
+        "no retain_graph",
+    ),
     # -- the other rules, in realistic shapes ----------------------------------------------------------------
     (
         "empty_cache() every step",
@@ -834,6 +888,8 @@ def _clean(form: str, wrong: str, fix: str) -> str:
             "self.outputs[name + str(len(self.outputs))] = x.detach()"
         ),
         "zero_grad(set_to_none=False)": "zero_grad()",
+        "ys.append(y)": "ys.append(y.detach())",
+        "y.backward(retain_graph=True)": "y.backward()",
         ".cuda()\ny = ": "\ny = ",
         "(100,)).cuda()": "(100,))",
     }
