@@ -60,9 +60,19 @@ class Loud:
         pass
 
 
-def _frame_of(thread: threading.Thread) -> FrameType:
-    frame = sys._current_frames()[thread.ident]  # type: ignore[index]
-    return frame
+def _calls_seen_in(body: Any) -> list[Any]:
+    """What :func:`loop_calls` finds on a look at ``body(ready, stop)`` running on a thread of its own."""
+    ready, stop = threading.Event(), threading.Event()
+    t = threading.Thread(target=body, args=(ready, stop), daemon=True)
+    t.start()
+    try:
+        assert ready.wait(5)
+        time.sleep(0.02)
+        frame: FrameType = sys._current_frames()[t.ident]  # type: ignore[index]
+        return list(loop_calls(frame, set()))
+    finally:
+        stop.set()
+        t.join()
 
 
 def _looping(body: Any, ready: threading.Event, stop: threading.Event) -> threading.Thread:
@@ -86,14 +96,7 @@ def test_the_loop_s_calls_are_found_at_any_line_of_the_loop() -> None:
                 _ = loud.boom
             time.sleep(0.002)  # where the look mostly finds the frame: not inside any call
 
-    ready, stop = threading.Event(), threading.Event()
-    t = _looping(body, ready, stop)
-    try:
-        time.sleep(0.02)
-        found = list(loop_calls(_frame_of(t), set()))
-    finally:
-        stop.set()
-        t.join()
+    found = _calls_seen_in(body)
     labels = [(name, label, type(owner).__name__) for owner, name, _fn, label in found]
     # the instance's wrapped update (in its dict) and the class's method; torch.rand, the builtin sleep,
     # stop.is_set (the standard library's) are not; the property is never read
@@ -111,15 +114,7 @@ def test_code_outside_a_loop_gives_no_call() -> None:
         ready.set()
         stop.wait(5)  # waiting, not looping: the frame is at no loop's line
 
-    ready, stop = threading.Event(), threading.Event()
-    t = _looping(body, ready, stop)
-    try:
-        time.sleep(0.02)
-        found = list(loop_calls(_frame_of(t), set()))
-    finally:
-        stop.set()
-        t.join()
-    assert found == []
+    assert _calls_seen_in(body) == []
 
 
 def test_loops_and_dotted_names_are_read_from_the_bytecode() -> None:
