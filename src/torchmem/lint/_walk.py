@@ -309,7 +309,7 @@ class Walker:
             inner = Ctx(loop, ctx.no_grad, None, False, branch=ctx.branch)
             self._bind(s.target, None, scope, inner)
             self._elements_of(s.target, s.iter, scope, ())
-            loop.targets = {n.id for n in ast.walk(s.target) if isinstance(n, ast.Name)}
+            loop.targets = _target_names(s.target)
             self._body(s.body, scope, inner)
             self._body(s.orelse, scope, ctx)
         elif isinstance(s, ast.While):
@@ -703,6 +703,23 @@ def _push_children(n: ast.AST, cls: type[ast.AST], stack: list[ast.AST]) -> None
             stack.extend([x for x in v if x is not None])
         elif isinstance(v, ast.AST):
             stack.append(v)
+
+
+def _target_names(target: ast.AST) -> set[str]:
+    """The names a for target binds (``i``, ``(k, (a, b))``, ``*rest``), without a full ``ast.walk``."""
+    if target.__class__ is ast.Name:
+        return {target.id}  # type: ignore[attr-defined]
+    out: set[str] = set()
+    todo = [target]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, (ast.Tuple, ast.List)):
+            todo.extend(n.elts)
+        elif isinstance(n, ast.Starred):
+            todo.append(n.value)
+    return out
 
 
 def names_in(expr: ast.AST) -> set[str]:
