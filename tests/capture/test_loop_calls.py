@@ -244,3 +244,67 @@ def test_a_unit_whose_calls_are_long_is_kept_while_it_runs() -> None:
         f.remove()
     assert found == ["epoch() call"], found
     assert len(steps) >= 3 and f.label == "epoch() call"  # found once: never let go while it ran
+
+
+class Vocabulary:
+    def __init__(self) -> None:
+        self.index: dict[str, int] = {}
+
+    def add_word(self, word: str) -> int:
+        return self.index.setdefault(word, len(self.index))
+
+
+def test_a_call_of_a_few_microseconds_makes_a_step_of_a_run_of_calls() -> None:
+    """A tokenizer's ``add_word`` (a few µs a call) as the unit: reading memory at each return would cost the
+    program several times its own time; each step is a run of calls lasting about half a millisecond."""
+    steps: list[int] = []
+    found: list[str] = []
+    vocab = Vocabulary()
+    f: list[UnitFinder] = []
+    stop = threading.Event()
+
+    def sampler() -> None:
+        while not stop.wait(0.01):
+            if f:
+                f[0].sample()
+
+    s = threading.Thread(target=sampler)
+    s.start()
+    f.append(UnitFinder(lambda: steps.append(1), found.append, found.append, threading.get_ident()))
+    t0 = time.monotonic()
+    calls = 0
+    try:
+        while time.monotonic() - t0 < 1.0:
+            for word in ("a", "b", "c", "d"):
+                vocab.add_word(word)
+                calls += 1
+    finally:
+        stop.set()
+        s.join()
+        f[0].remove()
+    assert len(found) == 1 and found[0].startswith("run of "), found
+    every = int(found[0].split()[2])
+    assert every >= 8 and found[0].endswith(" Vocabulary.add_word() calls"), found
+    assert 0 < len(steps) <= calls // every + 1
+
+
+def test_calls_of_a_millisecond_are_a_step_each() -> None:
+    steps: list[int] = []
+    found: list[str] = []
+    f = UnitFinder(lambda: steps.append(1), found.append, found.append, threading.get_ident())
+    stop = threading.Event()
+
+    def sampler() -> None:
+        while not stop.wait(0.01):
+            f.sample()
+
+    s = threading.Thread(target=sampler)
+    s.start()
+    try:
+        for _ in range(60):
+            epoch(0.002)
+    finally:
+        stop.set()
+        s.join()
+        f.remove()
+    assert found == ["epoch() call"], found

@@ -33,6 +33,9 @@ _MAX_CANDIDATES = 12
 # loop the program left (a set-up loop): the loop the program runs now is looked for (at most _RETIRE times).
 _STALE_S = 3.0
 _RETIRE = 3
+# The shortest step a unit makes: shorter calls are counted in runs of k (a power of two, at most _MAX_EVERY).
+_MIN_STEP_S = 0.0005
+_MAX_EVERY = 4096
 
 
 def _origin_of(frame: FrameType) -> int:
@@ -252,7 +255,7 @@ class UnitFinder:
     def _wrap_target(self, owner: Any, name: str, fn: Any, code: CodeType, bound: str | None) -> None:
         label = f"{bound or (code.co_qualname if hasattr(code, 'co_qualname') else name)}() call"
         finder = self
-        calls = [0]
+        calls: list[Any] = [0, 0.0, 1, label]  # returns, the first's time, returns a step, the label shown
         func = getattr(fn, "__func__", fn)
 
         def unit(*args: Any, **kwargs: Any) -> Any:
@@ -293,18 +296,31 @@ class UnitFinder:
                 setattr(owner, name, wrapped)
             self._undo.append(undo)
 
-    def _returned(self, calls: list[int], label: str, code: CodeType) -> None:
+    def _returned(self, calls: list[Any], label: str, code: CodeType) -> None:
         if threading.get_ident() != self._thread or self._off:
             return
-        calls[0] += 1
+        n = calls[0] = calls[0] + 1
+        if n % calls[2] and self.label == label:
+            return  # a call of a run of calls that makes one step (a unit of a few µs)
+        if n == 1:
+            calls[1] = time.monotonic()
         if self.label is None:
-            if calls[0] < _REPEATS:
+            if n < _REPEATS:
                 return
+            if calls[2] == 1:
+                # A call of a few µs (a tokenizer's add_word) is no step to read memory at: every k-th return
+                # ends one, k the least power of two that makes a step last _MIN_STEP_S.
+                gap = (time.monotonic() - calls[1]) / (n - 1)
+                every = 1
+                while every * gap < _MIN_STEP_S and every < _MAX_EVERY:
+                    every *= 2
+                calls[2] = every
+                calls[3] = label if every == 1 else f"run of {every} {label}s"
             self.label = label
             self._unit_code = code
             self._gap = 0.0
             self._last_return = time.monotonic()
-            self._on_found(label)
+            self._on_found(calls[3])
         elif self.label != label:
             return
         now = time.monotonic()
