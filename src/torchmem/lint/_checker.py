@@ -50,6 +50,7 @@ class Rules(KeptChecks):
         self.facts = walker.facts
         self.out: list[RawFinding] = []
         self.flow = DataFlow(walker.module.bindings, walker.functions)
+        self.flow.module_frozen = walker.module.frozen
         self.kept_eval_scopes: set[int] = set()
         self._feeding: dict[int, set[str]] = {}
         self._reset_attrs: dict[int, set[str]] = {}
@@ -361,8 +362,13 @@ class Rules(KeptChecks):
             for key, bound in scope.bindings.items()
             if any(isinstance(b.value, ast.Call) and last_name(b.value.func) == "eval" for b in bound)
         }
+        frozen = scope.frozen | self.w.module.frozen
         for loop in scope.eval_loops:
-            calls = [c for c in loop.model_calls if self.flow.function_of(c, scope) is None]
+            calls = [
+                c
+                for c in loop.model_calls
+                if self.flow.function_of(c, scope) is None and not self._called_on(c, frozen)
+            ]  # a model whose parameters require no grad records no graph from data
             if not named:  # the model put in eval() mode is the one called (not a parameterless helper)
                 receivers = bound_eval | {  # an eval() in the other arm of an `if` is not this loop's
                     key

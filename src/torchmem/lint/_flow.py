@@ -22,6 +22,7 @@ from torchmem.lint._syntax import (
     TORCH_FRESH,
     TORCH_ROOTS,
     UNKNOWN,
+    container_key,
     dotted,
     is_const,
     is_loss_callee,
@@ -50,6 +51,8 @@ class DataFlow:
         self.assume_in: Scope | None = None
         #: Inside a module's forward: ``self.<sub>(x)`` of a tensor is a submodule's output.
         self.forward_mode = False
+        #: Models frozen at module level (``model.requires_grad_(False)``).
+        self.module_frozen: set[str] = set()
 
     def function_of(self, call: ast.Call, scope: Scope) -> Scope | None:
         """The function of this file a call runs: ``f(...)`` (a def in the module or an enclosing function)
@@ -246,7 +249,7 @@ class DataFlow:
             if name == "abs" and len(call.args) == 1:
                 return self.kind(call.args[0], scope, line, depth + 1)
             if is_model_callee(func):
-                return TENSOR
+                return SAFE if self._frozen_call(call, scope, line, depth) else TENSOR
             if is_loss_callee(func):
                 return self._loss_kind(call, scope, line, depth)
             return UNKNOWN
@@ -275,10 +278,25 @@ class DataFlow:
                 return TENSOR
             return UNKNOWN
         if is_model_callee(func):
-            return TENSOR
+            return SAFE if self._frozen_call(call, scope, line, depth) else TENSOR
         if is_loss_callee(func):
             return self._loss_kind(call, scope, line, depth)
         return UNKNOWN
+
+    def _frozen_call(self, call: ast.Call, scope: Scope, line: int, depth: int) -> bool:
+        """A model whose parameters were set not to require grad, called on values that carry no graph
+        (data): nothing records one. (A frozen discriminator on a generator's output still does.)"""
+        frozen = scope.frozen | self.module_frozen
+        if not frozen:
+            return False
+        func = call.func
+        if isinstance(func, ast.Attribute) and func.attr == "forward":
+            func = func.value
+        key = container_key(func)
+        if key is None or not any(key == f or key.startswith(f + ".") for f in frozen):
+            return False
+        args = [*call.args, *(k.value for k in call.keywords)]
+        return all(self.kind(a, scope, line, depth + 1) != TENSOR for a in args)
 
     def _loss_kind(self, call: ast.Call, scope: Scope, line: int, depth: int) -> int:
         """A loss computed from predictions that carry no graph (logits made under no_grad) has none: SAFE

@@ -38,6 +38,7 @@ _CUDA_GRAPH_NAMES = frozenset({"CUDAGraph", "make_graphed_callables"})
 _CALLS_OF_NOTE = frozenset(
     {
         "backward", "manual_backward", "grad", "step", "zero_grad", "empty_cache", "eval", "append",
+        "requires_grad_",
         "appendleft", "insert", "add", "extend", "detach_", "save", "clear", "pop", "popleft", "popitem",
         "load", "init_process_group", "set_device", "get", "getenv", "set_start_method", "set_grad_enabled",
         "remove", "DataLoader", "update", "graph", *HOOK_METHODS, *SINK_METHODS,
@@ -135,6 +136,7 @@ class Scope:
     eval_called: bool = False
     eval_receivers: set[str] = field(default_factory=set)  # `model` of `model.eval()`, `model.cuda().eval()`
     eval_branches: dict[str, list[Branch]] = field(default_factory=dict)  # where each receiver's eval() is
+    frozen: set[str] = field(default_factory=set)  # `model` of `model.requires_grad_(False)` (no graph)
     events: list[tuple[str, ast.AST, Ctx, object]] = field(default_factory=list)
     eval_loops: list[Loop] = field(default_factory=list)  # outermost loops with a model call, in order
     grad_maybe: bool = False  # set_grad_enabled(<a variable>): autograd may be off, not known
@@ -229,6 +231,8 @@ class Walker:
             return
         if isinstance(target, ast.Attribute):
             self._expr(target.value, scope, ctx)
+        if isinstance(value, ast.Call) and _freezes(value):
+            scope.frozen.add(key)  # model = Net().eval().requires_grad_(False)
         bound = scope.bindings.setdefault(key, [])
         bound.append(
             Binding(node_line(target), int(getattr(target, "col_offset", 0)), value, ctx.no_grad, index)
@@ -400,6 +404,8 @@ class Walker:
     def _assign_target(self, t: ast.expr, value: ast.expr, scope: Scope, ctx: Ctx) -> None:
         if isinstance(t, ast.Attribute) and t.attr == "grad" and not is_const(value, None):
             self.facts.grad_inplace = True  # `p.grad = torch.empty_like(p)`: buffers the program allocates
+        if isinstance(t, ast.Attribute) and t.attr == "requires_grad" and is_const(value, False):
+            self._freeze(t.value, scope, ctx)  # `for p in model.parameters(): p.requires_grad = False`
         if isinstance(t, ast.Subscript):
             container = container_key(t.value)
             self._expr(t, scope, ctx)
@@ -561,6 +567,8 @@ class Walker:
                 base = dotted(func.value) if isinstance(func, ast.Attribute) else ""
                 if base is None or base.startswith("torch") or base in ("cuda", "mps", "xpu") or base == "":
                     scope.events.append(("empty_cache", call, ctx, None))
+            elif name == "requires_grad_" and isinstance(func, ast.Attribute) and _turns_off(call):
+                self._freeze(func.value, scope, ctx)
             elif name == "eval" and isinstance(func, ast.Attribute) and not call.args and not call.keywords:
                 scope.eval_called = True
                 recv = func.value
@@ -660,6 +668,27 @@ class Walker:
                 scope.eval_loops.append(outer)
         # the children: the caller's walk visits them (no recursion per call)
 
+    @staticmethod
+    def _freeze(recv: ast.expr, scope: Scope, ctx: Ctx) -> None:
+        """Record the model whose parameters stop requiring grad: ``model.requires_grad_(False)``,
+        ``model.eval().requires_grad_(False)``, or a parameter of ``for p in model.parameters():``."""
+        while isinstance(recv, ast.Call) and isinstance(recv.func, ast.Attribute):
+            recv = recv.func.value  # model.eval().requires_grad_(False), model.to(d).requires_grad_(False)
+        loop = ctx.loop
+        if (
+            isinstance(recv, ast.Name)
+            and loop is not None
+            and recv.id in loop.targets
+            and isinstance(loop.node, (ast.For, ast.AsyncFor))
+            and isinstance(loop.node.iter, ast.Call)
+            and last_name(loop.node.iter.func) in ("parameters", "named_parameters")
+            and isinstance(loop.node.iter.func, ast.Attribute)
+        ):
+            recv = loop.node.iter.func.value  # for p in model.parameters(): p.requires_grad_(False)
+        key = container_key(recv)
+        if key is not None:
+            scope.frozen.add(key)
+
     def _numpy_of(self, recv: ast.expr) -> None:
         """``model(x)[0].cpu().numpy()``: ``.numpy()`` raises on a tensor that requires grad, so a model call
         whose output reaches it with nothing cutting the graph (``.detach()``, ``.data``) records none
@@ -703,6 +732,21 @@ def _push_children(n: ast.AST, cls: type[ast.AST], stack: list[ast.AST]) -> None
             stack.extend([x for x in v if x is not None])
         elif isinstance(v, ast.AST):
             stack.append(v)
+
+
+def _freezes(value: ast.expr) -> bool:
+    """A call chain with ``.requires_grad_(False)`` in it."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+        if value.func.attr == "requires_grad_" and _turns_off(value):
+            return True
+        value = value.func.value
+    return False
+
+
+def _turns_off(call: ast.Call) -> bool:
+    """``requires_grad_(False)`` / ``requires_grad_(requires_grad=False)`` (no argument means True)."""
+    arg = call.args[0] if call.args else getattr(keyword_arg(call, "requires_grad"), "value", None)
+    return is_const(arg, False)
 
 
 def _target_names(target: ast.AST) -> set[str]:

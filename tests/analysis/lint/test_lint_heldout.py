@@ -554,3 +554,41 @@ def test_a_forward_whose_output_is_numpy_ed_as_it_is_records_no_graph() -> None:
 def test_a_forward_detached_before_numpy_may_still_record_one() -> None:
     assert codes(ENCODER.format(tail=".detach().numpy()"), "check_unity.py") == ["TM002"]
     assert codes(ENCODER.format(tail=""), "check_unity.py") == ["TM002"]
+
+
+# == after set E: a model frozen in the file (the kind of E's EDM finding, frozen there in another file) ==
+FROZEN = """
+def sample(net, loader):
+    {freeze}
+    outs = []
+    for x in loader:
+        outs.append(net(x))
+    return outs
+"""
+
+
+def test_a_model_frozen_in_the_function_records_no_graph_from_data() -> None:
+    assert codes(FROZEN.format(freeze="net.eval().requires_grad_(False)")) == []
+    loop = "for p in net.parameters():\n        p.requires_grad = False"
+    assert codes(FROZEN.format(freeze=loop)) == []
+    assert codes(FROZEN.format(freeze="net = build().requires_grad_(requires_grad=False)")) == []
+
+
+def test_a_model_not_frozen_or_unfrozen_is_still_flagged() -> None:
+    assert codes(FROZEN.format(freeze="net.eval()")) == ["TM010"]
+    assert codes(FROZEN.format(freeze="net.eval().requires_grad_()")) == ["TM010"]
+    assert codes(FROZEN.format(freeze="net.eval(); other.requires_grad_(False)")) == ["TM010"]
+
+
+def test_a_frozen_model_on_a_graph_carrying_input_still_carries_the_graph() -> None:
+    src = """
+    discriminator.requires_grad_(False)
+    kept = []
+    for z in noise:
+        fake = generator(z)
+        loss = discriminator(fake).mean()
+        loss.backward()
+        opt_g.step()
+        kept.append(loss)
+    """
+    assert codes(src) == ["TM001"]
