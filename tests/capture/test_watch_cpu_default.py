@@ -91,12 +91,13 @@ def _busy(seconds: float) -> None:
         pass
 
 
-@pytest.mark.parametrize(("reading_s", "early"), [(50e-6, True), (1e-3, False)])
+@pytest.mark.parametrize(("reading_s", "early"), [(50e-6, True), (2e-3, False)])
 def test_a_short_loop_is_read_at_every_step_where_its_readings_are_cheap(
     monkeypatch: pytest.MonkeyPatch, reading_s: float, early: bool
 ) -> None:
     """A 50 µs reading on a 0.2 ms step costs 25 % of it: strided, but its first 32 readings after the
-    warm-up (1.6 ms in all) are taken at every step. A 1 ms reading (32 ms for 32): strided from the start."""
+    warm-up (1.6 ms in all) are taken at every step. A 2 ms reading (64 ms for 32, 10 steps' time each):
+    strided from the start."""
     real = watch_mod._heap_reading
 
     def slow() -> int:

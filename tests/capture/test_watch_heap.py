@@ -168,7 +168,7 @@ def test_a_costly_heap_reading_is_taken_rarely(monkeypatch: pytest.MonkeyPatch) 
 
     def slow() -> int:
         calls[0] += 1
-        time.sleep(0.001)  # a 1 ms reading
+        time.sleep(0.002)  # a 2 ms reading (a 1 ms one is taken at every step for its first 32 readings)
         return real()
 
     monkeypatch.setattr(watch_mod, "_heap_reading", slow)

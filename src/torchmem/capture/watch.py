@@ -555,9 +555,9 @@ def watch(
         stride: Read every ``stride``-th step; ``None`` chooses from the warm-up: every step, or every
             k-th step when one reading costs more than 0.5 % of a step (capped by ``max_stride``). With the
             C heap as the figure (the CPU's default) the first 32 readings after the warm-up are taken at
-            every step where they cost under 5 ms in all (a short loop is judged within 10 steps), and a
-            reading then stays under 2 % of a step, ``max_stride`` aside (a fragmented heap's reading takes
-            tens of µs).
+            every step where they cost under 50 ms in all or each under 10 % of a step (a short loop is
+            judged within 10 steps), and a reading then stays under 2 % of a step, ``max_stride`` aside (a
+            fragmented heap's reading takes tens of µs, hundreds on a loaded machine).
         max_stride: The most steps between readings when the stride is chosen automatically. The default,
             2, keeps detection of a steady leak within 10 steps after the warm-up; ``None`` lets very short
             steps be read rarely enough to stay under 0.5 % (detection then takes 5 readings). After 256

@@ -32,10 +32,13 @@ PUBLIC_RELAXED_SHARE = 0.005
 PUBLIC_RELAXED_FACTOR = 8
 # A user's watcher on a host figure (the CPU's default, the C heap) reads every step for this many readings
 # after the warm-up, whatever stride the readings' cost chose, where they cost at most EARLY_BUDGET seconds
-# in all (a reading up to ~156 µs; a few µs as a rule): a short loop is judged and its growth attributed
-# within 10 steps of the warm-up, as with the exact ledger that read every step; a long run pays it once.
+# in all (a reading up to ~1.5 ms; a few µs as a rule, ~300 µs on a fragmented heap of a loaded machine) or
+# each at most EARLY_SHARE of a step: a short loop is judged and its growth attributed within 10 steps of the
+# warm-up, as with the exact ledger that read every step; a run pays it once (at most 50 ms, or 3.2 steps'
+# time). A reading that costs more than both (2 ms on a 1 ms step) is strided from the start.
 EARLY_READINGS = 32
-EARLY_BUDGET = 0.005
+EARLY_BUDGET = 0.05
+EARLY_SHARE = 0.1
 
 
 class ReadingSchedule:
@@ -171,7 +174,9 @@ class ReadingSchedule:
             if k > 1
             else None
         )
-        if self.readings < self.early and cost * self.early <= EARLY_BUDGET:  # every step until then
+        if self.readings < self.early and (
+            cost * self.early <= EARLY_BUDGET or cost <= EARLY_SHARE * step_time
+        ):  # every step until the early readings end, then this stride
             self._deferred = (k, note)
             return
         if k == self.stride:
@@ -192,6 +197,7 @@ class ReadingSchedule:
 __all__ = [
     "EARLY_BUDGET",
     "EARLY_READINGS",
+    "EARLY_SHARE",
     "PUBLIC_RELAXED_FACTOR",
     "PUBLIC_RELAXED_SHARE",
     "PUBLIC_RELAX_AFTER",
