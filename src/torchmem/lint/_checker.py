@@ -367,7 +367,9 @@ class Rules(KeptChecks):
             calls = [
                 c
                 for c in loop.model_calls
-                if self.flow.function_of(c, scope) is None and not self._called_on(c, frozen)
+                if self.flow.function_of(c, scope) is None
+                and not self._called_on(c, frozen)
+                and not self._foreign(c, scope)
             ]  # a model whose parameters require no grad records no graph from data
             if not named:  # the model put in eval() mode is the one called (not a parameterless helper)
                 receivers = bound_eval | {  # an eval() in the other arm of an `if` is not this loop's
@@ -390,6 +392,19 @@ class Rules(KeptChecks):
             "output is dropped (a training-sized peak, several times what the same forward needs under "
             "no_grad); memory grows step after step only if outputs are kept (TM010)",
         )
+
+    def _foreign(self, call: ast.Call, scope: Scope) -> bool:
+        """A callee made by (or annotated as) a non-torch runtime: `compiled = ov.compile_model(m)`,
+        `model: ov.CompiledModel`, `InferenceSession(path)`; its calls have no autograd."""
+        names = self.facts.foreign_names
+        func = call.func
+        if not names or not isinstance(func, ast.Name):
+            return False
+        made = [b.value for b in scope.bindings.get(func.id, ()) if b.value is not None]
+        source = made[-1] if made else scope.annotations.get(func.id)
+        while isinstance(source, (ast.Call, ast.Attribute, ast.Subscript)):
+            source = source.func if isinstance(source, ast.Call) else source.value
+        return isinstance(source, ast.Name) and source.id in names
 
     @staticmethod
     def _called_on(call: ast.Call, receivers: set[str]) -> bool:

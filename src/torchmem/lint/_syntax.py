@@ -102,6 +102,13 @@ TORCH_WORLD = frozenset(
         "functorch",
     }
 )  # fmt: skip
+# Libraries whose models run without torch's autograd (a compiled OpenVINO model, an ONNX Runtime session).
+FOREIGN_RUNTIMES = frozenset(
+    {
+        "openvino", "onnxruntime", "tensorflow", "tf", "jax", "flax", "tensorrt", "tflite_runtime",
+        "coremltools", "paddle", "mindspore", "mxnet", "keras", "ncnn", "tritonclient",
+    }
+)  # fmt: skip
 RANK_VARS = frozenset({"LOCAL_RANK", "RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK"})
 ARGS_NAMES = frozenset({"args", "opt", "opts", "cfg", "config", "hparams", "FLAGS", "flags"})
 METER_NAMES = re.compile(r"meter|avg|average", re.IGNORECASE)
@@ -178,7 +185,8 @@ def is_model_callee(func: ast.AST) -> bool:
     if not name or name == "self" or _MODEL_NAMES.match(name) is None:
         return False
     words = _words(name)
-    if len(words) > 1 and words[0] in _VERBS:
+    if len(words) > 1 and (words[0] in _VERBS or "to" in words or "from" in words):
+        # a verb first (`get_model`), or a conversion (`ir_model_to_olive_model`, `model_abbr_from_cfg`)
         return False
     if isinstance(func, ast.Attribute):  # self.generator(z), model.encoder(x); not writer.generator(...)
         root = _root_name(func)

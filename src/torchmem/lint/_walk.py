@@ -16,6 +16,7 @@ from typing import TypeAlias
 
 from torchmem.lint._syntax import (
     ARGS_NAMES,
+    FOREIGN_RUNTIMES,
     HOOK_METHODS,
     OPT_NAMES,
     RANK_VARS,
@@ -145,6 +146,7 @@ class Scope:
     returns: list[tuple[ast.expr, int, bool]] = field(default_factory=list)  # (value, line, under no_grad)
     backward_roots: set[str] = field(default_factory=set)  # names inside what `.backward()` runs on
     removes_handles: bool = False  # some `handle.remove()` in the scope
+    annotations: dict[str, ast.expr] = field(default_factory=dict)  # parameter -> its annotation
 
 
 @dataclass
@@ -159,6 +161,7 @@ class ModuleFacts:
     worker_lambdas: set[int] = field(default_factory=set)
     called_under_no_grad: set[str] = field(default_factory=set)
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
+    foreign_names: set[str] = field(default_factory=set)  # names imported from a non-torch runtime
 
 
 class Walker:
@@ -201,6 +204,8 @@ class Walker:
         for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
             if a is not None:
                 scope.params.append(a.arg)
+                if a.annotation is not None:
+                    scope.annotations[a.arg] = a.annotation
                 scope.bindings.setdefault(a.arg, []).append(Binding(a.lineno, a.col_offset, None, False))
         for d in (*args.defaults, *args.kw_defaults):
             if d is not None:
@@ -335,7 +340,10 @@ class Walker:
             no_grad = ctx.no_grad
             for item in s.items:
                 self._expr(item.context_expr, scope, ctx)
-                state = no_grad_item(item.context_expr)
+                cm = item.context_expr
+                if isinstance(cm, ast.Name) and scope.bindings.get(cm.id):
+                    cm = scope.bindings[cm.id][-1].value or cm  # `ctx = torch.no_grad(); with ctx:`
+                state = no_grad_item(cm)
                 if state:
                     scope.grad_handled = True
                     no_grad = no_grad or state == 1
@@ -394,6 +402,10 @@ class Walker:
             mods = [a.name for a in s.names] if isinstance(s, ast.Import) else [s.module or ""]
             if any(m.split(".", 1)[0] in TORCH_WORLD for m in mods):
                 self.facts.torch_imported = True
+            for a in s.names:  # `import openvino as ov`, `from onnxruntime import InferenceSession`
+                root = (a.name if isinstance(s, ast.Import) else s.module or "").split(".", 1)[0]
+                if root in FOREIGN_RUNTIMES and not getattr(s, "level", 0):
+                    self.facts.foreign_names.add((a.asname or a.name).split(".", 1)[0])
         # Pass, Break, Continue: nothing to record
 
     @staticmethod

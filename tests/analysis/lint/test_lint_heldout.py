@@ -592,3 +592,65 @@ def test_a_frozen_model_on_a_graph_carrying_input_still_carries_the_graph() -> N
         kept.append(loss)
     """
     assert codes(src) == ["TM001"]
+
+
+# == set F of docs/lint_corpus.md (measured once with the final rules of set E, then these fixes) =========
+# -- no_grad through a name (neural-compressor's DLRM example, a false TM010) -----------------------------
+SCORED = """
+def evaluate(model, loader):
+    model.eval()
+    ctx1 = {ctx}
+    preds = []
+    with ctx1:
+        for x in loader:
+            preds.append(torch.sigmoid(model(x)))
+    return preds
+"""
+
+
+def test_a_no_grad_context_bound_to_a_name_turns_autograd_off() -> None:
+    assert codes(SCORED.format(ctx="torch.no_grad()")) == []
+
+
+def test_a_context_bound_to_a_name_that_is_not_no_grad_leaves_it_on() -> None:
+    assert codes(SCORED.format(ctx="torch.autocast('cpu')")) == ["TM010"]
+
+
+# -- a model of another runtime (nncf's and Olive's OpenVINO examples, 9 false TM002) ---------------------
+OPENVINO = """
+import openvino as ov
+def validate(path, val_loader{annotation}):
+    {made}
+    correct = 0
+    for images, target in val_loader:
+        pred = compiled_model(images)
+        correct += int(pred.argmax() == target)
+    return correct
+"""
+
+
+def test_a_model_compiled_by_openvino_has_no_autograd() -> None:
+    assert codes(OPENVINO.format(annotation="", made="compiled_model = ov.compile_model(path)")) == []
+    ann = ", compiled_model: ov.CompiledModel = None"
+    assert codes(OPENVINO.format(annotation=ann, made="pass")) == []
+
+
+def test_a_torch_model_in_the_same_file_is_still_flagged() -> None:
+    src = OPENVINO.format(annotation="", made="compiled_model = torch.compile(build())")
+    assert codes(src) == ["TM002"]
+    src = OPENVINO.format(annotation=", compiled_model: torch.nn.Module = None", made="pass")
+    assert codes(src) == ["TM002"]
+
+
+# -- a converter named like a model (Olive's `ir_model_to_olive_model`, opencompass' `model_abbr_from_cfg`)
+def test_a_conversion_named_after_a_model_is_not_a_forward() -> None:
+    src = """
+    def evaluate(configs):
+        out = []
+        for cfg in configs:
+            out.append({{"model": {call}(cfg)}})
+        return out
+    """
+    assert codes(src.format(call="model_abbr_from_cfg")) == []
+    assert codes(src.format(call="ir_model_to_olive_model")) == []
+    assert codes(src.format(call="student_model")) == ["TM010"]
