@@ -16,16 +16,24 @@ the last watched run of each length.
         [--steps 1000,10000,100000 | --seconds S] [--pairs 10] [--source auto|heap|ledger|allocator]
         [--stride K] [--cpus 1] [--threads 1] [--clock wall|cpu] [--budget SECONDS]
 
+``--steady``: one watcher for the whole measurement (past its warm-up, first readings and first re-tunes),
+and each pair a block of plain steps and a block of the same steps each followed by ``w.step()``: the cost of
+a long run's step without a watch's start and end in every block, so blocks can be short and pairs many (the
+public watcher has no thread: between steps it costs nothing). Many short pairs narrow the interval where
+the machine's speed drifts between blocks (a GPU host's plain 1-s loops varied by 22-33 %).
+
 Before the pairs it prints the time it expects them to take (``expect: ...``): with ``--seconds S`` each
 model takes about ``2 x pairs x S`` plus its set-up (a few seconds; GPT-2's build ~10 s). ``--budget B``: no
 pair starts that would end more than B seconds after the start (the table has the pairs done; a model not
 reached by then is skipped).
 
-On an H100 host (issue 29's GPU loops: 10 pairs of ~1 s loops per model, ~25-35 s each, ~100 s in all):
+On an H100 host (issue 29's GPU loops: 60 pairs of ~0.4 s blocks, ~55-70 s a model with its set-up;
+``--budget`` stops the pairs in time):
 
-    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model resnet18,mlp,gpt2 --seconds 1 \
-        --budget 130
-    PYTHONPATH=src python3 benchmarks/watch_cost.py --device cuda --model tiny --steps 1000,10000,20000
+    export PYTHONPATH=src
+    python3 benchmarks/watch_cost.py --device cuda --steady --seconds .4 --pairs 60 --budget 120 \
+        --model resnet18        # and --model mlp, --model gpt2
+    python3 benchmarks/watch_cost.py --device cuda --model tiny --steps 1000,10000 --budget 130
 """
 
 from __future__ import annotations
@@ -106,7 +114,7 @@ def bench_model(
     step_s = probe_step_s(step, dev)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.seconds is not None:
-        lengths = [max(30, round(args.seconds / step_s))]
+        lengths = [max(10 if args.steady else 30, round(args.seconds / step_s))]
     else:
         lengths = [int(x) for x in args.steps.split(",")]
     expect = sum(2 * args.pairs * n * step_s for n in lengths)
@@ -116,12 +124,15 @@ def bench_model(
         file=sys.stderr,
     )
     rows = []
+    steady = _SteadyWatch(step, dev, kwargs, clock, step_s) if args.steady else None
     for n in lengths:
 
         def plain(n: int = n) -> tuple[float, Any]:
             return run_loop(step, n, dev, None, clock)
 
         def watched(n: int = n) -> tuple[float, Any]:
+            if steady is not None:
+                return steady.block(n)
             return run_loop(step, n, dev, kwargs, clock)
 
         def stop(longest: float, n: int = n) -> bool:  # (before the first pair: the probe's estimate)
@@ -132,6 +143,10 @@ def bench_model(
 
         p = measure_pairs(plain, watched, args.pairs, stop=stop)
         readings, kept, source, verdict, stride = p.extra[-1][1]
+        if steady is not None:
+            readings, n_read = steady.readings_in_blocks, steady.steps_in_blocks
+        else:
+            n_read = n
         plain_sorted = sorted(p.a)
         spread = (plain_sorted[-1] - plain_sorted[0]) / plain_sorted[len(p.a) // 2] if p.a else 0.0
         rows.append(
@@ -146,14 +161,62 @@ def bench_model(
                 fmt_interval(p.diff_interval(), "+.2f"),
                 f"{p.median():.3f}",
                 fmt_interval(p.interval()),
-                f"{readings / n:.3f}",
+                f"{readings / max(1, n_read):.3f}",
                 kept,
                 f"{source}/{stride}",
                 verdict,
             )
         )
         print(f"  {name}, {n} steps done: ratio {p.summary()}", file=sys.stderr)
+    if steady is not None:
+        steady.stop()
     return rows
+
+
+class _SteadyWatch:
+    """``--steady``: one watcher for the whole measurement, past its warm-up and first readings; a watched
+    block is ``n`` steps each followed by ``w.step()``, the plain block the same steps without it (the public
+    watcher has no thread: between its steps it costs nothing). It measures the cost of a long run's step,
+    without a watch's start and end in every block."""
+
+    def __init__(
+        self,
+        step: Callable[[], None],
+        dev: torch.device,
+        kwargs: dict[str, Any],
+        clock: Callable[[], float],
+        step_s: float,
+    ) -> None:
+        self.step, self.dev, self.clock = step, dev, clock
+        self.w = torchmem.watch(device=dev, warn=False, **kwargs)
+        self.w.__enter__()
+        # the warm-up, the first readings and the first re-tunes of the stride (100-300 steps, ~3 s at most)
+        for _ in range(max(100, min(300, int(3.0 / step_s)))):
+            step()
+            self.w.step()
+        self.readings_in_blocks = 0
+        self.steps_in_blocks = 0
+
+    def block(self, n: int) -> tuple[float, Any]:
+        sync = torch.cuda.synchronize if self.dev.type == "cuda" else (lambda: None)
+        w, step = self.w, self.step
+        before = w._schedule.readings
+        sync()
+        t0 = self.clock()
+        for _ in range(n):
+            step()
+            w.step()
+        sync()
+        dt = (self.clock() - t0) / n * 1e6
+        self.readings_in_blocks += w._schedule.readings - before
+        self.steps_in_blocks += n
+        rep = w.report()
+        if rep.leaking:
+            print(f"  note: the watcher reported a leak: {rep.reason}", file=sys.stderr)
+        return dt, (w._schedule.readings, len(rep.series), rep.source, rep.verdict, w._stride)
+
+    def stop(self) -> None:
+        self.w.stop()
 
 
 def main() -> int:
@@ -164,6 +227,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=None, help="each loop ~ this long (instead of --steps)")
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--budget", type=float, default=None, help="seconds in all: no pair starts past them")
+    ap.add_argument(
+        "--steady",
+        action="store_true",
+        help="one watcher for the whole run: pairs of plain and watched blocks (a long run's step cost)",
+    )
     ap.add_argument("--source", default="auto", help="watch()'s source (default: auto)")
     ap.add_argument("--stride", type=int, default=None, help="watch()'s stride (default: chosen by it)")
     ap.add_argument("--cpus", default=None, help="CPUs to pin to (default: the last one)")
