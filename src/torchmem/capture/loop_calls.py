@@ -35,6 +35,47 @@ _loops: dict[CodeType, tuple[tuple[int, int], ...]] = {}
 _names: dict[tuple[CodeType, int, int], tuple[tuple[str, ...], ...]] = {}
 
 
+def _origin_of(frame: FrameType) -> int:
+    from torchmem._warn import _origin
+
+    return _origin(frame.f_code.co_filename, str(frame.f_globals.get("__name__", "")))
+
+
+def _is_user(frame: FrameType) -> bool:
+    from torchmem._warn import _USER
+
+    return _origin_of(frame) == _USER
+
+
+def _stdlib(filename: str) -> bool:
+    import os
+    import sysconfig
+
+    std = sysconfig.get_paths().get("stdlib") or ""
+    path = os.path.abspath(filename)
+    return filename.startswith("<") or (
+        bool(std) and path.startswith(std + os.sep) and "-packages" not in path
+    )
+
+
+def program_frames(frame: FrameType | None, program: str | None = None) -> list[FrameType]:
+    """The stack of ``frame``, outermost first, from the outermost frame of the program's code (the first
+    frame of ``program``'s file where it is given — the launcher's frames before it are not the program's —
+    else the first frame of the user's code); empty where there is none."""
+    chain: list[FrameType] = []
+    f = frame
+    while f is not None:
+        chain.append(f)
+        f = f.f_back
+    chain.reverse()
+    start = None
+    if program:
+        start = next((i for i, fr in enumerate(chain) if fr.f_code.co_filename == program), None)
+    if start is None:
+        start = next((i for i, fr in enumerate(chain) if _is_user(fr)), None)
+    return [] if start is None else chain[start:]
+
+
 def loop_ranges(code: CodeType) -> tuple[tuple[int, int], ...]:
     """``(first, last)`` instruction offsets of every loop of ``code``: a jump back to an earlier offset."""
     got = _loops.get(code)
@@ -149,7 +190,6 @@ def _resolve(frame: FrameType, dotted: tuple[str, ...]) -> tuple[Any, str, Any, 
 
 def _eligible(fn: Any) -> CodeType | None:
     from torchmem._warn import _INTERNAL, _origin
-    from torchmem.capture.units import _stdlib
 
     target = getattr(fn, "__func__", fn)
     code = getattr(target, "__code__", None)
@@ -168,8 +208,6 @@ def loop_calls(
     """The functions the loop of the program's outermost frame that is in a loop calls, not in ``skip``
     (each one given is added to it), at most :data:`MAX_CALLS`: ``(owner, name, function, label)`` each
     (see the module's text). Where that loop's calls were all tried, the next frame inwards in a loop."""
-    from torchmem.capture.units import _is_user, program_frames
-
     for fr in program_frames(frame, program):
         if not _is_user(fr):
             continue

@@ -23,7 +23,14 @@ from collections.abc import Callable
 from types import CodeType, FrameType, FunctionType, ModuleType
 from typing import Any
 
-from torchmem.capture.loop_calls import loop_calls
+from torchmem.capture.loop_calls import (
+    _GENERATOR_FLAGS,
+    _is_user,
+    _origin_of,
+    _stdlib,
+    loop_calls,
+    program_frames,
+)
 
 # Samples with the same candidate before it is wrapped; returns that make it the repeating unit.
 _SAMPLES = 3
@@ -36,51 +43,6 @@ _RETIRE = 3
 # The shortest step a unit makes: shorter calls are counted in runs of k (a power of two, at most _MAX_EVERY).
 _MIN_STEP_S = 0.0005
 _MAX_EVERY = 4096
-
-
-def _origin_of(frame: FrameType) -> int:
-    from torchmem._warn import _origin
-
-    return _origin(frame.f_code.co_filename, str(frame.f_globals.get("__name__", "")))
-
-
-def _is_user(frame: FrameType) -> bool:
-    from torchmem._warn import _USER
-
-    return _origin_of(frame) == _USER
-
-
-def _stdlib(filename: str) -> bool:
-    import os
-    import sysconfig
-
-    std = sysconfig.get_paths().get("stdlib") or ""
-    path = os.path.abspath(filename)
-    return filename.startswith("<") or (
-        bool(std) and path.startswith(std + os.sep) and "-packages" not in path
-    )
-
-
-# generators, coroutines, async generators: a return is not the end of an iteration's work
-_GENERATOR_FLAGS = 0x20 | 0x80 | 0x100 | 0x200
-
-
-def program_frames(frame: FrameType | None, program: str | None = None) -> list[FrameType]:
-    """The stack of ``frame``, outermost first, from the outermost frame of the program's code (the first
-    frame of ``program``'s file where it is given — the launcher's frames before it are not the program's —
-    else the first frame of the user's code); empty where there is none."""
-    chain: list[FrameType] = []
-    f = frame
-    while f is not None:
-        chain.append(f)
-        f = f.f_back
-    chain.reverse()
-    start = None
-    if program:
-        start = next((i for i, fr in enumerate(chain) if fr.f_code.co_filename == program), None)
-    if start is None:
-        start = next((i for i, fr in enumerate(chain) if _is_user(fr)), None)
-    return [] if start is None else chain[start:]
 
 
 def candidate(
