@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import gc
 import io
 import multiprocessing
 import os
@@ -305,8 +306,20 @@ def _jobs(jobs: int | None, files: int) -> int:
 
 def _check_chunk(tasks: list[_Task]) -> list[LintFinding]:
     out: list[LintFinding] = []
-    for path, select, ignore in tasks:
-        out.extend(lint_file(path, select, ignore))
+    # Parsing and walking make millions of short-lived container objects and no reference cycles (after
+    # linting NeMo's 2,579 files a collection finds 12 unreachable objects): reference counting frees each
+    # file's trees, and the cyclic collector's passes over them only cost time (13 % of the 100k-line tree,
+    # benchmarks/lint_speed.py). It is off while the files are checked, with a collection every 1,000 files.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for i, (path, select, ignore) in enumerate(tasks, 1):
+            out.extend(lint_file(path, select, ignore))
+            if i % 1000 == 0:
+                gc.collect()
+    finally:
+        if enabled:
+            gc.enable()
     return out
 
 

@@ -268,3 +268,46 @@ def short(node: ast.AST | None, limit: int = 40) -> str:
         return "?"
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def freezes(value: ast.expr) -> bool:
+    """A call chain with ``.requires_grad_(False)`` in it."""
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+        if value.func.attr == "requires_grad_" and turns_off_grad(value):
+            return True
+        value = value.func.value
+    return False
+
+
+def turns_off_grad(call: ast.Call) -> bool:
+    """``requires_grad_(False)`` / ``requires_grad_(requires_grad=False)`` (no argument means True)."""
+    arg = call.args[0] if call.args else getattr(keyword_arg(call, "requires_grad"), "value", None)
+    return is_const(arg, False)
+
+
+def target_names(target: ast.AST) -> set[str]:
+    """The names a for target binds (``i``, ``(k, (a, b))``, ``*rest``), without a full ``ast.walk``."""
+    if target.__class__ is ast.Name:
+        return {target.id}  # type: ignore[attr-defined]
+    out: set[str] = set()
+    todo = [target]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, (ast.Tuple, ast.List)):
+            todo.extend(n.elts)
+        elif isinstance(n, ast.Starred):
+            todo.append(n.value)
+    return out
+
+
+def names_in(expr: ast.AST) -> set[str]:
+    """Every ``a`` and ``a.b.c`` named inside an expression."""
+    out: set[str] = set()
+    for n in ast.walk(expr):
+        if isinstance(n, (ast.Name, ast.Attribute)):
+            key = dotted(n)
+            if key is not None:
+                out.add(key)
+    return out

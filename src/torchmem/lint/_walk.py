@@ -10,161 +10,38 @@ the calls and stores the rules look at (``Scope.events``), each with its context
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TypeAlias
 
+from torchmem.lint._calls import CallEvents, is_cuda_use
+from torchmem.lint._scopes import Binding, Branch, Ctx, Loop, ModuleFacts, Scope, same_path
 from torchmem.lint._syntax import (
     ARGS_NAMES,
     FOREIGN_RUNTIMES,
-    HOOK_METHODS,
-    OPT_NAMES,
     RANK_VARS,
-    SINK_METHODS,
     TORCH_WORLD,
     container_key,
     dotted,
+    freezes,
     is_const,
-    is_const_in,
-    is_model_callee,
-    keyword_arg,
     last_name,
+    names_in,
     no_grad_item,
     node_line,
-    short,
+    target_names,
 )
 
-# The callee names the walk records something about (every other call only has its children visited).
+__all__ = [  # what the rules read of the walk (defined in _scopes, _calls, _syntax; imported from here)
+    "Binding", "Branch", "Ctx", "Loop", "ModuleFacts", "Scope", "Walker", "is_cuda_use", "names_in",
+    "same_path",
+]  # fmt: skip
+
 _CUDA_GRAPH_NAMES = frozenset({"CUDAGraph", "make_graphed_callables"})
-_CALLS_OF_NOTE = frozenset(
-    {
-        "backward", "manual_backward", "grad", "step", "zero_grad", "empty_cache", "eval", "append",
-        "requires_grad_",
-        "appendleft", "insert", "add", "extend", "detach_", "save", "clear", "pop", "popleft", "popitem",
-        "load", "init_process_group", "set_device", "get", "getenv", "set_start_method", "set_grad_enabled",
-        "remove", "DataLoader", "update", "graph", *HOOK_METHODS, *SINK_METHODS,
-    }
-)  # fmt: skip
 # Fields of expression nodes that never hold an expression worth a visit (contexts, operators, names).
 _NOT_CHILDREN = frozenset({"ctx", "op", "ops", "attr", "id", "arg", "conversion", "type_comment", "kind"})
 _CHILD_FIELDS: dict[type[ast.AST], tuple[str, ...]] = {}
 _JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
-Branch: TypeAlias = tuple[tuple[int, int], ...]
-# Methods whose result requires grad when their receiver does (what `.numpy()` of it would refuse).
-_KEEP_GRAD = frozenset(
-    {
-        "cpu",
-        "float",
-        "double",
-        "half",
-        "to",
-        "contiguous",
-        "squeeze",
-        "unsqueeze",
-        "reshape",
-        "view",
-        "clone",
-        "flatten",
-    }
-)
 
 
-# -- what the walk records ----------------------------------------------------------------------------------
-@dataclass(eq=False)
-class Loop:
-    node: ast.AST
-    parent: Loop | None
-    direct_trains: bool = False  # a backward/optimizer step in this loop, not only in a nested one
-    trains: bool = False
-    rebound: set[str] = field(default_factory=set)
-    cleared: set[str] = field(default_factory=set)
-    model_call: ast.Call | None = None  # the first model call not under no_grad
-    model_calls: list[ast.Call] = field(default_factory=list)  # every model call not under no_grad
-    backwards: list[tuple[tuple[int, int], bool]] = field(default_factory=list)  # (position, retains)
-    carried: dict[str, int] = field(default_factory=dict)  # name -> line: bound from its own previous value
-    detached: set[str] = field(default_factory=set)  # names cut from their graph in the loop
-    targets: set[str] = field(default_factory=set)  # names the for statement binds each iteration
-    branch: Branch = ()  # the arms of the `if` statements the loop is written in
-
-    def chain(self) -> Iterator[Loop]:
-        loop: Loop | None = self
-        while loop is not None:
-            yield loop
-            loop = loop.parent
-
-
-@dataclass(frozen=True)
-class Ctx:
-    loop: Loop | None = None
-    no_grad: bool = False
-    guard: Loop | None = None  # under an if/except inside this loop
-    in_handler: bool = False
-    exc: str | None = None  # the name an enclosing `except ... as e:` binds
-    branch: Branch = ()  # the arms of the enclosing `if` statements: ((id of the if, 0 body / 1 else), ...)
-
-
-def same_path(a: Branch, b: Branch) -> bool:
-    """Whether code written in the arms ``a`` can run on the same pass as code in the arms ``b``: no `if`
-    of both is taken one way for one and the other way for the other."""
-    if not a or not b:
-        return True
-    arms = dict(a)
-    return all(arms.get(if_id, arm) == arm for if_id, arm in b)
-
-
-@dataclass
-class Binding:
-    line: int
-    col: int
-    value: ast.expr | None  # None: bound by a for target, a with, a parameter
-    no_grad: bool
-    index: int | None = None  # the element of an unpacked tuple
-    path: tuple[int, ...] | None = None  # a for target: `value` is the iterable, `path` the unpacking
-
-
-@dataclass(eq=False)
-class Scope:
-    node: ast.AST
-    name: str
-    cls: ast.ClassDef | None
-    kind: str  # "module", "function", "lambda"
-    bindings: dict[str, list[Binding]] = field(default_factory=dict)
-    backwarded: set[str] = field(default_factory=set)
-    no_grad_all: bool = False  # decorated with no_grad / set_grad_enabled(False) as a statement
-    grad_handled: bool = False  # any no_grad / inference_mode / set_grad_enabled in the scope
-    enable_grad: bool = False
-    trains: bool = False
-    eval_called: bool = False
-    eval_receivers: set[str] = field(default_factory=set)  # `model` of `model.eval()`, `model.cuda().eval()`
-    eval_branches: dict[str, list[Branch]] = field(default_factory=dict)  # where each receiver's eval() is
-    frozen: set[str] = field(default_factory=set)  # `model` of `model.requires_grad_(False)` (no graph)
-    events: list[tuple[str, ast.AST, Ctx, object]] = field(default_factory=list)
-    eval_loops: list[Loop] = field(default_factory=list)  # outermost loops with a model call, in order
-    grad_maybe: bool = False  # set_grad_enabled(<a variable>): autograd may be off, not known
-    params: list[str] = field(default_factory=list)
-    declared: set[str] = field(default_factory=set)  # names declared `nonlocal` or `global`
-    returns: list[tuple[ast.expr, int, bool]] = field(default_factory=list)  # (value, line, under no_grad)
-    backward_roots: set[str] = field(default_factory=set)  # names inside what `.backward()` runs on
-    removes_handles: bool = False  # some `handle.remove()` in the scope
-    annotations: dict[str, ast.expr] = field(default_factory=dict)  # parameter -> its annotation
-
-
-@dataclass
-class ModuleFacts:
-    rank_setup: bool = False
-    torch_imported: bool = False  # the file imports torch or a framework built on it
-    cuda_graphs: bool = False
-    grad_inplace: bool = False
-    start_method: str | None = None  # the constant given to set_start_method, "?" when not a constant
-    collate_names: set[str] = field(default_factory=set)
-    worker_names: set[str] = field(default_factory=set)
-    worker_lambdas: set[int] = field(default_factory=set)
-    called_under_no_grad: set[str] = field(default_factory=set)
-    classes: dict[str, ast.ClassDef] = field(default_factory=dict)
-    foreign_names: set[str] = field(default_factory=set)  # names imported from a non-torch runtime
-
-
-class Walker:
+class Walker(CallEvents):
     """One module's walk (:func:`torchmem.lint._checker.check_tree` runs it, then the rules)."""
 
     def __init__(self, tree: ast.Module, path: str) -> None:
@@ -236,7 +113,7 @@ class Walker:
             return
         if isinstance(target, ast.Attribute):
             self._expr(target.value, scope, ctx)
-        if isinstance(value, ast.Call) and _freezes(value):
+        if isinstance(value, ast.Call) and freezes(value):
             scope.frozen.add(key)  # model = Net().eval().requires_grad_(False)
         bound = scope.bindings.setdefault(key, [])
         bound.append(
@@ -318,7 +195,7 @@ class Walker:
             inner = Ctx(loop, ctx.no_grad, None, False, branch=ctx.branch)
             self._bind(s.target, None, scope, inner)
             self._elements_of(s.target, s.iter, scope, ())
-            loop.targets = _target_names(s.target)
+            loop.targets = target_names(s.target)
             self._body(s.body, scope, inner)
             self._body(s.orelse, scope, ctx)
         elif isinstance(s, ast.While):
@@ -515,223 +392,6 @@ class Walker:
                 self._bind(n.target, n.value, scope, ctx)
             _push_children(n, cls, stack)
 
-    def _call(self, call: ast.Call, scope: Scope, ctx: Ctx) -> None:
-        func = call.func
-        name = last_name(func)
-        loop = ctx.loop
-        for k in call.keywords:
-            if k.arg in ("collate_fn", "worker_init_fn"):
-                target = k.value
-                if isinstance(target, ast.Call) and last_name(target.func) == "partial" and target.args:
-                    target = target.args[0]
-                names = self.facts.collate_names if k.arg == "collate_fn" else self.facts.worker_names
-                if isinstance(target, ast.Lambda):
-                    self.facts.worker_lambdas.add(id(target))
-                elif last_name(target):
-                    names.add(last_name(target))
-        if name in _CALLS_OF_NOTE:  # one set lookup for the common call (none of these names)
-            if name in ("backward", "manual_backward"):
-                retains = any(
-                    k.arg in ("retain_graph", "create_graph") and is_const(k.value, True)
-                    for k in call.keywords
-                )
-                scope.trains = True
-                self._mark_training(loop, call, retains)
-                if isinstance(func, ast.Attribute):
-                    recv = func.value
-                    if isinstance(recv, ast.Call) and recv.args:  # scaler.scale(loss).backward()
-                        recv = recv.args[0]
-                    for part in (recv, *call.args[:1]):
-                        scope.backward_roots.update(names_in(part))
-                    key = dotted(recv)
-                    if key is not None and call.args == [] and name == "backward":
-                        scope.backwarded.add(key)
-                if (call.args and dotted(call.args[0]) is not None and name == "manual_backward") or (
-                    name == "backward" and call.args and isinstance(func, ast.Attribute)
-                    and last_name(func.value) in ("accelerator", "autograd", "engine", "model_engine")
-                ):  # fmt: skip
-                    key = dotted(call.args[0])
-                    if key is not None:
-                        scope.backwarded.add(key)
-                if retains and loop is not None:
-                    create = any(k.arg == "create_graph" and is_const(k.value, True) for k in call.keywords)
-                    if not create:
-                        scope.events.append(("retain", call, ctx, None))
-            elif name == "grad" and isinstance(func, ast.Attribute) and last_name(func.value) == "autograd":
-                for part in (*call.args[:1], *(k.value for k in call.keywords if k.arg == "outputs")):
-                    scope.backward_roots.update(names_in(part))
-                retains = any(
-                    k.arg in ("retain_graph", "create_graph") and is_const(k.value, True)
-                    for k in call.keywords
-                )
-                if loop is not None:
-                    loop.backwards.append(((call.lineno, call.col_offset), retains))
-            elif name == "step" and isinstance(func, ast.Attribute):
-                opt_name = last_name(func.value)
-                if OPT_NAMES.search(opt_name) or (call.args and OPT_NAMES.search(last_name(call.args[0]))):
-                    scope.trains = True
-                    self._mark_training(loop, None, False)
-            elif name == "zero_grad":
-                kw = keyword_arg(call, "set_to_none")
-                if kw is not None and is_const(kw.value, False):
-                    scope.events.append(("zero_grad", call, ctx, None))
-            elif name == "empty_cache":
-                base = dotted(func.value) if isinstance(func, ast.Attribute) else ""
-                if base is None or base.startswith("torch") or base in ("cuda", "mps", "xpu") or base == "":
-                    scope.events.append(("empty_cache", call, ctx, None))
-            elif name == "requires_grad_" and isinstance(func, ast.Attribute) and _turns_off(call):
-                self._freeze(func.value, scope, ctx)
-            elif name == "eval" and isinstance(func, ast.Attribute) and not call.args and not call.keywords:
-                scope.eval_called = True
-                recv = func.value
-                while isinstance(recv, ast.Call) and isinstance(recv.func, ast.Attribute):
-                    recv = recv.func.value  # model.cuda().eval(), model.to(device).eval()
-                key = container_key(recv)
-                if key is not None:
-                    scope.eval_receivers.add(key)
-                    scope.eval_branches.setdefault(key, []).append(ctx.branch)
-            elif (
-                name in ("append", "appendleft", "insert", "add")
-                and isinstance(func, ast.Attribute)
-                and len(call.args)
-                == (2 if name == "insert" else 1)  # list.append(v), set.add(v): not add(a, b)
-                and not call.keywords
-            ):
-                container = container_key(func.value)
-                if container is not None:
-                    scope.events.append(("store", call, ctx, (container, call.args[-1])))
-            elif name == "extend" and isinstance(func, ast.Attribute) and call.args:
-                container = container_key(func.value)
-                if container is not None and isinstance(call.args[0], (ast.List, ast.Tuple)):
-                    for elt in call.args[0].elts:
-                        scope.events.append(("store", call, ctx, (container, elt)))
-                elif container is not None and not isinstance(call.args[0], ast.Starred):
-                    scope.events.append(("store", call, ctx, (container, call.args[0])))  # its elements
-            elif name == "detach_" and isinstance(func, ast.Attribute):
-                key = dotted(func.value)
-                for lp in loop.chain() if key is not None and loop is not None else ():
-                    lp.detached.add(key)  # type: ignore[arg-type]
-            elif name == "save" and dotted(func) == "torch.save":
-                scope.events.append(("save", call, ctx, None))
-            elif name in ("clear", "pop", "popleft", "popitem") and isinstance(func, ast.Attribute):
-                key = dotted(func.value)
-                while key is not None and loop is not None:
-                    loop.cleared.add(key)
-                    loop = loop.parent
-            elif name == "load" and (dotted(func) == "torch.load" or isinstance(func, ast.Name)):
-                scope.events.append(("load", call, ctx, None))
-            elif name in ("init_process_group", "set_device", "get", "getenv"):
-                if name == "init_process_group" or (
-                    call.args
-                    and (
-                        "rank" in short(call.args[0], 200).lower()
-                        if name == "set_device"
-                        else is_const_in(call.args[0], RANK_VARS)
-                    )
-                ):
-                    self.facts.rank_setup = True
-            elif name == "set_start_method":
-                arg = call.args[0] if call.args else getattr(keyword_arg(call, "method"), "value", None)
-                self.facts.start_method = arg.value if isinstance(arg, ast.Constant) else "?"  # type: ignore[assignment]
-            elif name == "set_grad_enabled" and call.args and not is_const(call.args[0], True):
-                scope.grad_handled = True
-                scope.grad_maybe = scope.grad_maybe or not is_const(call.args[0], False)
-            elif name in HOOK_METHODS and isinstance(func, ast.Attribute):
-                scope.events.append(("hook", call, ctx, None))
-            elif name == "remove" and not call.args and isinstance(func, ast.Attribute):
-                scope.removes_handles = True
-            elif name == "DataLoader":
-                scope.events.append(("dataloader", call, ctx, None))
-            elif name in SINK_METHODS or name == "update":
-                scope.events.append(("sink", call, ctx, None))
-            elif name == "graph" and isinstance(func, ast.Attribute) and last_name(func.value) == "cuda":
-                self.facts.cuda_graphs = True
-        if name == "numpy" and isinstance(func, ast.Attribute) and not call.args:
-            self._numpy_of(func.value)
-        if name in ("add_", "copy_", "zero_") and last_name(getattr(func, "value", func)) == "grad":
-            self.facts.grad_inplace = True
-        if is_cuda_use(call):
-            scope.events.append(("cuda", call, ctx, None))
-        if ctx.no_grad and name:
-            self.facts.called_under_no_grad.add(name)
-        if (
-            loop is not None
-            and call.args
-            and (
-                isinstance(func, ast.Name)
-                or (isinstance(func, ast.Attribute) and dotted(func.value) == "self")
-            )
-        ):
-            scope.events.append(("call", call, ctx, None))
-        if (
-            not ctx.no_grad
-            and loop is not None
-            and (call.args or call.keywords)
-            and id(call) not in self._gradless
-            and is_model_callee(func)
-            and not (isinstance(func, ast.Name) and func.id[:1].isupper())  # a class: makes a model
-        ):
-            for lp in loop.chain():
-                lp.model_calls.append(call)
-                if lp.model_call is None:
-                    lp.model_call = call
-            outer = list(loop.chain())[-1]
-            if outer not in scope.eval_loops:
-                scope.eval_loops.append(outer)
-        # the children: the caller's walk visits them (no recursion per call)
-
-    @staticmethod
-    def _freeze(recv: ast.expr, scope: Scope, ctx: Ctx) -> None:
-        """Record the model whose parameters stop requiring grad: ``model.requires_grad_(False)``,
-        ``model.eval().requires_grad_(False)``, or a parameter of ``for p in model.parameters():``."""
-        while isinstance(recv, ast.Call) and isinstance(recv.func, ast.Attribute):
-            recv = recv.func.value  # model.eval().requires_grad_(False), model.to(d).requires_grad_(False)
-        loop = ctx.loop
-        if (
-            isinstance(recv, ast.Name)
-            and loop is not None
-            and recv.id in loop.targets
-            and isinstance(loop.node, (ast.For, ast.AsyncFor))
-            and isinstance(loop.node.iter, ast.Call)
-            and last_name(loop.node.iter.func) in ("parameters", "named_parameters")
-            and isinstance(loop.node.iter.func, ast.Attribute)
-        ):
-            recv = loop.node.iter.func.value  # for p in model.parameters(): p.requires_grad_(False)
-        key = container_key(recv)
-        if key is not None:
-            scope.frozen.add(key)
-
-    def _numpy_of(self, recv: ast.expr) -> None:
-        """``model(x)[0].cpu().numpy()``: ``.numpy()`` raises on a tensor that requires grad, so a model call
-        whose output reaches it with nothing cutting the graph (``.detach()``, ``.data``) records none
-        (its module has no trainable parameters, or grad is off where it runs)."""
-        node: ast.AST = recv
-        while True:
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in _KEEP_GRAD
-            ):
-                node = node.func.value
-            elif isinstance(node, ast.Subscript) or (
-                isinstance(node, ast.Attribute) and node.attr not in ("data", "grad")
-            ):
-                node = node.value
-            else:
-                break
-        if isinstance(node, ast.Call) and is_model_callee(node.func):
-            self._gradless.add(id(node))
-
-    @staticmethod
-    def _mark_training(loop: Loop | None, call: ast.Call | None, retains: bool) -> None:
-        if loop is None:
-            return
-        loop.direct_trains = True
-        if call is not None:
-            loop.backwards.append(((call.lineno, call.col_offset), retains))
-        for lp in loop.chain():
-            lp.trains = True
-
 
 def _push_children(n: ast.AST, cls: type[ast.AST], stack: list[ast.AST]) -> None:
     """``stack.extend(ast.iter_child_nodes(n))`` without the generator and the ctx/operator leaves."""
@@ -744,58 +404,3 @@ def _push_children(n: ast.AST, cls: type[ast.AST], stack: list[ast.AST]) -> None
             stack.extend([x for x in v if x is not None])
         elif isinstance(v, ast.AST):
             stack.append(v)
-
-
-def _freezes(value: ast.expr) -> bool:
-    """A call chain with ``.requires_grad_(False)`` in it."""
-    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
-        if value.func.attr == "requires_grad_" and _turns_off(value):
-            return True
-        value = value.func.value
-    return False
-
-
-def _turns_off(call: ast.Call) -> bool:
-    """``requires_grad_(False)`` / ``requires_grad_(requires_grad=False)`` (no argument means True)."""
-    arg = call.args[0] if call.args else getattr(keyword_arg(call, "requires_grad"), "value", None)
-    return is_const(arg, False)
-
-
-def _target_names(target: ast.AST) -> set[str]:
-    """The names a for target binds (``i``, ``(k, (a, b))``, ``*rest``), without a full ``ast.walk``."""
-    if target.__class__ is ast.Name:
-        return {target.id}  # type: ignore[attr-defined]
-    out: set[str] = set()
-    todo = [target]
-    while todo:
-        n = todo.pop()
-        if isinstance(n, ast.Name):
-            out.add(n.id)
-        elif isinstance(n, (ast.Tuple, ast.List)):
-            todo.extend(n.elts)
-        elif isinstance(n, ast.Starred):
-            todo.append(n.value)
-    return out
-
-
-def names_in(expr: ast.AST) -> set[str]:
-    """Every ``a`` and ``a.b.c`` named inside an expression."""
-    out: set[str] = set()
-    for n in ast.walk(expr):
-        if isinstance(n, (ast.Name, ast.Attribute)):
-            key = dotted(n)
-            if key is not None:
-                out.add(key)
-    return out
-
-
-def is_cuda_use(call: ast.Call) -> bool:
-    """A call that puts something on a CUDA device by its syntax alone (``.cuda()``, ``.to('cuda')``,
-    ``device='cuda:0'``); ``.to(device)`` with a variable is decided later, against module-level names."""
-    func = call.func
-    if isinstance(func, ast.Attribute) and func.attr == "cuda" and dotted(func.value) != "torch":
-        return True
-    if isinstance(func, ast.Attribute) and func.attr == "to" and call.args:
-        return True  # decided by cuda_ish on the argument
-    kw = keyword_arg(call, "device")
-    return kw is not None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from pathlib import Path
 
-from torchmem.lint import lint_paths
+import pytest
+
+from torchmem.lint import _run, lint_paths
 from torchmem.lint._run import _jobs
 
 WRONG = """
@@ -46,3 +49,30 @@ def test_automatic_jobs_only_for_big_trees_without_threads() -> None:
     finally:
         stop.set()
         t.join()
+
+
+def test_the_cyclic_collector_is_restored_as_it_was(tmp_path: Path) -> None:
+    """The collector is off while files are checked (they make no reference cycles); the caller's
+    setting comes back whatever it was, and a failure inside cannot leave it off."""
+    (tmp_path / "a.py").write_text("for x, y in loader:\n    total += criterion(model(x), y)\n")
+    assert gc.isenabled()
+    lint_paths([tmp_path], config=False, jobs=1)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        lint_paths([tmp_path], config=False, jobs=1)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_failure_inside_the_check_does_not_leave_the_collector_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def boom(*_args: object) -> list[object]:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(_run, "lint_file", boom)
+    with pytest.raises(RuntimeError):
+        _run._check_chunk([(tmp_path / "a.py", None, ())])
+    assert gc.isenabled()
