@@ -134,3 +134,31 @@ def test_run_over_a_cuda_script_that_ooms(tmp_path: Path) -> None:
     kinds = [c["kind"] for c in cap.ooms[-1].diagnosis["causes"]]
     assert "leak" in kinds or "working_set" in kinds, kinds
     assert (tmp_path / "oom.py.html").exists()
+
+
+CPU_ONLY = """
+import sys
+import torch
+w = torch.randn(64, 1, requires_grad=True)
+for _ in range(40):
+    x = torch.randn(32, 64)
+    loss = (x @ w).square().mean()
+    loss.backward()
+    with torch.no_grad():
+        w -= 0.01 * w.grad
+        w.grad = None
+open(sys.argv[1], "w").write("{}")
+"""
+
+
+def test_a_cpu_program_on_a_gpu_machine_is_told_it_allocated_nothing_there(tmp_path: Path) -> None:
+    """A newcomer runs a CPU-only script on a GPU machine: the GPU watched stays at 0 B, and the summary says
+    the program allocated nothing there (not only "no leak on cuda:0 ... 0 B"); a CUDA program never gets
+    it."""
+    out = _run(tmp_path, "cpu_only.py", CPU_ONLY)
+    assert out.returncode == 0, out.stderr
+    said = "note: the program allocated nothing on cuda:0 (its tensors are on the CPU)"
+    assert said in out.stderr, out.stderr
+    leak = _run(tmp_path, "leak.py", LEAK)
+    assert leak.returncode == 0, leak.stderr
+    assert "allocated nothing on" not in leak.stderr, leak.stderr

@@ -15,6 +15,16 @@ def _ended(reason: str, exit_code: int | None) -> str:
     return reason
 
 
+def _device_unused(result: Any) -> str | None:
+    """The GPU watched when the program never allocated on it (a CPU program on a GPU machine), else
+    ``None``."""
+    leak = result.leak
+    device = str(getattr(leak, "device", "") or "")
+    if not device.startswith("cuda") or result.peak_allocated != 0 or result.peak_reserved not in (0, None):
+        return None
+    return device
+
+
 def print_summary(result: Any, err: TextIO) -> None:
     """The summary of a session's result (a :class:`~torchmem.run.session.SessionResult`), on ``err``."""
     from torchmem._format import fmt_bytes
@@ -40,6 +50,13 @@ def print_summary(result: Any, err: TextIO) -> None:
     host = getattr(result, "host_leak", None)
     if host is not None and (host.leaking or host.stopped_at is not None):
         lines.append(str(host))
+    unused = _device_unused(result)
+    if unused:
+        quiet = host is not None and not (host.leaking or host.stopped_at is not None)
+        lines.append(
+            f"note: the program allocated nothing on {unused} (its tensors are on the CPU)"
+            + (f"; host memory: {str(host).splitlines()[0]}" if quiet else "")
+        )
     if no_steps:
         from torchmem.results.leaks import no_steps_text
 
