@@ -33,9 +33,13 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return min(cpus, 4) if cpus >= 2 else 0
 
 
-# In a worker of ``-n``, torch's CPU threads share the cores with the other workers.
+# In a worker of ``-n``, torch's CPU threads share the cores with the other workers: so do those of the
+# processes the tests start (``python -m torchmem run ...``, torchrun's ranks), unless the test sets its own
+# (OpenMP's idle threads spin: on 2 cores a default child burned ~15 % more CPU time for the same work).
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    torch.set_num_threads(max(1, _cpus() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    _threads = max(1, _cpus() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    torch.set_num_threads(_threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads))
 
 
 def storage_bytes(*tensors: torch.Tensor) -> int:
@@ -75,20 +79,41 @@ def _not_compiled_before(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setitem(utils.counters["frames"], "total", 0)
 
 
-# Modules that import a large framework (Lightning, transformers) run last: once imported, a framework's
-# objects stay in the session and every garbage collection of every later test walks them (the holder
-# searches and the batch-size trials collect often); the modules import it in their first test (the
-# estimate tests build transformers models).
+# The order of the files (pyproject's addopts pass --no-loadscope-reorder, so that pytest-xdist hands the
+# workers whole files in this order, not the largest count of tests first):
+# - First, the files whose module fixtures run whole programs in child processes, longest first: started
+#   first, each on a worker of its own, none is left for the end while the other workers are idle.
+# - Last, the modules that import a large framework (Lightning, transformers), longest first: once
+#   imported, a framework's objects stay in the session and every garbage collection of every later test
+#   walks them (the holder searches and the batch-size trials collect often: four such files took 40 % more
+#   CPU time after transformers and Lightning were imported); the modules import it in their first test (the
+#   estimate tests build transformers models).
+_FIRST = (
+    "scenarios/test_run_programs.py",
+    "scenarios/test_corpus.py",
+    "distributed/test_ranks.py",
+    "capture/test_host_kinds_cpu.py",
+)
 _LAST = (
     "capture/test_fake_estimate.py",
     "cli/test_estimate_cli.py",
     "integrations/test_lightning.py",
     "integrations/test_transformers.py",
+    "capture/test_short_verdicts.py",
 )
 
 
+def _place(item: pytest.Item) -> tuple[int, int]:
+    path = item.nodeid.split("::")[0]
+    for group, files in ((0, _FIRST), (2, _LAST)):
+        for k, name in enumerate(files):
+            if path.endswith(name):
+                return group, k
+    return 1, 0
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.nodeid.split("::")[0].endswith(_LAST))  # a stable sort
+    items.sort(key=_place)  # a stable sort: each file's own tests keep their order
 
 
 @pytest.fixture
