@@ -29,7 +29,7 @@ _CUDA_GRAPH_NAMES = frozenset({"CUDAGraph", "make_graphed_callables"})
 _CALLS_OF_NOTE = frozenset(
     {
         "backward", "manual_backward", "grad", "step", "zero_grad", "empty_cache", "eval", "append",
-        "requires_grad_",
+        "requires_grad_", "train",
         "appendleft", "insert", "add", "extend", "detach_", "save", "clear", "pop", "popleft", "popitem",
         "load", "init_process_group", "set_device", "get", "getenv", "set_start_method", "set_grad_enabled",
         "remove", "DataLoader", "update", "graph", *HOOK_METHODS, *SINK_METHODS,
@@ -126,6 +126,9 @@ class CallEvents:
                     scope.events.append(("empty_cache", call, ctx, None))
             elif name == "requires_grad_" and isinstance(func, ast.Attribute) and turns_off_grad(call):
                 self._freeze(func.value, scope, ctx)
+            elif name == "train" and isinstance(func, ast.Attribute) and ctx.loop is not None:
+                if not call.args or not is_const(call.args[0], False):  # model.train(), model.train(True)
+                    self._mode(func.value, scope, ctx, call, "train")
             elif name == "eval" and isinstance(func, ast.Attribute) and not call.args and not call.keywords:
                 scope.eval_called = True
                 recv = func.value
@@ -135,6 +138,7 @@ class CallEvents:
                 if key is not None:
                     scope.eval_receivers.add(key)
                     scope.eval_branches.setdefault(key, []).append(ctx.branch)
+                    self._mode(recv, scope, ctx, call, "eval")
             elif (
                 name in ("append", "appendleft", "insert", "add")
                 and isinstance(func, ast.Attribute)
@@ -224,6 +228,13 @@ class CallEvents:
             if outer not in scope.eval_loops:
                 scope.eval_loops.append(outer)
         # the children: the caller's walk visits them (no recursion per call)
+
+    @staticmethod
+    def _mode(recv: ast.expr, scope: Scope, ctx: Ctx, call: ast.Call, mode: str) -> None:
+        """Record ``model.train()`` / ``model.eval()`` called inside a loop, where it is in the loop."""
+        key = container_key(recv)
+        if key is not None and ctx.loop is not None:
+            scope.modes_in_loops.append((key, ctx.loop, (call.lineno, call.col_offset), mode))
 
     @staticmethod
     def _freeze(recv: ast.expr, scope: Scope, ctx: Ctx) -> None:

@@ -30,7 +30,7 @@ from torchmem.lint._syntax import (
     node_line,
     short,
 )
-from torchmem.lint._walk import Binding, Ctx, Scope, Walker, same_path
+from torchmem.lint._walk import Binding, Ctx, Loop, Scope, Walker, same_path
 
 
 @dataclass(frozen=True)
@@ -370,6 +370,7 @@ class Rules(KeptChecks):
                 if self.flow.function_of(c, scope) is None
                 and not self._called_on(c, frozen)
                 and not self._foreign(c, scope)
+                and not self._trained_in(c, scope, loop)
             ]  # a model whose parameters require no grad records no graph from data
             if not named:  # the model put in eval() mode is the one called (not a parameterless helper)
                 receivers = bound_eval | {  # an eval() in the other arm of an `if` is not this loop's
@@ -392,6 +393,18 @@ class Rules(KeptChecks):
             "output is dropped (a training-sized peak, several times what the same forward needs under "
             "no_grad); memory grows step after step only if outputs are kept (TM010)",
         )
+
+    def _trained_in(self, call: ast.Call, scope: Scope, loop: Loop) -> bool:
+        """The loop puts the called model in training mode itself before the call (the last
+        `model.train()`/`model.eval()` of the loop before it is a `train()`): a training-mode forward,
+        whatever `eval()` stands elsewhere in the function."""
+        pos = (call.lineno, call.col_offset)
+        before = [
+            (at, mode)
+            for key, lp, at, mode in scope.modes_in_loops
+            if at < pos and loop in lp.chain() and self._called_on(call, {key})
+        ]
+        return bool(before) and max(before)[1] == "train"
 
     def _foreign(self, call: ast.Call, scope: Scope) -> bool:
         """A callee made by (or annotated as) a non-torch runtime: `compiled = ov.compile_model(m)`,

@@ -140,6 +140,8 @@ class KeptChecks:
             return  # `d[name] = out` with `name` the same every iteration: one slot, overwritten
         if self._bounded(scope, key, node_line(node)):
             return  # `deque(maxlen=n)`: a ring of the last n, it does not grow with the run
+        if self._own_method(scope, key, node):
+            return  # `self.pool.add(x)` of a class of this file: its method decides what it keeps
         if fixed_handful(lives):
             return  # `for model in (ref, test):` keeps one value per listed case, not one per step
         if (
@@ -194,6 +196,27 @@ class KeptChecks:
         func = value.func if isinstance(value, ast.Call) else None
         root = dotted(func.value) if isinstance(func, ast.Attribute) else None
         return root == "torch" and last_name(func) in TORCH_FRESH  # type: ignore[arg-type]
+
+    def _own_method(self, scope: Scope, key: str, node: ast.AST) -> bool:
+        """``key.add(x)`` where ``key`` is made by a class of this file that defines ``add``: a method of
+        that class (mmagic's ``ImagePool.add`` keeps ``images.data``), not a list's or a set's."""
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            return False
+        places = [scope.bindings.get(key, ()), self.w.module.bindings.get(key, ())]
+        if key.startswith("self.") and scope.cls is not None:
+            init = self.w.functions.get(f"{scope.cls.name}.__init__")
+            if init is not None:
+                places.append(init.bindings.get(key, ()))
+        for bound in places:
+            for b in bound:
+                value = b.value
+                if (
+                    isinstance(value, ast.Call)
+                    and isinstance(value.func, ast.Name)
+                    and f"{value.func.id}.{node.func.attr}" in self.w.functions
+                ):
+                    return True
+        return False
 
     def _bounded(self, scope: Scope, key: str, line: int) -> bool:
         """Whether the container is a ``deque`` made with a ``maxlen`` (here, at module level, or in the
@@ -453,7 +476,7 @@ class KeptChecks:
             for kind, node, _ctx, extra in stores:
                 assert isinstance(extra, tuple)
                 key: str = extra[0]
-                if not key.startswith("self.") or key in reset:
+                if not key.startswith("self.") or key in reset or self._own_method(scope, key, node):
                     continue
                 if isinstance(node, ast.Subscript) and self._fixed_key(node.slice, self._locals(scope)):
                     continue  # `self.heads[self.index - 1] = out`: the same slot on every call

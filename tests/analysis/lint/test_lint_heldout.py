@@ -654,3 +654,72 @@ def test_a_conversion_named_after_a_model_is_not_a_forward() -> None:
     assert codes(src.format(call="model_abbr_from_cfg")) == []
     assert codes(src.format(call="ir_model_to_olive_model")) == []
     assert codes(src.format(call="student_model")) == ["TM010"]
+
+
+# == set G of docs/lint_corpus.md (the held-out set of the final rules; fixed after it was measured) ======
+# -- a loop that puts the model in training mode itself (mmpretrain's backbone tests, 3 false TM002) -------
+BACKBONES = """
+def test_backbone():
+    model = Net()
+    model.eval()
+    out = model(torch.randn(1, 3))
+    for name in archs:
+        model = Net(name)
+        {mode}
+        feat = model(torch.randn(1, 3))
+        assert feat.shape[0] == 1
+"""
+
+
+def test_a_loop_that_calls_model_train_is_a_training_mode_forward() -> None:
+    assert codes(BACKBONES.format(mode="model.train()"), "check_backbones.py") == []
+
+
+def test_a_loop_that_calls_model_eval_is_still_an_evaluation() -> None:
+    assert codes(BACKBONES.format(mode="model.eval()"), "check_backbones.py") == ["TM002"]
+    assert codes(BACKBONES.format(mode="model.train(False)"), "check_backbones.py") == ["TM002"]
+
+
+# -- a method of the file's own class named like a container's (mmagic's ImagePool.add, 2 false TM013) ----
+POOL_LOSS = """
+class ImagePool:
+    def __init__(self, size):
+        self.images = deque(maxlen=size)
+
+    def add(self, images):
+        for image in images.data:
+            self.images.append(image)
+
+
+class DiscLoss(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fake_pool = {pool}
+
+    def forward(self, net, fake):
+        pred_fake = net.forward(fake.detach())
+        self.fake_pool.add(pred_fake)
+        return pred_fake.mean()
+"""
+
+
+def test_an_add_method_of_the_file_s_own_class_decides_what_it_keeps() -> None:
+    assert codes(POOL_LOSS.format(pool="ImagePool(50)")) == []
+
+
+def test_a_set_s_add_in_forward_is_still_a_store() -> None:
+    assert codes(POOL_LOSS.format(pool="set()")) == ["TM013"]
+
+
+def test_an_eval_after_the_loop_s_train_makes_the_next_forward_an_evaluation() -> None:
+    """MONAI's test_segresnet_ds: train(), a forward, then eval() and a forward in the same iteration."""
+    src = """
+    def test_shapes():
+        for cls in nets:
+            net = cls()
+            net.train()
+            out = net(torch.randn(1, 3))
+            net.eval()
+            out = net(torch.randn(1, 3))
+    """
+    assert codes(src, "check_shapes.py") == ["TM002"]
