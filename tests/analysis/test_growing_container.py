@@ -15,6 +15,7 @@ from torchmem.results.leaks import SiteGrowth
 
 MiB = 1 << 20
 
+
 class Trainer:
     def __init__(self) -> None:
         self.records = [{"dists": torch.randn(128, 128)} for _ in range(5)]
