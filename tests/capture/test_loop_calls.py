@@ -222,26 +222,37 @@ def epoch(n: float) -> None:
     time.sleep(n)
 
 
-def test_a_unit_whose_calls_are_long_is_kept_while_it_runs() -> None:
-    """An epoch function that runs for longer than the staleness limit stays the unit: it is on the stack."""
+def _sampled(work: Any, every: float = 0.01) -> tuple[list[int], list[str], UnitFinder]:
+    """``work()`` run on this thread while a sampler thread looks for its unit every ``every`` s: the steps
+    counted, what was found (labels, and errors), and the finder (its wrappers removed)."""
     steps: list[int] = []
     found: list[str] = []
     f = UnitFinder(lambda: steps.append(1), found.append, found.append, threading.get_ident())
     stop = threading.Event()
 
     def sampler() -> None:
-        while not stop.wait(0.02):
+        while not stop.wait(every):
             f.sample()
 
-    t = threading.Thread(target=sampler)
-    t.start()
+    s = threading.Thread(target=sampler)
+    s.start()
     try:
-        for n in (0.02,) * 8 + (3.6, 0.02):
-            epoch(n)
+        work()
     finally:
         stop.set()
-        t.join()
+        s.join()
         f.remove()
+    return steps, found, f
+
+
+def test_a_unit_whose_calls_are_long_is_kept_while_it_runs() -> None:
+    """An epoch function that runs for longer than the staleness limit stays the unit: it is on the stack."""
+
+    def work() -> None:
+        for n in (0.02,) * 8 + (3.6, 0.02):
+            epoch(n)
+
+    steps, found, f = _sampled(work, every=0.02)
     assert found == ["epoch() call"], found
     assert len(steps) >= 3 and f.label == "epoch() call"  # found once: never let go while it ran
 
@@ -257,54 +268,27 @@ class Vocabulary:
 def test_a_call_of_a_few_microseconds_makes_a_step_of_a_run_of_calls() -> None:
     """A tokenizer's ``add_word`` (a few µs a call) as the unit: reading memory at each return would cost the
     program several times its own time; each step is a run of calls lasting about half a millisecond."""
-    steps: list[int] = []
-    found: list[str] = []
     vocab = Vocabulary()
-    f: list[UnitFinder] = []
-    stop = threading.Event()
+    calls = [0]
 
-    def sampler() -> None:
-        while not stop.wait(0.01):
-            if f:
-                f[0].sample()
-
-    s = threading.Thread(target=sampler)
-    s.start()
-    f.append(UnitFinder(lambda: steps.append(1), found.append, found.append, threading.get_ident()))
-    t0 = time.monotonic()
-    calls = 0
-    try:
+    def work() -> None:
+        t0 = time.monotonic()
         while time.monotonic() - t0 < 1.0:
             for word in ("a", "b", "c", "d"):
                 vocab.add_word(word)
-                calls += 1
-    finally:
-        stop.set()
-        s.join()
-        f[0].remove()
+                calls[0] += 1
+
+    steps, found, _ = _sampled(work)
     assert len(found) == 1 and found[0].startswith("run of "), found
     every = int(found[0].split()[2])
     assert every >= 8 and found[0].endswith(" Vocabulary.add_word() calls"), found
-    assert 0 < len(steps) <= calls // every + 1
+    assert 0 < len(steps) <= calls[0] // every + 1
 
 
 def test_calls_of_a_millisecond_are_a_step_each() -> None:
-    steps: list[int] = []
-    found: list[str] = []
-    f = UnitFinder(lambda: steps.append(1), found.append, found.append, threading.get_ident())
-    stop = threading.Event()
-
-    def sampler() -> None:
-        while not stop.wait(0.01):
-            f.sample()
-
-    s = threading.Thread(target=sampler)
-    s.start()
-    try:
+    def work() -> None:
         for _ in range(60):
             epoch(0.002)
-    finally:
-        stop.set()
-        s.join()
-        f.remove()
+
+    _, found, _ = _sampled(work)
     assert found == ["epoch() call"], found

@@ -188,16 +188,25 @@ def _resolve(frame: FrameType, dotted: tuple[str, ...]) -> tuple[Any, str, Any, 
     return where_bound(obj, dotted[-1])
 
 
-def _eligible(fn: Any) -> CodeType | None:
+def never_a_unit(code: CodeType) -> bool:
+    """A generator's, a coroutine's or a lambda's/comprehension's code: a return of it is not an iteration's
+    end."""
+    return bool(code.co_flags & _GENERATOR_FLAGS) or code.co_name.startswith("<")
+
+
+def not_the_programs(code: CodeType, module: str) -> bool:
+    """torch's, torchmem's or the standard library's code (a ``join``, a ``sleep``): never the unit."""
     from torchmem._warn import _INTERNAL, _origin
 
+    return _origin(code.co_filename, module) == _INTERNAL or _stdlib(code.co_filename)
+
+
+def _eligible(fn: Any) -> CodeType | None:
     target = getattr(fn, "__func__", fn)
     code = getattr(target, "__code__", None)
-    if not isinstance(code, CodeType) or code.co_flags & _GENERATOR_FLAGS or code.co_name.startswith("<"):
+    if not isinstance(code, CodeType) or never_a_unit(code):
         return None
-    if _origin(code.co_filename, str(getattr(target, "__module__", "") or "")) == _INTERNAL:
-        return None
-    if _stdlib(code.co_filename):
+    if not_the_programs(code, str(getattr(target, "__module__", "") or "")):
         return None
     return code
 

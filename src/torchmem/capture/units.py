@@ -24,11 +24,10 @@ from types import CodeType, FrameType, FunctionType, ModuleType
 from typing import Any
 
 from torchmem.capture.loop_calls import (
-    _GENERATOR_FLAGS,
     _is_user,
-    _origin_of,
-    _stdlib,
     loop_calls,
+    never_a_unit,
+    not_the_programs,
     program_frames,
 )
 
@@ -58,11 +57,9 @@ def candidate(
         if not _is_user(caller) and i != 0:
             continue
         code = callee.f_code
-        if code in skip or code.co_name.startswith("<") or code.co_flags & _GENERATOR_FLAGS:
+        if code in skip or never_a_unit(code):
             continue
-        from torchmem._warn import _INTERNAL
-
-        if _origin_of(callee) == _INTERNAL or _stdlib(code.co_filename):
+        if not_the_programs(code, str(callee.f_globals.get("__name__", ""))):
             return None  # torch's, torchmem's and the standard library's code is never the unit (join, sleep)
         return caller, callee
     return None
