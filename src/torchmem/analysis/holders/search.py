@@ -57,10 +57,11 @@ def torchmem_owned(obj: Any) -> bool:
     the user's code."""
     t = type(obj)
     if t is types.FunctionType:
-        if "__wrapped__" in obj.__dict__:
-            return False  # a wrapper torchmem put in the program's place stands for the function it wraps
         mod = getattr(obj, "__module__", None) or ""
-        return mod.startswith("torchmem.") and not mod.startswith("torchmem._demo")
+        if not mod.startswith("torchmem.") or mod.startswith("torchmem._demo"):
+            return False
+        # a wrapper torchmem put in the program's place stands for the function it wraps
+        return getattr(obj, "__wrapped__", None) is None
     if t is types.MethodType:
         return torchmem_owned(obj.__func__) or torchmem_owned(obj.__self__)
     own = _OWN_TYPES.get(t)
