@@ -33,6 +33,16 @@ from torchmem.lint._syntax import (
 from torchmem.lint._walk import Binding, Ctx, Loop, Scope, Walker, same_path
 
 
+def _without_workers(loader: ast.Call) -> bool:
+    """Whether a ``DataLoader(...)`` call runs without worker processes (no ``num_workers``, or ``None``
+    or 0)."""
+    workers = keyword_arg(loader, "num_workers")
+    if workers is None:
+        return True
+    value = workers.value
+    return is_const(value, None) or (isinstance(value, ast.Constant) and value.value == 0)
+
+
 @dataclass(frozen=True)
 class RawFinding:
     line: int
@@ -462,11 +472,7 @@ class Rules(KeptChecks):
                 if keyword_arg(node, "collate_fn") is None:
                     continue
                 found = True
-                workers = keyword_arg(node, "num_workers")
-                if workers is not None and not (
-                    is_const(workers.value, None)
-                    or (isinstance(workers.value, ast.Constant) and workers.value.value == 0)
-                ):
+                if not _without_workers(node):
                     return False
         return found
 
@@ -485,11 +491,7 @@ class Rules(KeptChecks):
                 if not (isinstance(ds, ast.Call) and last_name(ds.func) == cls_name):
                     continue
                 found = True
-                workers = keyword_arg(node, "num_workers")
-                if workers is not None and not (
-                    is_const(workers.value, None)
-                    or (isinstance(workers.value, ast.Constant) and workers.value.value == 0)
-                ):
+                if not _without_workers(node):
                     return False
         return found
 

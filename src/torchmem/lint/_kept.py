@@ -11,7 +11,7 @@ activations on the device. Pure standard library: no torch import.
 from __future__ import annotations
 
 import ast
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torchmem.lint._syntax import TENSOR, TORCH_FRESH, dotted, is_eval_name, last_name, node_line, short
 from torchmem.lint._walk import Ctx, Loop, Scope, names_in
@@ -197,16 +197,22 @@ class KeptChecks:
         root = dotted(func.value) if isinstance(func, ast.Attribute) else None
         return root == "torch" and last_name(func) in TORCH_FRESH  # type: ignore[arg-type]
 
+    def _binding_places(self, scope: Scope, key: str) -> list[Any]:
+        """Where ``key`` may be bound: this scope, the module, and for ``self.<name>`` the class's
+        ``__init__`` (in that order)."""
+        places: list[Any] = [scope.bindings.get(key, ()), self.w.module.bindings.get(key, ())]
+        if key.startswith("self.") and scope.cls is not None:
+            init = self.w.functions.get(f"{scope.cls.name}.__init__")
+            if init is not None:
+                places.append(init.bindings.get(key, ()))
+        return places
+
     def _own_method(self, scope: Scope, key: str, node: ast.AST) -> bool:
         """``key.add(x)`` where ``key`` is made by a class of this file that defines ``add``: a method of
         that class (mmagic's ``ImagePool.add`` keeps ``images.data``), not a list's or a set's."""
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             return False
-        places = [scope.bindings.get(key, ()), self.w.module.bindings.get(key, ())]
-        if key.startswith("self.") and scope.cls is not None:
-            init = self.w.functions.get(f"{scope.cls.name}.__init__")
-            if init is not None:
-                places.append(init.bindings.get(key, ()))
+        places = self._binding_places(scope, key)
         for bound in places:
             for b in bound:
                 value = b.value
@@ -221,11 +227,7 @@ class KeptChecks:
     def _bounded(self, scope: Scope, key: str, line: int) -> bool:
         """Whether the container is a ``deque`` made with a ``maxlen`` (here, at module level, or in the
         class's ``__init__`` for ``self.<name>``)."""
-        places = [scope.bindings.get(key, ()), self.w.module.bindings.get(key, ())]
-        if key.startswith("self.") and scope.cls is not None:
-            init = self.w.functions.get(f"{scope.cls.name}.__init__")
-            if init is not None:
-                places.append(init.bindings.get(key, ()))
+        places = self._binding_places(scope, key)
         for bound in places:
             made = [
                 b.value for b in bound if b.value is not None and (bound is not places[0] or b.line < line)
