@@ -25,6 +25,7 @@ from torchmem.analysis.host import (
     chain_culprits,
     chain_fix,
     chain_growth,
+    chain_lasted,
     confirmed_chains,
     node_trend,
     object_culprits,
@@ -106,6 +107,50 @@ def test_an_ema_updated_from_parameters_that_require_grad_is_a_growing_autograd_
     assert "`shadow`" in c.fix and "torch.no_grad()" in c.fix and "p.detach()" in c.fix
     assert "+2 nodes/step each" in c.fix and "4 tensors" in c.fix
     assert shadow["0.weight"].grad_fn is not None  # the watcher kept nothing alive nor changed anything
+
+
+def _ema_over_a_draining_cache(steps: int, stop_chain_at: int | None) -> tuple[LeakReport, HostWatcher]:
+    """The EMA chain (~5 KiB/step); from step 100 on the program also drains a cache of 8 KiB CPU tensors,
+    one a step: the C heap rises, then falls while the chain grows. ``stop_chain_at``: the shadow is detached
+    then and updated under no_grad."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    shadow = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cache = [torch.empty(2048) for _ in range(steps)]
+    w = HostWatcher(max_stride=1, node_interval=0.01, node_overhead=0.5).start()  # counts every ~0.2 s
+    for i in range(steps):
+        _train_step(model, opt)
+        if i == stop_chain_at:
+            shadow = {n: t.detach() for n, t in shadow.items()}
+        with torch.set_grad_enabled(stop_chain_at is None or i < stop_chain_at):
+            for n, p in model.named_parameters():
+                shadow[n].mul_(0.99).add_(p, alpha=0.01)
+        if i >= 100:
+            cache.pop()
+        w.step()
+    w.stop()
+    return w.report(), w
+
+
+def test_a_chain_the_heap_figure_does_not_show_is_a_leak_while_the_counts_since_the_scans_rise() -> None:
+    # the scans name the chain while the heap rises; then the cache drains faster than the chain grows and
+    # the figure's own test says it stopped: the live nodes counted since the scans rose by the chain's rate,
+    # the chain never stops, it is the leak
+    r, w = _ema_over_a_draining_cache(300, None)
+    _clean_after(r)
+    assert r.leaking and r.verdict == "leak", str(r)
+    assert r.culprits and r.culprits[0].kind == AUTOGRAD_CHAIN, str(r)
+    assert "a chain never stops growing" in r.reason and "figure's own test does not find a leak" in r.reason
+    assert w.autograd_nodes[-1][1] > w.autograd_nodes[0][1] + 100 * 8  # 8 nodes/step, read without torchmem
+
+
+def test_a_chain_that_stopped_growing_after_the_scans_is_not_a_leak() -> None:
+    # the chain grows for 150 steps (scans name it), then the shadow is detached: the counts since fall
+    r, w = _ema_over_a_draining_cache(300, 150)
+    _clean_after(r)
+    assert not r.leaking, str(r)
+    assert w.autograd_nodes[-1][1] < max(c for _, c in w.autograd_nodes)
+    assert any("did not last" in n for n in r.notes), r.notes  # named at the scans, then it ended
 
 
 class _EMA:
@@ -404,6 +449,21 @@ def test_type_growth_needs_growth_in_every_interval() -> None:
     assert type_growth(counts[:1], [0]) == {}
     assert node_trend([(1, 10)]) is None
     assert node_trend([(1, 10), (2, 12), (3, 14)]) == 2.0
+
+
+def test_a_count_cut_short_by_its_budget_is_a_lower_bound() -> None:
+    counts = [(10, 100), (20, 120), (25, 60), (30, 141)]
+    assert node_trend(counts) is None  # 60 read as a fall
+    assert node_trend(counts, lower_bounds={25}) == 2.05  # "at least 60": says nothing, left out
+    assert node_trend([(10, 100), (20, 120), (25, 60)], lower_bounds={20}) is None  # a complete count fell
+    # a chain of 256 nodes/step seen at step 20: the counts after it decide whether it lasted
+    assert chain_lasted([(20, 5000), (300, 28000)], 20, 256.0) is True
+    assert chain_lasted([(20, 5000), (300, 28000)], 20, 256.0, lower_bounds={300}) is True  # at least: still
+    assert chain_lasted([(20, 5000), (300, 5100)], 20, 256.0) is False
+    assert chain_lasted([(20, 5000), (300, 4000)], 20, 256.0, lower_bounds={300}) is None
+    assert chain_lasted([(20, 5000), (100, 25000), (300, 5000)], 20, 256.0) is False  # the last one decides
+    assert chain_lasted([(20, 5000)], 20, 256.0) is None  # nothing since
+    assert chain_lasted([(30, 5000)], 20, 256.0) is None  # no count at the scans
 
 
 def _path(*steps: HolderStep) -> HolderPath:

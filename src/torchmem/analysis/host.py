@@ -23,7 +23,7 @@ Cost: linear in the heads and types given.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from torchmem._format import fmt_bytes
@@ -176,24 +176,71 @@ def type_growth(
     return out
 
 
-def node_trend(samples: Sequence[tuple[int, int]], *, min_samples: int = 3) -> float | None:
+def node_trend(
+    samples: Sequence[tuple[int, int]], *, min_samples: int = 3, lower_bounds: Collection[int] = ()
+) -> float | None:
     """Autograd nodes added per step over sampled ``(step, live nodes)`` counts: the slope from the first
     sample to the last when every sample rose (``None`` when there are too few samples or they did not
     rise steadily).
+
+    ``lower_bounds``: the steps whose count stopped at its time budget (the graph has at least that many
+    nodes): such a count that is not above the one before says nothing and is left out.
 
     Example:
         >>> node_trend([(10, 100), (20, 120), (30, 141)])
         2.05
         >>> node_trend([(10, 100), (20, 90), (30, 141)]) is None
         True
+        >>> node_trend([(10, 100), (20, 120), (25, 60), (30, 141)], lower_bounds={25})  # 60: "at least"
+        2.05
     """
-    if len(samples) < min_samples:
+    kept: list[tuple[int, int]] = []
+    for s in samples:
+        if s[0] in lower_bounds and kept and s[1] <= kept[-1][1]:
+            continue
+        kept.append(s)
+    if len(kept) < min_samples:
         return None
-    tail = samples[-min_samples:]
+    tail = kept[-min_samples:]
     if not all(b[1] > a[1] and b[0] > a[0] for a, b in itertools.pairwise(tail)):
         return None
     (s0, n0), (s1, n1) = tail[0], tail[-1]
     return (n1 - n0) / (s1 - s0)
+
+
+def chain_lasted(
+    samples: Sequence[tuple[int, int]],
+    since: int,
+    nodes_per_step: float,
+    *,
+    lower_bounds: Collection[int] = (),
+) -> bool | None:
+    """Whether a chain the scans saw grow by ``nodes_per_step`` at step ``since`` went on growing, from the
+    node counts after it: ``True`` when a later count is above the count at ``since`` by a quarter of the
+    chain's rate or more (a count cut short by its budget is a lower bound: still proof), ``False`` when a
+    complete later count is not above it, ``None`` when no count came after.
+
+    Example:
+        >>> chain_lasted([(20, 5000), (300, 28000)], 20, 256.0)
+        True
+        >>> chain_lasted([(20, 5000), (300, 5100)], 20, 256.0)
+        False
+        >>> chain_lasted([(20, 5000), (300, 4000)], 20, 256.0, lower_bounds={300}) is None  # "at least"
+        True
+    """
+    at = [c for s, c in samples if s <= since]
+    if not at or nodes_per_step <= 0:
+        return None
+    base = at[-1]
+    verdict: bool | None = None
+    for s, c in samples:
+        if s <= since:
+            continue
+        if c - base >= 0.25 * nodes_per_step * (s - since):
+            verdict = True
+        elif s not in lower_bounds:
+            verdict = False
+    return verdict
 
 
 def _kib(b: float) -> str:

@@ -309,11 +309,21 @@ def _wall(cap: Capture, t: float) -> float | None:
     return None if cap.started is None else cap.started + t
 
 
+def _oom_wall(cap: Capture, rec: Any) -> float | None:
+    """When an OOM happened (``time.time()``): its event's timestamp, taken when it was raised; else its
+    record's time (written once the program caught it or ended: seconds later on a loaded machine)."""
+    ev = rec.event if isinstance(rec.event, Mapping) else {}
+    ts = ev.get("timestamp")
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        return float(ts)
+    return _wall(cap, rec.t)
+
+
 def _first_oom(caps: Sequence[Capture], rows: list[RankRow]) -> FirstOOM | None:
     events = []
     for cap, r in zip(caps, rows):
         for o in cap.ooms:
-            w = _wall(cap, o.t)
+            w = _oom_wall(cap, o)
             events.append((w if w is not None else float("inf"), o.t, cap, r, o))
     if not events:
         return None
@@ -324,7 +334,7 @@ def _first_oom(caps: Sequence[Capture], rows: list[RankRow]) -> FirstOOM | None:
     summary = "\n".join([x for x in str(d).splitlines() if x.strip()][:4]) if d is not None else ""
     states: list[RankState] = []
     for c, r in zip(caps, rows):
-        snap = next((x for x in c.rank_states if _same_oom(x.trigger, rank_of, r.pid, wall)), None)
+        snap = next((x for x in c.rank_states if _same_oom(x.trigger, rank_of, row.pid, wall)), None)
         if snap is not None:
             delay = None if snap.wall is None or wall == float("inf") else snap.wall - wall
             states.append(
@@ -356,7 +366,10 @@ def _first_oom(caps: Sequence[Capture], rows: list[RankRow]) -> FirstOOM | None:
 
 
 def _same_oom(trigger: Mapping[str, Any], rank: int | None, pid: int | None, wall: float) -> bool:
-    """Whether a ``rank_state`` snapshot was taken for this OOM (its flag's rank and time)."""
+    """Whether a ``rank_state`` snapshot was taken for this OOM: the flag was raised by the process that ran
+    out (its pid), else by its rank within 2 s of the OOM (the flag is raised when the OOM is seen)."""
+    if pid is not None and trigger.get("pid") == pid:
+        return True
     t = trigger.get("wall")
     if isinstance(t, (int, float)) and wall != float("inf") and abs(float(t) - wall) > 2.0:
         return False

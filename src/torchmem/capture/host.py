@@ -91,6 +91,11 @@ class HostWatcher:
         ramp: The strides at most double every 16 readings, from 1 (a short run of fast steps gets readings
             enough for a verdict); ``False``: the budget's stride from the first choice (``torchmem run`` on
             the CPU, where the device watcher reads the same heap at every step).
+        short_runs: Whatever the budget says, the run so far keeps 8 readings of each figure per doubling of
+            its length (every 2nd step at step 16, every 20th at step 160): a loop of a few hundred fast
+            steps gets the readings of a verdict, and the scans that name what grows run inside it. A long
+            run pays ~120 readings more in all. ``False``: the budget's stride only (``torchmem run`` on a
+            GPU, where the host is not the device and scans inside a short run of big steps cost seconds).
         boundary: What one step is (``"optimizer step"``...), copied into the report.
         unit: ``"step"``, or ``"s"`` when :meth:`step` is called once per second of a timeline.
         own_history: torchmem itself turned the CUDA allocator's history recording on (``torchmem run
@@ -127,6 +132,7 @@ class HostWatcher:
         max_stride: int | None = None,
         share: float = 0.005,
         ramp: bool = True,
+        short_runs: bool = True,
         boundary: str = "",
         unit: str = "step",
         own_history: bool = False,
@@ -169,7 +175,11 @@ class HostWatcher:
         # windows, the node counts, the scans.
         self._notes = HostNotes()
         self._schedule = HostSchedule(
-            warmup=warmup, max_stride=max_stride, share=float(share), ramp=bool(ramp)
+            warmup=warmup,
+            max_stride=max_stride,
+            share=float(share),
+            ramp=bool(ramp),
+            short_runs=bool(short_runs),
         )
         self._readings = HostReadings(warmup=warmup, min_bytes_per_step=self.min_bytes_per_step)
         self._tracer = HostTracer(self._figures, self._notes, min_bytes_per_step=self.min_bytes_per_step)
@@ -256,6 +266,16 @@ class HostWatcher:
     def autograd_nodes(self) -> tuple[tuple[int, int], ...]:
         """The sampled counts of live autograd nodes (reachable from live tensors), as ``(step, nodes)``."""
         return tuple(self._nodes.counts)
+
+    @property
+    def short_runs(self) -> bool:
+        """Whether the run so far keeps 8 readings per doubling of its length (see the argument); can be
+        changed while the watch runs (a program that moved to a GPU)."""
+        return self._schedule.short_runs
+
+    @short_runs.setter
+    def short_runs(self, on: bool) -> None:
+        self._schedule.short_runs = bool(on)
 
     @property
     def _scan_steps(self) -> list[int]:

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from torchmem._format import fmt_bytes
-from torchmem.analysis.host import PYTHON_OBJECTS, node_trend
+from torchmem.analysis.host import PYTHON_OBJECTS
 from torchmem.analysis.host_state import ANOMALY, CUDNN_BENCHMARK, MEMORY_HISTORY, PROFILER, checked_note
 from torchmem.analysis.leaks import detect_growth, detect_run_growth
 from torchmem.capture.host_readings import STEADY_READINGS, HostReadings
@@ -90,15 +90,30 @@ def build_report(v: HostView) -> LeakReport:
                     "not count)"
                 )
         chain_rate = sum(f.nodes_per_step for f in scanner.chain_facts)
-        if not leaking and chain_rate > 0 and verdict in ("below_threshold", "noisy"):
-            nodes = node_trend(v.nodes.counts)
-            if nodes is not None and nodes > 0:
+        if not leaking and chain_rate > 0 and scanner.facts_at is not None:
+            lasted = v.nodes.lasted(scanner.facts_at, chain_rate)
+            nodes = v.nodes.trend()
+            if lasted or (
+                lasted is None and verdict in ("below_threshold", "noisy") and nodes is not None and nodes > 0
+            ):
+                # The scans saw the chain grow, and the node counts since say it went on (or, with none
+                # since, they rose and the figure's own test is unsure): a chain never stops growing. The
+                # figure may have been read too rarely since (a loaded machine: a reading's cost sets the
+                # stride) for its own test to say so.
                 leaking, verdict = True, "leak"
                 per_step = max(trend, chain_rate * NODE_BYTES)
+                confidence = max(confidence, 0.9 if lasted else 0.7)
+                last = v.nodes.counts[-1]
+                counted = (
+                    f"{'at least ' if last[0] in v.nodes.lower else ''}{last[1]:,} live autograd nodes at "
+                    f"step {last[0]}"
+                    if lasted
+                    else f"live autograd nodes +{nodes:.1f}/step"
+                )
                 reason = (
-                    f"an autograd chain grows by {chain_rate:.1f} nodes/step (live autograd nodes "
-                    f"+{nodes:.1f}/step) while the heap grows less than the threshold ({reason}): a "
-                    "chain never stops growing"
+                    f"an autograd chain grows by {chain_rate:.1f} nodes/step (scans at step "
+                    f"{scanner.facts_at}; {counted}) while the figure's own test does not find a leak "
+                    f"({reason}): a chain never stops growing"
                 )
         if not leaking and scanner.object_facts:
             growing = scanner.objects_still_growing(v.steps)
@@ -212,7 +227,7 @@ def _states_still_growing(v: HostView, states: Sequence[Culprit], trend: float) 
     if kinds == {ANOMALY}:
         counts = v.nodes.counts
         last = counts[-1] if counts else None
-        rate = node_trend(counts)
+        rate = v.nodes.trend()
         if last is None or last[0] <= (facts_at or 0) or rate is None or rate <= 0:
             return ""
         return f"live autograd nodes keep rising ({rate:+.1f}/step)"

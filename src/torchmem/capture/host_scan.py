@@ -26,6 +26,7 @@ from torchmem.analysis.host import (
     ObjectFact,
     chain_culprits,
     chain_growth,
+    chain_lasted,
     confirmed_chains,
     node_trend,
     object_culprits,
@@ -80,6 +81,7 @@ class HostNodeCounts:
         self._overhead = overhead
         self._budget = budget
         self.counts: list[tuple[int, int]] = []  # (step, nodes)
+        self.lower: set[int] = set()  # the steps whose count stopped at its budget (at least that many)
         self.capped = False
         self._next_t = 0.0
         self.wait = interval
@@ -115,11 +117,23 @@ class HostNodeCounts:
             return
         self.capped = self.capped or capped
         self.counts.append((n, count))
+        if capped:
+            self.lower.add(n)
         if len(self.counts) > 512:
             self.counts = self.counts[::2]
+            kept = {s for s, _ in self.counts}
+            self.lower &= kept
+
+    def trend(self) -> float | None:
+        """Nodes added per step over the last counts (``node_trend``; a count cut short is a lower bound)."""
+        return node_trend(self.counts, lower_bounds=self.lower)
+
+    def lasted(self, since: int, nodes_per_step: float) -> bool | None:
+        """Whether a chain seen growing at step ``since`` went on growing (``chain_lasted``)."""
+        return chain_lasted(self.counts, since, nodes_per_step, lower_bounds=self.lower)
 
     def rising(self) -> bool:
-        rate = node_trend(self.counts)
+        rate = self.trend()
         return rate is not None and rate >= 0.5
 
     def note(self) -> str:
@@ -128,7 +142,11 @@ class HostNodeCounts:
         (s0, c0), (s1, c1) = self.counts[0], self.counts[-1]
         at_least = "at least " if self.capped else ""
         text = f"{at_least}{c1:,} autograd nodes alive at step {s1}"
-        if s1 > s0:
+        top = max(self.counts, key=lambda sc: sc[1])
+        if s1 in self.lower and top[1] > c1:
+            # the last count stopped at its budget below an earlier one: a lower bound, not a fall
+            text += f" (the count stopped at its time budget; {top[1]:,} were counted at step {top[0]})"
+        elif s1 > s0:
             text += f" ({(c1 - c0) / (s1 - s0):+.1f}/step since step {s0})"
         return text + f"; counted every {self.wait:.0f} s or more"
 

@@ -15,6 +15,10 @@ from torchmem.devices._host import process_rss
 _MAX_STRIDE = 1024
 _MAX_HEAP_EVERY = 64
 _READ_OVERHEAD = 1.5e-6  # the Python work around one reading, verdicts amortized (measured: 1-2 µs)
+# The run so far has at least this many readings of each figure per doubling of its length: a short run
+# (150 steps ended before a stride of 44 gave it the readings of a verdict) is judged, at ~8 readings more per
+# doubling than its budget allows until the budget's stride is reached (~120 readings in all, a few ms).
+READINGS_PER_DOUBLING = 8
 
 
 def cost(fn: Any) -> float:
@@ -35,10 +39,14 @@ class HostSchedule:
         max_stride: The most steps between two readings of each figure (``None``: as the cost demands).
         share: The largest share of a step the readings may take.
         ramp: The strides at most double at each choice, from 1.
+        short_runs: The run so far keeps 8 readings per doubling of its length (a short run is judged).
     """
 
-    def __init__(self, *, warmup: int, max_stride: int | None, share: float, ramp: bool) -> None:
+    def __init__(
+        self, *, warmup: int, max_stride: int | None, share: float, ramp: bool, short_runs: bool = True
+    ) -> None:
         self.stride = 1
+        self.short_runs = short_runs
         self.heap_every = 1  # with the heap as the figure, it is read every m-th reading
         self.first_post = warmup + 1  # the first reading after the warm-up (stride 1 until then)
         self.share = share  # the readings' share of a step (torchmem run: less)
@@ -127,6 +135,12 @@ class HostSchedule:
             self.heap_every = max(1, min(heap, 2 * old_heap) // k)
         else:
             k = min(cap, max(1, math.ceil((rest + figure) / (share * step_time))), 2 * old_k)
+        # Never so sparse that the run so far would have had fewer than 8 readings since its first half.
+        young = max(1, self._last_n // READINGS_PER_DOUBLING)
+        if self.short_runs and k * (self.heap_every if self._secondary else 1) > young:
+            k = min(k, young)
+            if self._secondary:
+                self.heap_every = max(1, young // k)
         self.stride = k
         self.why = (step_time, rest + figure / (self.heap_every if self._secondary else 1))
 
