@@ -37,6 +37,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--select", type=_codes, metavar="CODES", help="only these codes or prefixes (TM001,TM00)")
     p.add_argument("--ignore", type=_codes, metavar="CODES", help="skip these codes or prefixes")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="also show the rules and forms of lower measured precision (severity 'info'; "
+        "docs/lint.md, 'Default output'); a code given to --select by its full name is shown anyway",
+    )
     p.add_argument("--explain", metavar="CODE", help="print the page of one rule (why, wrong, right)")
     p.add_argument("--list-rules", action="store_true", help="list every rule with its code")
     p.add_argument("--no-config", action="store_true", help="do not read [tool.torchmem.lint]")
@@ -50,6 +56,7 @@ def _err(message: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from torchmem.lint import RULES, LintConfigError, explain_rule, lint_paths
+    from torchmem.lint._rules import DEFAULT_FORMS, WARNING
     from torchmem.lint._run import config_notes
 
     if args.explain is not None:
@@ -60,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.list_rules:
         for rule in RULES.values():
-            print(f"{rule.code}  {rule.name:<26} {rule.summary}")
+            forms = sorted(form for code, form in DEFAULT_FORMS if code == rule.code)
+            shown = "--all" if not forms else "default" if forms == [""] else f"default ({forms[0]} form)"
+            print(f"{rule.code}  {rule.name:<26} {shown:<28} {rule.summary}")
         return 0
     paths = args.paths or ["."]
     try:
@@ -69,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
         return _err(str(exc))
     except LintConfigError as exc:
         return _err(str(exc))
+    named = {c.upper() for c in args.select or () if c.upper() in RULES}  # --select TM010: wanted
+    hidden = [f for f in findings if not (args.all or f.severity == WARNING or f.code in named)]
+    if hidden:
+        findings = [f for f in findings if args.all or f.severity == WARNING or f.code in named]
     if not args.no_config and not args.quiet:
         for note in config_notes(paths):
             print(f"torchmem: note: {note}", file=sys.stderr)
@@ -76,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([f.to_dict() for f in findings], indent=2))
     elif args.format == "github":
         for f in findings:
-            level = "error" if f.code == "TM000" else "warning"
+            level = "error" if f.code == "TM000" else f.severity if f.severity == WARNING else "notice"
             msg = f"{f.message} (fix: {f.fix})".replace("%", "%25").replace("\n", "%0A")
             print(f"::{level} file={f.path},line={f.line},col={f.col},title={f.code} {f.name}::{msg}")
     else:
@@ -89,6 +102,13 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"Found {len(findings)} {noun} ({codes}). "
                 "`torchmem lint --explain CODE` shows why and the fix."
+            )
+        if hidden and not args.quiet:
+            by_code = Counter(f.code for f in hidden)
+            codes = ", ".join(f"{c}: {n}" for c, n in sorted(by_code.items()))
+            print(
+                f"{len(hidden)} more of lower measured precision not shown ({codes}): "
+                "`torchmem lint --all` shows them."
             )
     if any(f.code == "TM000" for f in findings):
         return 2

@@ -19,6 +19,10 @@ class LintFinding:
         code: The rule's stable code (``"TM001"``); ``"TM000"`` is a file that could not be parsed.
         message: One line: what is wrong here, with the names from the code.
         fix: One line: what to write instead.
+        form: The rule's variant where it has several (TM001: ``"backward-ran"``, ``"output-kept"``,
+            ``"no-backward"``; TM002: ``"eval-mode"``, ``"by-name"``), else ``""``.
+        severity: ``"warning"``: a rule form precise on held-out code, shown by default; ``"info"``: the
+            others, shown by ``torchmem lint --all`` (:data:`torchmem.lint._rules.DEFAULT_FORMS`).
 
     ``str(finding)`` is the line a linter prints::
 
@@ -31,6 +35,8 @@ class LintFinding:
     code: str
     message: str
     fix: str
+    form: str = ""
+    severity: str = "warning"
 
     @property
     def name(self) -> str:

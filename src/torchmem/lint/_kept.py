@@ -40,6 +40,16 @@ UNKNOWN_BACKWARD = (
     "it, its autograd nodes on the host after"
 )
 
+#: TM001's forms, by what the kept value holds: "backward-ran" (the kept tensor is what backward ran on:
+#: its nodes stay), "output-kept" (an output backward ran through), "no-backward" (no backward through
+#: it, or none seen in the scope). Only the first is shown by default (docs/lint.md, "Default output").
+TM001_FORMS = {AFTER_BACKWARD: "backward-ran", OUTPUT_AFTER_BACKWARD: "output-kept"}
+
+
+def tm001_form(grows: str) -> str:
+    """TM001's form for what :meth:`KeptChecks.growth` said the kept value holds."""
+    return TM001_FORMS.get(grows, "no-backward")
+
 
 class KeptChecks:
     """TM001, TM010-TM013; mixed into :class:`torchmem.lint._checker.Rules` (which gives ``w``, ``facts``,
@@ -48,13 +58,12 @@ class KeptChecks:
     w: Walker
     facts: ModuleFacts
     flow: DataFlow
-    kept_eval_scopes: set[int]
     _feeding: dict[int, set[str]]
     _reset_attrs: dict[int, set[str]]
 
     if TYPE_CHECKING:  # Rules (torchmem.lint._checker) defines it; declared here for the type checker only
 
-        def add(self, node: ast.AST, code: str, message: str) -> None: ...
+        def add(self, node: ast.AST, code: str, message: str, form: str = "") -> None: ...
 
     # -- the data flow of backward
     def feeding_backward(self, scope: Scope) -> set[str]:
@@ -162,7 +171,6 @@ class KeptChecks:
             and not self._decodes(lives, key, scope)
             and self._eval_keeps(scope, ctx, key)
         ):
-            self.kept_eval_scopes.add(id(scope))
             self.add(
                 node,
                 "TM010",
@@ -184,6 +192,7 @@ class KeptChecks:
             "TM001",
             f"`{key}` {verb} `{short(value)}`, a tensor that carries its autograd graph, across the "
             f"iterations of a training loop (line {node_line(loop.node)}): {grows}",
+            tm001_form(grows),
         )
 
     @staticmethod
@@ -348,6 +357,7 @@ class KeptChecks:
                     f"`{short(call)}` keeps `{short(arg)}`, a tensor that carries its autograd graph, in "
                     f"`{key}` ({how}, line {node_line(store)}) on every iteration of the training loop "
                     f"(line {node_line(loop.node)}): {grows}",
+                    tm001_form(grows),
                 )
                 return
 
@@ -370,12 +380,14 @@ class KeptChecks:
         loop = next((lp for lp in ctx.loop.chain() if key not in lp.rebound and key not in lp.cleared), None)
         if loop is None:
             return False
+        grows = self.growth(value, fn, node_line(store) + 1)
         self.add(
             call,
             "TM001",
             f"`{short(call)}` runs a training step on every iteration of the loop at line "
             f"{node_line(loop.node)} and keeps `{short(value)}`, a tensor that carries its autograd graph, "
-            f"in `{key}` ({how}, line {node_line(store)}): {self.growth(value, fn, node_line(store) + 1)}",
+            f"in `{key}` ({how}, line {node_line(store)}): {grows}",
+            tm001_form(grows),
         )
         return True
 

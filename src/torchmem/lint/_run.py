@@ -18,7 +18,7 @@ from pathlib import Path
 from torchmem.lint._checker import check_tree
 from torchmem.lint._config import ConfigFinder, LintConfig, check_codes
 from torchmem.lint._finding import LintFinding
-from torchmem.lint._rules import PARSE_ERROR, RULES
+from torchmem.lint._rules import PARSE_ERROR, RULES, severity
 
 #: Folder names never walked into (a path given explicitly is still checked).
 SKIP_DIRS = frozenset(
@@ -135,7 +135,9 @@ def lint_source(
             continue
         seen.add(key)
         text = lines[r.line - 1] if 0 < r.line <= len(lines) else ""
-        out.append(LintFinding(path, r.line, _char_col(text, r.col), r.code, r.message, RULES[r.code].fix))
+        col = _char_col(text, r.col)
+        level = severity(r.code, r.form)
+        out.append(LintFinding(path, r.line, col, r.code, r.message, RULES[r.code].fix, r.form, level))
     out.sort(key=lambda f: (f.line, f.col, f.code))
     return out
 
@@ -248,7 +250,9 @@ def lint_paths(
     Returns:
         The findings, sorted by path, line and column. A file that cannot be read or parsed is one
         finding with code ``"TM000"``; ``# noqa`` and ``# noqa: TM001`` comments suppress findings on
-        their line.
+        their line. Every finding of every selected rule is returned, each with its ``severity``:
+        ``"warning"`` for the rule forms precise on held-out code, ``"info"`` for the others (the command
+        line shows those only with ``--all``; docs/lint.md, "Default output").
 
     Raises:
         FileNotFoundError: A path does not exist.
