@@ -49,13 +49,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return run_all(order, tmp_path_factory, workers=fixture_workers(), env=CPU_ENV, fork_server=True)
 
 
-# A known regression of this session (issue 26's holder search: each graph node's saved tensors are reached
-# from its nearest graph holders): `logits` and `hidden` both keep the chain and now read alike, and the run
-# names `logits`, the step's output, where `hidden`, the state carried from token to token, is the holder to
-# fix. Strict: this fails once `hidden` is named again.
-_KNOWN = {
-    "autoregressive_hidden": "the carried `hidden` and the step's output `logits` tie; `logits` is named",
-}
+_KNOWN: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ Pure functions over typed holder paths (re-exported by :mod:`torchmem.analysis.l
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from torchmem.analysis.leak_fixes import (
@@ -332,21 +332,38 @@ def _grad_graph_owner(path: HolderPath) -> str:
     return owner
 
 
-def _main_pattern(paths: Sequence[HolderPath]) -> str:
+def _main_pattern(paths: Sequence[HolderPath], carried: Collection[str] = ()) -> str:
     """The holder most sampled storages share (a container beats the loop variable of the last step; of
     holders equally shared, one that reaches them through a list of per-step objects — ``outputs[2]`` over
-    the loop variable ``out`` holding the same last output — then the one with the shortest path: the
-    variable that carries a graph from step to step, not the step's output whose graph reaches it one node
-    later)."""
+    the loop variable ``out`` holding the same last output — then a variable the program's loop carries from
+    iteration to iteration (``carried``: read before it is written, as ``hidden`` in ``logits, hidden =
+    model(tokens, hidden)``) over the step's output whose graph reaches the same tensors, then the one with
+    the shortest path)."""
     counts: dict[str, int] = {}
     hops: dict[str, int] = {}
     seq: dict[str, bool] = {}
+    loop: dict[str, bool] = {}
     for p in paths:
         k = holder_pattern(p)
         counts[k] = counts.get(k, 0) + 1
         hops[k] = min(hops.get(k, len(p.steps)), len(p.steps))
         seq[k] = seq.get(k, False) or _through_a_sequence(p)
-    return max(counts, key=lambda k: (counts[k], "[*]" in k, seq[k], -hops[k]))
+        loop[k] = loop.get(k, False) or (bool(carried) and _carried_variable(p, carried))
+    best = max(counts, key=lambda k: (counts[k], "[*]" in k, seq[k], loop[k], -hops[k]))
+    if loop[best] or "[*]" in best or seq[best]:
+        return best
+    # A variable the loop carries reaches the same tensors as the step's output that beat it by a sample or
+    # two (the output reaches the newest one first): the carried state is the holder to fix.
+    near = [k for k in counts if loop[k] and counts[k] >= counts[best] - max(1, counts[best] // 4)]
+    return max(near, key=lambda k: (counts[k], -hops[k])) if near else best
+
+
+def _carried_variable(path: HolderPath, carried: Collection[str]) -> bool:
+    """Whether the path's holder is a variable itself (a module global or a frame local, no attribute or
+    item after it before the autograd hops) that the loop carries."""
+    steps = _holder_steps(path)
+    variables = [s for s in steps if s.kind in (StepKind.MODULE_GLOBAL, StepKind.FRAME_LOCAL)]
+    return bool(variables) and steps[-1] is variables[-1] and variables[-1].name in carried
 
 
 def _through_a_sequence(path: HolderPath) -> bool:
@@ -370,19 +387,22 @@ def attribute(
     total_per_step: float | None = None,
     unit: str = "step",
     device: str | None = None,
+    carried: Collection[str] = (),
 ) -> tuple[Culprit, ...]:
     """Group growing sites by the holder that keeps their memory, classify each group, and give its fix.
 
     Sites kept by the same holder (``losses[*]`` keeps both the loss and the activations its graph saved)
     become one culprit, largest first. The kind comes from the step kinds of the typed holder paths; the
     culprit carries the readable path of its holder. ``unit`` (``"step"``, or ``"s"`` when the rates are per
-    second of a timeline) and ``device`` (the watched device) word the fix (:func:`fix_for`).
+    second of a timeline) and ``device`` (the watched device) word the fix (:func:`fix_for`). ``carried``:
+    the variables the program's loop hands from iteration to iteration (read before written), preferred
+    among holders that share the same tensors equally.
     """
     groups: dict[str, list[SiteGrowth]] = {}
     for g in growth:
         if g.bytes_per_step < min_bytes_per_step:
             continue
-        key = _main_pattern(g.paths) if g.paths else f"<unheld {g.site}>"
+        key = _main_pattern(g.paths, carried) if g.paths else f"<unheld {g.site}>"
         groups.setdefault(key, []).append(g)
     culprits: list[Culprit] = []
     metrics: dict[int, tuple[str, str, str]] = {}  # id(culprit) -> its metric's (owner, state, reset)

@@ -127,6 +127,56 @@ def dotted_loads(code: CodeType, first: int, last: int) -> tuple[tuple[str, ...]
     return got
 
 
+_STORES = frozenset({"STORE_NAME", "STORE_GLOBAL", "STORE_FAST", "STORE_DEREF"})
+_carried: dict[tuple[CodeType, int, int], frozenset[str]] = {}
+
+
+def carried_names(code: CodeType, first: int, last: int) -> frozenset[str]:
+    r"""The variables the loop between offsets ``first`` and ``last`` reads before it writes them, and writes:
+    the state each iteration hands to the next (``logits, hidden = model(tokens, hidden)``: ``hidden``, not
+    ``logits``), in the order of the loop's code (a branch is read as if both sides ran).
+
+    Example:
+        >>> src = "for _ in range(3):\n    out, h = f(x, h)\n    x = out.argmax()\n    log.append(out)"
+        >>> code = compile(src, "<loop>", "exec")
+        >>> sorted(carried_names(code, *loop_ranges(code)[0]))
+        ['h', 'x']
+    """
+    key = (code, first, last)
+    got = _carried.get(key)
+    if got is None:
+        read_first: set[str] = set()
+        written: set[str] = set()
+        for ins in dis.get_instructions(code):
+            if ins.offset < first or ins.offset > last:
+                continue
+            op, arg = ins.opname, ins.argval
+            names = arg if isinstance(arg, tuple) else (arg,)
+            if op == "STORE_FAST_LOAD_FAST" and len(names) == 2:  # 3.13: a store, then a load
+                written.add(str(names[0]))
+                if names[1] not in written:
+                    read_first.add(str(names[1]))
+            elif op in _STORES or op == "STORE_FAST_STORE_FAST":
+                written.update(str(n) for n in names)
+            elif (op in _NAME_LOADS or op == "LOAD_FAST_LOAD_FAST") and op != "LOAD_FAST_AND_CLEAR":
+                read_first.update(str(n) for n in names if n not in written)
+        got = _carried[key] = frozenset(read_first & written)
+    return got
+
+
+def loop_carried(frame: FrameType | None, program: str | None = None) -> frozenset[str]:
+    """The names carried from iteration to iteration (:func:`carried_names`) by the loops the program's
+    frames on this stack are in now (the outermost first; a frame's innermost loop)."""
+    out: set[str] = set()
+    for fr in program_frames(frame, program):
+        if not _is_user(fr):
+            continue
+        loop = innermost_loop(fr.f_code, fr.f_lasti)
+        if loop is not None:
+            out |= carried_names(fr.f_code, *loop)
+    return frozenset(out)
+
+
 def _lookup(frame: FrameType, name: str) -> Any:
     missing = object()
     if frame.f_code.co_flags & 0x02:  # CO_NEWLOCALS: a function's frame
@@ -240,4 +290,13 @@ def loop_calls(
             return  # the outermost loop's calls first; a frame further in is looked at once they are tried
 
 
-__all__ = ["MAX_CALLS", "dotted_loads", "innermost_loop", "loop_calls", "loop_ranges", "where_bound"]
+__all__ = [
+    "MAX_CALLS",
+    "carried_names",
+    "dotted_loads",
+    "innermost_loop",
+    "loop_calls",
+    "loop_carried",
+    "loop_ranges",
+    "where_bound",
+]

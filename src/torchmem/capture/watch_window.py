@@ -208,6 +208,7 @@ class Attribution:
                 max_paths=self._max_paths,
                 device=self._device,
                 note=self._note,
+                carried=_carried_here(),
             )
         except Exception as exc:
             self._on_error("attribution", exc)
@@ -215,6 +216,19 @@ class Attribution:
             self._attributing = False
             if self._host_figure:
                 self._exclude(self._read() - before)
+
+
+def _carried_here() -> frozenset[str]:
+    """The variables the program's loops on this thread's stack carry from iteration to iteration (the
+    attribution runs at a step's end, inside the program's loop); empty where none is found."""
+    import sys
+
+    from torchmem.capture.loop_calls import loop_carried
+
+    try:
+        return loop_carried(sys._getframe(1))
+    except Exception:
+        return frozenset()
 
 
 def _no_reading() -> int:
@@ -229,10 +243,12 @@ def find_culprits(
     max_paths: int,
     device: str,
     note: Callable[[str], None],
+    carried: frozenset[str] = frozenset(),
 ) -> tuple[Culprit, ...]:
     """The culprits of the growth ``win`` saw (the watch's ``growth`` at the last reading): the sites whose
     live bytes kept rising, joined to their holders (``max_paths`` paths per storage), autograd graphs and
-    reference cycles."""
+    reference cycles. ``carried``: the variables the program's loop carries (preferred among holders of the
+    same tensors)."""
     by_growth = site_growth(list(win.maps))
     if not by_growth:
         return ()
@@ -314,7 +330,7 @@ def find_culprits(
     # growth reported for its total); deep mode lists every site that keeps growing.
     limit = min(min_bytes_per_step, growth.min_bytes_per_step or min_bytes_per_step) / 4
     floor = limit if growth.leaking else 4096
-    return attribute(facts, min_bytes_per_step=min(floor, limit), device=device)
+    return attribute(facts, min_bytes_per_step=min(floor, limit), device=device, carried=carried)
 
 
 def _dict_of(o: Any) -> Any:

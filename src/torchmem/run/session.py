@@ -484,7 +484,9 @@ class Session:
         survivors = self._watchers.survivors_report(self._steps, self._source.label, leak)
         if leak is not None:
             try:
-                leak = verdicts.named(leak, survivors, self.device, self._born_before)
+                leak = verdicts.named(
+                    leak, survivors, self.device, self._born_before, carried=self._source.carried
+                )
             except Exception as e:
                 note(f"the leak could not be named ({type(e).__name__}: {e})")
             self._records.record("leak", report=leak.to_dict(), final=True)

@@ -49,6 +49,30 @@ class StepSource:
         self._switches: list[str] = []
         self._first_readings: dict[str, int] = {}  # boundary kind -> the figure at its first event
         self._replay: int | None = None  # the next step's figure, read earlier (StepBoundaries on_first)
+        self._carried: set[str] = set()
+        self._carried_looks = 0
+
+    @property
+    def carried(self) -> frozenset[str]:
+        """The variables the program's loop hands from iteration to iteration (read before they are
+        written: ``hidden`` in ``logits, hidden = model(tokens, hidden)``), from the loops the program was in
+        at its first step boundaries: the holder to name among those that keep the same tensors."""
+        return frozenset(self._carried)
+
+    def _look_at_loop(self) -> None:
+        """At the first three boundaries on the program's thread: the variables its loops carry."""
+        if self._carried_looks >= 3 or threading.get_ident() != self._main:
+            return
+        self._carried_looks += 1
+        try:
+            from torchmem.capture.loop_calls import loop_carried
+
+            argv = self._argv
+            program = os.path.abspath(argv[0]) if argv and os.path.isfile(argv[0]) else None
+            self._carried |= loop_carried(sys._getframe(1), program)
+        except Exception as exc:  # the holder is then chosen without it
+            self._carried_looks = 3
+            self._records.note(f"the loop's carried variables were not read ({type(exc).__name__}: {exc})")
 
     @property
     def kind(self) -> str | None:
@@ -133,6 +157,7 @@ class StepSource:
 
     def _on_boundary(self) -> None:
         if not self._records.disabled and not self.step_marker:
+            self._look_at_loop()
             self._step()
 
     def _on_first(self, kind: str) -> None:
@@ -154,6 +179,7 @@ class StepSource:
 
     def _unit_step(self) -> None:
         if self._kind == "unit" and not self._records.disabled:
+            self._look_at_loop()
             self._step()
 
     def _on_switch(self, kind: str, label: str) -> None:

@@ -26,7 +26,13 @@ def labelled(rep: LeakReport, label: str, switches: tuple[str, ...] | None = Non
     return dataclasses.replace(rep, boundary=label, notes=tuple(switches) + tuple(rep.notes))
 
 
-def named(leak: LeakReport, survivors: Any, device: torch.device, born_before: set[int]) -> LeakReport:
+def named(
+    leak: LeakReport,
+    survivors: Any,
+    device: torch.device,
+    born_before: set[int],
+    carried: frozenset[str] = frozenset(),
+) -> LeakReport:
     """A leak the watcher found with no culprit (it was found in the last steps, or in a short run, before
     the exact ledger could attribute it): name it from what the loop's recorded steps allocated and still
     hold (allocation site and holder), else from the tensors born during the run that are still alive
@@ -73,7 +79,7 @@ def named(leak: LeakReport, survivors: Any, device: torch.device, born_before: s
                 ),
             )
         return leak
-    culprits = attribute(facts, min_bytes_per_step=0.0, unit=unit, device=str(device))
+    culprits = attribute(facts, min_bytes_per_step=0.0, unit=unit, device=str(device), carried=carried)
     if not culprits:
         return leak
     return dataclasses.replace(leak, culprits=culprits, notes=(*leak.notes, note))
