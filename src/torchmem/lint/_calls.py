@@ -126,7 +126,7 @@ class CallEvents:
                     scope.events.append(("empty_cache", call, ctx, None))
             elif name == "requires_grad_" and isinstance(func, ast.Attribute) and turns_off_grad(call):
                 self._freeze(func.value, scope, ctx)
-            elif name == "train" and isinstance(func, ast.Attribute) and ctx.loop is not None:
+            elif name == "train" and isinstance(func, ast.Attribute):
                 if not call.args or not is_const(call.args[0], False):  # model.train(), model.train(True)
                     self._mode(func.value, scope, ctx, call, "train")
             elif name == "eval" and isinstance(func, ast.Attribute) and not call.args and not call.keywords:
@@ -231,9 +231,12 @@ class CallEvents:
 
     @staticmethod
     def _mode(recv: ast.expr, scope: Scope, ctx: Ctx, call: ast.Call, mode: str) -> None:
-        """Record ``model.train()`` / ``model.eval()`` called inside a loop, where it is in the loop."""
+        """Record ``model.train()`` / ``model.eval()``: where it is, and in which loop."""
         key = container_key(recv)
-        if key is not None and ctx.loop is not None:
+        if key is None:
+            return
+        scope.modes.append((key, (call.lineno, call.col_offset), mode))
+        if ctx.loop is not None:
             scope.modes_in_loops.append((key, ctx.loop, (call.lineno, call.col_offset), mode))
 
     @staticmethod

@@ -396,7 +396,9 @@ class Rules(KeptChecks):
                 for key, arms in scope.eval_branches.items()
                 if any(same_path(arm, loop.branch) for arm in arms)
             }
-            in_eval = [c for c in calls if self._called_on(c, this_loops)]
+            in_eval = [
+                c for c in calls if self._called_on(c, this_loops) and self._eval_before(c, scope, bound_eval)
+            ]
             if in_eval:
                 found = (loop, in_eval[0], "eval-mode")
                 break
@@ -418,6 +420,16 @@ class Rules(KeptChecks):
             "no_grad); memory grows step after step only if outputs are kept (TM010)",
             form,
         )
+
+    def _eval_before(self, call: ast.Call, scope: Scope, bound_eval: set[str]) -> bool:
+        """The called model's last `train()`/`eval()` before the call (in the function's order) is an
+        `eval()`, or it was bound from an `.eval()` (`model = wrap(m).eval()`): a loop before the
+        function's `model.eval()` (a training-mode test run first) is not an evaluation."""
+        pos = (call.lineno, call.col_offset)
+        before = [(at, mode) for key, at, mode in scope.modes if at < pos and self._called_on(call, {key})]
+        if before:
+            return max(before)[1] == "eval"
+        return self._called_on(call, bound_eval)
 
     def _trained_in(self, call: ast.Call, scope: Scope, loop: Loop) -> bool:
         """The loop puts the called model in training mode itself before the call (the last

@@ -81,6 +81,8 @@ class Scope:
     eval_branches: dict[str, list[Branch]] = field(default_factory=dict)  # where each receiver's eval() is
     # `model.train()` / `model.eval()` inside a loop: (receiver, loop, (line, col), "train" or "eval")
     modes_in_loops: list[tuple[str, Loop, tuple[int, int], str]] = field(default_factory=list)
+    # every `model.train()` / `model.eval()` of the scope: (receiver, (line, col), "train" or "eval")
+    modes: list[tuple[str, tuple[int, int], str]] = field(default_factory=list)
     frozen: set[str] = field(default_factory=set)  # `model` of `model.requires_grad_(False)` (no graph)
     events: list[tuple[str, ast.AST, Ctx, object]] = field(default_factory=list)
     eval_loops: list[Loop] = field(default_factory=list)  # outermost loops with a model call, in order

@@ -45,11 +45,43 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_text_output_and_exit_1(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(["train.py"]) == 1
+    assert run(["--all", "train.py"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert re.fullmatch(r"train\.py:6:5: TM001 `total` accumulates `loss`.* \(fix: .*\.item\(\).*\)", out[0])
     assert out[1].startswith("train.py:7:5: TM008 ")
     assert out[2].startswith("Found 2 problems (TM001: 1, TM008: 1)")
+    assert len(out) == 3
+
+
+def test_default_output_hides_the_forms_of_lower_precision(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TM001 on the loss backward ran on is a warning, shown; TM008 (0 of 4 true on held-out code) is
+    info: counted under the findings, shown by --all or by naming its code."""
+    assert run(["train.py"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("train.py:6:5: TM001 ")
+    assert out[1].startswith("Found 1 problem (TM001: 1)")
+    assert out[2] == (
+        "1 more of lower measured precision not shown (TM008: 1): `torchmem lint --all` shows them."
+    )
+    (project / "only_info.py").write_text("optimizer.zero_grad(set_to_none=False)\n")
+    assert run(["only_info.py"]) == 0  # nothing shown: nothing to fail CI on
+    assert "1 more of lower measured precision not shown (TM008: 1)" in capsys.readouterr().out
+    assert run(["-q", "only_info.py"]) == 0
+    assert capsys.readouterr().out == ""
+    assert run(["--all", "only_info.py"]) == 1
+    assert run(["--select", "TM008", "-q", "only_info.py"]) == 1  # named: wanted
+    assert capsys.readouterr().out.splitlines()[-1].split()[1] == "TM008"
+
+
+def test_findings_carry_their_form_and_severity() -> None:
+    (tm001, tm008) = lint_source(BAD)
+    assert (tm001.code, tm001.form, tm001.severity) == ("TM001", "backward-ran", "warning")
+    assert (tm008.code, tm008.form, tm008.severity) == ("TM008", "", "info")
+    kept_output = BAD.replace("total += loss", "total += model(x)")  # no backward through it
+    (tm001,) = [f for f in lint_source(kept_output) if f.code == "TM001"]
+    assert (tm001.form, tm001.severity) == ("no-backward", "info")
 
 
 def test_clean_file_exits_0(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -58,26 +90,33 @@ def test_clean_file_exits_0(project: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_json_format(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(["--format", "json", "train.py"]) == 1
+    assert run(["--format", "json", "--all", "train.py"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert [(d["code"], d["line"], d["col"], d["name"]) for d in data] == [
-        ("TM001", 6, 5, "graph-accumulated"),
-        ("TM008", 7, 5, "zero-grad-keeps-buffers"),
+    assert [(d["code"], d["line"], d["col"], d["name"], d["severity"]) for d in data] == [
+        ("TM001", 6, 5, "graph-accumulated", "warning"),
+        ("TM008", 7, 5, "zero-grad-keeps-buffers", "info"),
     ]
     assert data[0]["path"] == "train.py" and data[0]["fix"] and data[0]["explain"].endswith("TM001")
+    assert data[0]["form"] == "backward-ran"
+    assert run(["--format", "json", "train.py"]) == 1
+    assert [d["code"] for d in json.loads(capsys.readouterr().out)] == ["TM001"]
 
 
 def test_github_format(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["--format", "github", "train.py"]) == 1
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("::warning file=train.py,line=6,col=5,title=TM001 graph-accumulated::")
+    assert run(["--format", "github", "--all", "train.py"]) == 1
+    second = capsys.readouterr().out.splitlines()[1]
+    assert second.startswith("::notice file=train.py,line=7,col=5,title=TM008 zero-grad-keeps-buffers::")
 
 
 def test_select_and_ignore(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["--select", "TM008", "-q", "train.py"]) == 1
     assert [ln.split()[1] for ln in capsys.readouterr().out.splitlines()] == ["TM008"]
     assert run(["--ignore", "TM001,TM008", "train.py"]) == 0
-    assert run(["--select", "TM00", "--ignore", "TM001", "-q", "train.py"]) == 1
+    assert run(["--select", "TM00", "--ignore", "TM001", "-q", "train.py"]) == 0  # a prefix: TM008 hidden
+    assert run(["--select", "TM00", "--ignore", "TM001", "--all", "-q", "train.py"]) == 1
     assert "TM001" not in capsys.readouterr().out
     assert run(["--select", "TM999", "train.py"]) == 2
     assert "unknown rule code 'TM999'" in capsys.readouterr().err
@@ -173,7 +212,7 @@ def test_bad_configuration_is_exit_2(project: Path, capsys: pytest.CaptureFixtur
     assert run(["."]) == 2
     assert "TM777" in capsys.readouterr().err
     (project / "pyproject.toml").write_text('[tool.torchmem.lint]\nignore = "TM001"\nspeed = 3\n')
-    assert run(["train.py"]) == 1
+    assert run(["--all", "train.py"]) == 1
     assert "unknown key 'speed'" in capsys.readouterr().err
 
 
@@ -198,7 +237,9 @@ def test_every_rule_has_a_page_whose_wrong_example_fires_and_right_example_does_
     wrong = re.search(r"## Wrong\n\n```python\n(.*?)```", page, re.S)
     right = re.search(r"## Right\n\n```python\n(.*?)```", page, re.S)
     assert wrong and right
-    assert {f.code for f in lint_source(wrong.group(1), "example.py")} == {code}
+    # TM010's example is an eval() loop: TM002 reports that loop too (TM010 is not shown by default)
+    expected = {code, "TM002"} if code == "TM010" else {code}
+    assert {f.code for f in lint_source(wrong.group(1), "example.py")} == expected
     assert lint_source(right.group(1), "example.py") == []
 
 

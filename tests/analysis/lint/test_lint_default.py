@@ -1,0 +1,154 @@
+"""The default output of ``torchmem lint``: which rule forms are warnings (shown) and which are info (shown by
+``--all``), decided by their precision on held-out code (docs/lint.md, "Default output"), and what the
+default output still catches of the written table of anti-pattern forms (``test_lint_forms.FORMS``)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from test_lint_forms import FORMS, HEAD
+
+from torchmem.lint import lint_source
+from torchmem.lint._rules import DEFAULT_FORMS, RULES
+
+#: The forms of the written table that only ``--all`` finds: their rules (or forms) are info, and no
+#: warning fires on them. docs/lint.md lists the same rows.
+DEFAULT_MISSED = {
+    "history[step] = out (the model output)",
+    "detectron2 style: totals[k] += v over loss_dict.items()",
+    "eval loop keeping outputs in the same function as training",
+    "train then eval in one script, outputs kept",
+    "val loop inside the epoch loop keeps logits",
+    "validation losses stacked after the loop",
+    "errors.append(e) in a training loop",
+    "(index, exception) pairs kept",
+    "exceptions kept in a dict by batch",
+    "sys.exc_info() kept",
+    "a trainer method keeps {step, error} dicts",
+    "self.history.append(out) in forward",
+    "a running sum on the module in forward",
+    "attention maps kept per call",
+    "outputs kept per layer name in forward",
+    "state chained through softmax with retain_graph=True (ReAgent's estimator)",
+    "empty_cache() every step",
+    "retain_graph=True with a hidden state carried",
+    ".cuda() in Dataset.__getitem__",
+    "torch.load without map_location per rank",
+    "zero_grad(set_to_none=False)",
+}
+
+
+def _findings(src: str, path: str = "train.py") -> list[tuple[str, str, str]]:
+    return [(f.code, f.form, f.severity) for f in lint_source(HEAD + textwrap.dedent(src), path)]
+
+
+def _warnings(src: str) -> list[str]:
+    return [f.code for f in lint_source(HEAD + textwrap.dedent(src), "train.py") if f.severity == "warning"]
+
+
+@pytest.mark.parametrize(
+    ("form", "code", "wrong"), [(f, c, w) for f, c, w, _ in FORMS], ids=[f for f, *_ in FORMS]
+)
+def test_default_output_on_the_table_of_forms(form: str, code: str, wrong: str) -> None:
+    """Every form is caught by a warning (its own rule's, or TM002's on the same eval-mode loop), except
+    the forms listed in DEFAULT_MISSED, which only --all finds (and does: test_lint_forms)."""
+    if form in DEFAULT_MISSED:
+        assert _warnings(wrong) == [], form
+        assert code in [c for c, _, _ in _findings(wrong)], form
+    else:
+        assert set(_warnings(wrong)) & {code, "TM002"}, form
+
+
+def test_default_recall_figure() -> None:
+    """The figure docs/lint.md gives: the default output catches 37 of the 58 forms."""
+    assert {f for f, *_ in FORMS} >= DEFAULT_MISSED
+    assert (len(FORMS) - len(DEFAULT_MISSED), len(FORMS)) == (37, 58)
+
+
+def test_tm002_eval_mode_is_shown_and_by_name_is_info() -> None:
+    by_name = """
+    def evaluate(model, loader):
+        for x in loader:
+            model(x)
+    """
+    assert _findings(by_name) == [("TM002", "by-name", "info")]
+    # the same function putting the called model in eval() mode: the eval-mode form, whatever its name
+    eval_mode = by_name.replace("    for x in loader:", "    model.eval()\n        for x in loader:")
+    assert _findings(eval_mode) == [("TM002", "eval-mode", "warning")]
+    helper = eval_mode.replace("model.eval()", "other.eval()")  # eval() on another module: by name only
+    assert _findings(helper) == [("TM002", "by-name", "info")]
+
+
+def test_tm002_needs_the_eval_before_the_loop() -> None:
+    """NeMo's test_conformer_encoder.py runs the model in train() mode first, then eval(): only the loop
+    after the eval() is an evaluation (the first is a training-mode forward)."""
+    src = """
+    def check_dropout(model, x):
+        model.train()
+        outputs = [None] * 5
+        for i in range(5):
+            outputs[i] = model(x)[0]
+        model.eval()
+        for i in range(5):
+            outputs[i] = model(x)[0]
+    """
+    tm002 = [f for f in lint_source(HEAD + textwrap.dedent(src), "train.py") if f.code == "TM002"]
+    assert [(f.line, f.form, f.severity) for f in tm002] == [(11, "eval-mode", "warning")]
+    only_first = src.split("    model.eval()")[0]  # the training-mode loop alone: no finding
+    assert _findings(only_first) == []
+    eval_after = only_first.replace("model.train()", "pass") + "    model.eval()\n"  # eval() only after it
+    assert "TM002" not in [c for c, _, _ in _findings(eval_after)]
+
+
+def test_tm002_reports_an_eval_loop_that_tm010_reports_too() -> None:
+    """TM010 is info: the eval-mode loop that keeps its outputs is still a warning through TM002."""
+    src = """
+    def predict(model, loader):
+        model.eval()
+        preds = []
+        for x in loader:
+            preds.append(model(x))
+        return preds
+    """
+    assert _findings(src) == [("TM002", "eval-mode", "warning"), ("TM010", "", "info")]
+    assert _findings(src.replace("model.eval()", "pass")) == [
+        ("TM002", "by-name", "info"),
+        ("TM010", "", "info"),
+    ]
+
+
+def test_tm001_forms_by_what_backward_ran_on() -> None:
+    loop = """
+    kept = []
+    for x, y in loader:
+        out = model(x)
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        optimizer.step()
+        kept.append({value})
+    """
+    assert _findings(loop.format(value="loss")) == [("TM001", "backward-ran", "warning")]
+    assert _findings(loop.format(value="out")) == [("TM001", "output-kept", "info")]
+    assert _findings(loop.format(value="model(x)")) == [("TM001", "no-backward", "info")]
+    assert _findings(loop.format(value="loss.item()")) == []
+
+
+def test_every_rule_is_shown_by_default_or_only_on_request() -> None:
+    """DEFAULT_FORMS names only real rules; rules absent from it give info findings."""
+    assert {code for code, _ in DEFAULT_FORMS} <= set(RULES)
+    tm006 = """
+    import os
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    state = torch.load("ckpt.pt")
+    """
+    assert _findings(tm006) == [("TM006", "", "info")]
+    tm012 = """
+    for x, y in loader:
+        model.register_forward_hook(lambda m, i, o: None)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+    """
+    assert _findings(tm012) == [("TM012", "", "warning")]
