@@ -46,10 +46,13 @@ MIN_BYTES = 4096
 
 class LineCounter:
     """Counts the line events of torchmem's own code run inside :meth:`wrap`'s calls (the watcher's step
-    work; the exact accounting's per-op work between steps is not in it)."""
+    work; the exact accounting's per-op work between steps is not in it) while :attr:`on`: the loops turn
+    it on for the steps :func:`early_late` compares (tracing every line of every step costs ~5x the step;
+    the steps between the two windows run as they would untraced)."""
 
     def __init__(self) -> None:
         self.lines = 0
+        self.on = True
 
     def _global(self, frame: types.FrameType, event: str, arg: Any) -> Any:
         name = frame.f_code.co_filename
@@ -64,6 +67,9 @@ class LineCounter:
 
     def wrap(self, fn: Callable[[], None]) -> Callable[[], None]:
         def counted() -> None:
+            if not self.on:
+                fn()
+                return
             old = sys.gettrace()
             sys.settrace(self._global)
             try:
@@ -127,23 +133,36 @@ def run_counted(
     )
     c = LineCounter()
     w.step = c.wrap(w.step)  # type: ignore[method-assign]  # the iterator calls self.step() at each boundary
+    counted = compared(steps)
+    c.on = counted(0)
     last = 0
-    for _ in w:
+    for i, _ in enumerate(w):
         opt.zero_grad(set_to_none=True)
         lin(x).sum().backward()
         opt.step()
         kept.append(torch.zeros(keep))
         per_step.append(c.lines - last)  # the watcher's work at the boundary before this step
         last = c.lines
+        c.on = counted(i + 1)  # the boundary before the next step is in the iterator's next()
     elements = kept_elements(w)
     kept.clear()
     return per_step, elements, w
 
 
+def _window(steps: int) -> int:
+    return min(1000, steps // 4)
+
+
+def compared(steps: int) -> Callable[[int], bool]:
+    """Whether step ``i`` of a run of ``steps`` is in one of the two windows :func:`early_late` compares."""
+    m = _window(steps)
+    return lambda i: 200 <= i < 200 + m or steps - m <= i < steps
+
+
 def early_late(per_step: list[int]) -> tuple[float, float]:
     """Mean lines per step over ``m`` steps from step 201 (after the warm-up and the start) and over the
     last ``m`` (``m``: 1,000, or a quarter of a shorter run)."""
-    m = min(1000, len(per_step) // 4)
+    m = _window(len(per_step))
     return statistics.fmean(per_step[200 : 200 + m]), statistics.fmean(per_step[-m:])
 
 
@@ -204,9 +223,11 @@ def test_torchmem_runs_per_step_work_does_not_grow_with_the_run(tmp_path: Path) 
     c = LineCounter()
     session._step_work = c.wrap(session._step_work)  # type: ignore[method-assign]  # Session.step calls it
     per_step: list[int] = []
+    counted = compared(STEPS)
     last = 0
     try:
-        for _ in range(STEPS):
+        for i in range(STEPS):
+            c.on = counted(i)
             opt.zero_grad(set_to_none=True)
             lin(x).sum().backward()
             opt.step()  # the step boundary
