@@ -43,6 +43,16 @@ def _without_workers(loader: ast.Call) -> bool:
     return is_const(value, None) or (isinstance(value, ast.Constant) and value.value == 0)
 
 
+def _is_eval_call(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and not node.args and last_name(node.func) == "eval"
+
+
+def _made_in_eval_mode(value: ast.Call) -> bool:
+    """A value bound from a model in eval() mode: ``wrap(m).eval()``, or a wrapper given ``m.eval()`` as
+    its first argument (``prepare(m.eval(), qconfig)``, which returns that model, observers added)."""
+    return _is_eval_call(value) or (bool(value.args) and _is_eval_call(value.args[0]))
+
+
 @dataclass(frozen=True)
 class RawFinding:
     line: int
@@ -370,10 +380,10 @@ class Rules(KeptChecks):
         # not shown by default (docs/lint.md, "Default output") and the fix (no_grad) is the same.
         if scope.backward_roots:
             return  # `torch.autograd.grad(...)` on what the loop computes: its gradients are used
-        bound_eval = {  # model = get_peft_model(...).eval()
+        bound_eval = {  # model = get_peft_model(...).eval(); prepared = prepare(model.eval(), qconfig)
             key
             for key, bound in scope.bindings.items()
-            if any(isinstance(b.value, ast.Call) and last_name(b.value.func) == "eval" for b in bound)
+            if any(isinstance(b.value, ast.Call) and _made_in_eval_mode(b.value) for b in bound)
         }
         frozen = scope.frozen | self.w.module.frozen
         # Two forms, by what says the loop evaluates. "eval-mode": the model this function put in eval()

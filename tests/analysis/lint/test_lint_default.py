@@ -152,3 +152,18 @@ def test_every_rule_is_shown_by_default_or_only_on_request() -> None:
         optimizer.step()
     """
     assert _findings(tm012) == [("TM012", "", "warning")]
+
+
+def test_tm002_a_model_prepared_from_an_eval_model_is_in_eval_mode() -> None:
+    """TorchServe's IPEX handler calibrates `prepared = prepare(user_model.eval(), qconfig)` with autograd
+    on: the wrapper returns the model it is given, in eval() mode. The same wrapper given a model that
+    was never put in eval() mode is not an evaluation."""
+    src = """
+    def calibrate(user_model, loader, qconfig):
+        prepared_model = prepare({model}, qconfig)
+        for x in loader:
+            prepared_model(x)
+    """
+    assert _findings(src.format(model="user_model.eval()")) == [("TM002", "eval-mode", "warning")]
+    assert _findings(src.format(model="user_model")) == []
+    assert _findings(src.format(model="user_model.train()")) == []
