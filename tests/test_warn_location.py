@@ -171,7 +171,7 @@ class _NoStorage(torch.Tensor):
 
 
 def test_ledger_error_points_at_the_users_op() -> None:
-    reported = ledger()._errors_reported
+    reported = ledger()._reported.places
     saved = set(reported)
     reported.clear()
     try:

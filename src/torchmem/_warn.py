@@ -15,6 +15,7 @@ import os
 import sys
 import sysconfig
 import warnings
+from collections.abc import Callable
 from types import FrameType
 from typing import IO
 
@@ -162,3 +163,42 @@ def print_safely(text: str, file: IO[str] | None, default: IO[str]) -> None:
         print(text, file=file if file is not None else default, flush=True)
     except Exception:
         pass
+
+
+class ReportedOnce:
+    """Internal errors said once per place: the first error of each ``where`` is worded by ``template``
+    (``{where}``, and ``{error}``: ``"TypeError: ..."``) and given to ``say`` (a note list's ``append``, a
+    warning, a capture note); later ones of that place are dropped. Never raises: neither the wording nor
+    ``say`` can break the hook, op or step that met the error.
+
+    Example:
+        >>> notes: list[str] = []
+        >>> once = ReportedOnce(notes.append, "internal error in {where} ({error}); the step went on")
+        >>> for _ in range(3):
+        ...     once("the reading", ValueError("bad"))
+        >>> once("the scan", KeyError("k"))
+        >>> notes  # doctest: +NORMALIZE_WHITESPACE
+        ['internal error in the reading (ValueError: bad); the step went on',
+         "internal error in the scan (KeyError: 'k'); the step went on"]
+        >>> once.seen("the reading"), once.seen("the hook")
+        (True, False)
+    """
+
+    def __init__(self, say: Callable[[str], object], template: str) -> None:
+        self._say = say
+        self._template = template
+        self.places: set[str] = set()
+        """The places said so far."""
+
+    def seen(self, where: str) -> bool:
+        """Whether an error of ``where`` was said."""
+        return where in self.places
+
+    def __call__(self, where: str, exc: BaseException) -> None:
+        if where in self.places:
+            return
+        self.places.add(where)
+        try:
+            self._say(self._template.format(where=where, error=f"{type(exc).__name__}: {exc}"))
+        except Exception:
+            pass

@@ -27,7 +27,7 @@ NB = Callable[..., int]
 @pytest.fixture
 def fresh_error_reports() -> Iterator[None]:
     """The ledger reports each failing place once per process; give this test a clean slate."""
-    reported = ledger()._errors_reported
+    reported = ledger()._reported.places
     saved = set(reported)
     reported.clear()
     yield

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from torchmem._warn import ReportedOnce
 from torchmem.devices._ledger import ledger
 
 KINDS = ("optimizer", "backward", "module", "dataloader", "generate")
@@ -91,7 +92,10 @@ class StepBoundaries:
         self._nested_top = False
         self._generate_code: dict[Any, bool] = {}  # caller code -> "a generate() frame is above it"
         self._patched_generate: set[Any] = set()
-        self._errors: set[str] = set()
+        self._error = ReportedOnce(
+            self._say,
+            "step detection: {where} failed ({error}); the program goes on",
+        )
         self._stopped = False
         self._compiling = _compiling()
 
@@ -124,14 +128,9 @@ class StepBoundaries:
             except Exception as exc:
                 self._error("removing a hook", exc)
 
-    def _error(self, where: str, exc: BaseException) -> None:
-        if where in self._errors:
-            return
-        self._errors.add(where)
+    def _say(self, text: str) -> None:
         if self._on_error is not None:
-            self._on_error(
-                f"step detection: {where} failed ({type(exc).__name__}: {exc}); the program goes on"
-            )
+            self._on_error(text)
 
     def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
         from torchmem._patch import wrap_attribute

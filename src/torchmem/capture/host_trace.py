@@ -18,6 +18,7 @@ import tracemalloc
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from torchmem._warn import ReportedOnce
 from torchmem.analysis.host_state import LineGrowth, growing_lines
 from torchmem.capture.host_objects import creation_line, minus, traced_lines
 
@@ -29,18 +30,15 @@ class HostNotes:
 
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self._errors: set[str] = set()
+        self.error = ReportedOnce(
+            self._said, "internal error in the host watcher's {where} ({error}); the program went on"
+        )
+        """Report an internal error of ``(where, exc)``, once per place."""
 
     def add(self, note: str) -> None:
         self.lines.append(note)
 
-    def error(self, where: str, exc: BaseException) -> None:
-        if where in self._errors:
-            return
-        self._errors.add(where)
-        note = (
-            f"internal error in the host watcher's {where} ({type(exc).__name__}: {exc}); the program went on"
-        )
+    def _said(self, note: str) -> None:
         self.lines.append(note)
         _log.warning("torchmem: %s", note)
 

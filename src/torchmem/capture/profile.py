@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from torchmem._errors import TorchmemError, TrackingError
-from torchmem._warn import emit_warning
+from torchmem._warn import ReportedOnce, emit_warning
 from torchmem.analysis.profile import ProfileReport, build_profile, reconcile
 from torchmem.capture.profile_peaks import PeakMeter, PhaseWindow
 from torchmem.capture.profile_plan import ORIG, is_compiled_wrapper, plan_modules
@@ -124,7 +124,9 @@ class Profiler:
         self._peaks = peaks
         self._state = "new"
         self._report: ProfileReport | None = None
-        self._errors: set[str] = set()
+        self._error = ReportedOnce(
+            self._say_error, "torchmem.profile: a hook failed in {where} ({error}); figures may be incomplete"
+        )
         self._notes: list[str] = []
 
     # -- public ------------------------------------------------------------------------------------
@@ -276,16 +278,10 @@ class Profiler:
     def _set_snap(self) -> None:
         self._meter.set_snap(self._grads.bytes, self._ostate.bytes, self._act.bytes)
 
-    def _error(self, where: str, exc: BaseException) -> None:
-        if where in self._errors:
-            return
-        self._errors.add(where)
-        msg = (
-            f"torchmem.profile: a hook failed in {where} ({type(exc).__name__}: {exc}); "
-            "figures may be incomplete"
-        )
+    def _say_error(self, msg: str) -> None:
         self._notes.append(msg)
-        emit_warning(msg, stacklevel=3)
+        # the frames above the hook's: this one, ReportedOnce's call, _error
+        emit_warning(msg, stacklevel=5)
 
     def _in_backward(self) -> bool:
         return _graph_task_id() != -1

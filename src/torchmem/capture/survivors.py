@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from torchmem._format import fmt_bytes
+from torchmem._warn import ReportedOnce
 from torchmem.analysis.holders.survivors import holder_paths_of_storages
 from torchmem.analysis.loop_survivors import build_group, build_report, judge
 from torchmem.devices import ledger, resolve
@@ -144,7 +145,11 @@ class LoopSurvivors:
         self._last_step = 0
         self._seen = 0  # the last boundary's step, also after the window
         self._notes: list[str] = []
-        self._errors: set[str] = set()
+        self._noted: set[str] = set()  # the notes said once (not errors)
+        self._error = ReportedOnce(
+            self._say_error,
+            "internal error in {where} ({error}); the program went on",
+        )
         self._t_first = 0.0  # the first boundary
         self._t_last = 0.0  # the last boundary (after its own work)
         self._window_s: list[float] = []  # recorded steps
@@ -208,8 +213,8 @@ class LoopSurvivors:
                 self._close_ledger()
             else:
                 self._close_cohort()
-                if "stop" not in self._errors:
-                    self._errors.add("stop")
+                if "stop" not in self._noted:
+                    self._noted.add("stop")
                     self._notes.append(
                         "recording was stopped from another thread than the loop's: the ledger stays on for "
                         "the loop's thread until its next step boundary"
@@ -253,8 +258,8 @@ class LoopSurvivors:
     def _on_loop_thread(self) -> bool:
         if threading.get_ident() == self._thread:
             return True
-        if "thread" not in self._errors:
-            self._errors.add("thread")
+        if "thread" not in self._noted:
+            self._noted.add("thread")
             self._notes.append("step boundaries on another thread than the first one's were ignored")
         return False
 
@@ -387,11 +392,7 @@ class LoopSurvivors:
         except Exception as exc:
             self._error("stopping the recording", exc)
 
-    def _error(self, where: str, exc: BaseException) -> None:
-        if where in self._errors:
-            return
-        self._errors.add(where)
-        note = f"internal error in {where} ({type(exc).__name__}: {exc}); the program went on"
+    def _say_error(self, note: str) -> None:
         self._notes.append(note)
         _log.warning("torchmem survivors: %s", note)
 

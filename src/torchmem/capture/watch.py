@@ -33,7 +33,7 @@ import torch
 
 from torchmem._errors import TorchmemError
 from torchmem._format import fmt_bytes
-from torchmem._warn import emit_warning
+from torchmem._warn import ReportedOnce, emit_warning
 from torchmem.capture.watch_stride import (
     EARLY_READINGS,
     PUBLIC_RELAX_AFTER,
@@ -137,7 +137,10 @@ class Watcher(Generic[T]):
         self._thread: int | None = None
         self._reader: Callable[[], int] = _no_reading
         self._notes: list[str] = []
-        self._errors: set[str] = set()
+        self._report_error = ReportedOnce(
+            self._say_error,
+            "internal error in {where} ({error}); the step went on",
+        )
         self._warned = False
         self._hook: Any = None
         self._exclusive = True  # counts as the one user watcher of its device
@@ -446,11 +449,7 @@ class Watcher(Generic[T]):
             except Exception as exc:
                 self._report_error("on_leak callback", exc)
 
-    def _report_error(self, where: str, exc: BaseException) -> None:
-        if where in self._errors:
-            return
-        self._errors.add(where)
-        note = f"internal error in {where} ({type(exc).__name__}: {exc}); the step went on"
+    def _say_error(self, note: str) -> None:
         self._notes.append(note)
         _log.warning("torchmem.watch: %s", note)
 

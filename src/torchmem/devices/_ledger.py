@@ -17,6 +17,7 @@ much again): opt-in, or on only while it is needed (``benchmarks/ledger_cost.py`
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -26,7 +27,7 @@ from typing import Any
 
 import torch
 
-from torchmem._warn import emit_warning
+from torchmem._warn import ReportedOnce, emit_warning
 from torchmem.devices._ledger_ops import (
     MANY_OUTPUTS,
     OpFacts,
@@ -144,7 +145,11 @@ class Ledger:
         self._cohorts: list[Cohort] = []
         self._watermarks: list[Watermark] = []
         self._ops: dict[int, OpFacts] = {}  # id(op) -> its facts (each keeps its op alive)
-        self._errors_reported: set[str] = set()
+        # the warning's fallback frame (all torchmem's and torch's): report_error's caller's caller
+        self._reported = ReportedOnce(
+            functools.partial(emit_warning, stacklevel=4),
+            "torchmem: tensor accounting failed in {where} ({error}); figures may be low",
+        )
         self._caps: list[Cap] = []  # limit()/budget(): see the "caps" section
         self._crossing = threading.local()  # per thread: the caps the last op crossed
         self._device_names: dict[Any, str] = {}  # torch.device -> "cpu", "cuda:0"
@@ -558,13 +563,7 @@ class Ledger:
 
     def report_error(self, where: str, exc: BaseException) -> None:
         """An error inside the recording path: reported once per place, never raised into user code."""
-        if where in self._errors_reported:
-            return
-        self._errors_reported.add(where)
-        msg = (
-            f"torchmem: tensor accounting failed in {where} ({type(exc).__name__}: {exc}); figures may be low"
-        )
-        emit_warning(msg, stacklevel=3)
+        self._reported(where, exc)
 
 
 def _dispatch(
