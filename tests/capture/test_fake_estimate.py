@@ -331,7 +331,9 @@ def main(rank, world, port, out):
 if __name__ == "__main__":
     import socket, torch.multiprocessing as mp
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-    mp.spawn(main, args=(2, port, sys.argv[1]), nprocs=2)
+    # forked, not spawned: the ranks start from this interpreter, which imported torch once (~2 CPU-s each);
+    # neither has started a thread or a process group before init_process_group
+    mp.start_processes(main, args=(2, port, sys.argv[1]), nprocs=2, start_method="fork")
 """
 
 
