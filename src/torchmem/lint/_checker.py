@@ -73,6 +73,7 @@ class Rules(KeptChecks):
         self.flow = DataFlow(walker.module.bindings, walker.functions)
         self.flow.module_frozen = walker.module.frozen
         self._feeding: dict[int, set[str]] = {}
+        self._grad_helpers: set[str] | None = None  # functions that differentiate a parameter
         self._reset_attrs: dict[int, set[str]] = {}
 
     def add(self, node: ast.AST, code: str, message: str, form: str = "") -> None:
@@ -393,6 +394,8 @@ class Rules(KeptChecks):
         # default. The first loop of the eval-mode form is reported, else the first of the other.
         found: tuple[Loop, ast.Call, str] | None = None
         for loop in scope.eval_loops:
+            if self._helper_takes_grads(loop):
+                continue  # `hvp(loss, w, v)` differentiates what the loop computes: its graph is used
             calls = [
                 c
                 for c in loop.model_calls
@@ -429,6 +432,21 @@ class Rules(KeptChecks):
             "output is dropped (a training-sized peak, several times what the same forward needs under "
             "no_grad); memory grows step after step only if outputs are kept (TM010)",
             form,
+        )
+
+    def _helper_takes_grads(self, loop: Loop) -> bool:
+        """The loop calls a function of this file that runs ``autograd.grad``/``backward`` on one of its
+        own parameters (DomainBed's nested ``hvp(y, w, v)``): the loop's graph is used, not wasted."""
+        if self._grad_helpers is None:
+            self._grad_helpers = {
+                s.name
+                for s in self.w.scopes
+                if s.kind == "function" and set(s.params) & (s.backward_roots | s.backwarded)
+            }
+        if not self._grad_helpers:
+            return False
+        return any(
+            isinstance(n, ast.Call) and last_name(n.func) in self._grad_helpers for n in ast.walk(loop.node)
         )
 
     def _eval_before(self, call: ast.Call, scope: Scope, bound_eval: set[str]) -> bool:

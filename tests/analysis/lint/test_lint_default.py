@@ -167,3 +167,21 @@ def test_tm002_a_model_prepared_from_an_eval_model_is_in_eval_mode() -> None:
     assert _findings(src.format(model="user_model.eval()")) == [("TM002", "eval-mode", "warning")]
     assert _findings(src.format(model="user_model")) == []
     assert _findings(src.format(model="user_model.train()")) == []
+
+
+def test_tm002_a_helper_that_differentiates_the_loss_uses_the_graph() -> None:
+    """DomainBed's Neumann series (set J): `hvp(loss, w, v)`, a nested function of the file, takes
+    `autograd.grad` of the loss the eval()-mode loop computes: the graph is used. The same loop calling a
+    helper that does not differentiate its argument is still an evaluation with autograd on."""
+    src = """
+    def neumann(v, model, batch):
+        def hvp(y, w, v):
+            return {body}
+        model.eval()
+        for i in range(10):
+            loss = F.cross_entropy(model(batch[0]), batch[1])
+            v = v - hvp(loss, model.weight, v)
+    """
+    grads = "torch.autograd.grad(y, w, create_graph=True)[0] @ v"
+    assert _findings(src.format(body=grads)) == []
+    assert _findings(src.format(body="y * v")) == [("TM002", "eval-mode", "warning")]
