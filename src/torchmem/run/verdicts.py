@@ -165,9 +165,9 @@ def _host_policy(host: LeakReport) -> LeakReport:
         trend_per_step=rate,
         bytes_per_step=0.0,
         reason=(
-            f"host memory grew by {fmt_bytes(int(rate))}/step with no growing autograd chain "
-            f"and no accumulating Python objects: data the program keeps (reported as a leak from "
-            f"{fmt_bytes(_HOST_UNEXPLAINED_MIN)}/step)"
+            f"host memory grew by {fmt_bytes(int(rate))}/step and nothing that keeps it was named (the "
+            f"notes say what was looked at): data the program keeps is reported as a leak from "
+            f"{fmt_bytes(_HOST_UNEXPLAINED_MIN)}/step"
         ),
     )
 
