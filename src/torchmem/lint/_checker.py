@@ -410,7 +410,7 @@ class Rules(KeptChecks):
                 if any(same_path(arm, loop.branch) for arm in arms)
             }
             in_eval = [
-                c for c in calls if self._called_on(c, this_loops) and self._eval_before(c, scope, bound_eval)
+                c for c in calls if self._called_on(c, this_loops) and _eval_before(c, scope, bound_eval)
             ]
             if in_eval:
                 found = (loop, in_eval[0], "eval-mode")
@@ -438,26 +438,11 @@ class Rules(KeptChecks):
         """The loop calls a function of this file that runs ``autograd.grad``/``backward`` on one of its
         own parameters (DomainBed's nested ``hvp(y, w, v)``): the loop's graph is used, not wasted."""
         if self._grad_helpers is None:
-            self._grad_helpers = {
-                s.name
-                for s in self.w.scopes
-                if s.kind == "function" and set(s.params) & (s.backward_roots | s.backwarded)
-            }
-        if not self._grad_helpers:
-            return False
-        return any(
-            isinstance(n, ast.Call) and last_name(n.func) in self._grad_helpers for n in ast.walk(loop.node)
+            self._grad_helpers = _grad_helpers(self.w.scopes)
+        names = self._grad_helpers
+        return bool(names) and any(
+            isinstance(n, ast.Call) and last_name(n.func) in names for n in ast.walk(loop.node)
         )
-
-    def _eval_before(self, call: ast.Call, scope: Scope, bound_eval: set[str]) -> bool:
-        """The called model's last `train()`/`eval()` before the call (in the function's order) is an
-        `eval()`, or it was bound from an `.eval()` (`model = wrap(m).eval()`): a loop before the
-        function's `model.eval()` (a training-mode test run first) is not an evaluation."""
-        pos = (call.lineno, call.col_offset)
-        before = [(at, mode) for key, at, mode in scope.modes if at < pos and self._called_on(call, {key})]
-        if before:
-            return max(before)[1] == "eval"
-        return self._called_on(call, bound_eval)
 
     def _trained_in(self, call: ast.Call, scope: Scope, loop: Loop) -> bool:
         """The loop puts the called model in training mode itself before the call (the last
@@ -604,3 +589,22 @@ def check_tree(tree: ast.Module, path: str) -> list[RawFinding]:
     """Every finding in one parsed module, unfiltered (suppression and selection come after)."""
     walker = Walker(tree, path)
     return Rules(walker).run()
+
+
+def _eval_before(call: ast.Call, scope: Scope, bound_eval: set[str]) -> bool:
+    """The called model's last `train()`/`eval()` before the call (in the function's order) is an `eval()`,
+    or it was bound from an `.eval()` (`model = wrap(m).eval()`): a loop before the function's
+    `model.eval()` (a training-mode test run first) is not an evaluation (TM002's eval-mode form)."""
+    pos = (call.lineno, call.col_offset)
+    before = [(at, mode) for key, at, mode in scope.modes if at < pos and Rules._called_on(call, {key})]
+    if before:
+        return max(before)[1] == "eval"
+    return Rules._called_on(call, bound_eval)
+
+
+def _grad_helpers(scopes: list[Scope]) -> set[str]:
+    """The functions of a module that differentiate one of their own parameters (``autograd.grad(y, ...)``
+    or ``y.backward()`` with ``y`` a parameter)."""
+    return {
+        s.name for s in scopes if s.kind == "function" and set(s.params) & (s.backward_roots | s.backwarded)
+    }
