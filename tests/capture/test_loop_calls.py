@@ -244,12 +244,17 @@ def test_a_set_up_loop_s_call_gives_way_to_the_loop_the_program_runs_next(tmp_pa
             data.append(load_file(i))
         t0 = time.monotonic()
         i = 0
-        # 6 s (the set-up loop's call gives way after 3 s without a return) and 200 calls at least: a
-        # loaded machine's slow calls still leave the new unit steps enough for a verdict
-        while time.monotonic() - t0 < 6.0 or (i < 200 and time.monotonic() - t0 < 40.0):
+        # until the new unit has had 150 calls (the set-up loop's call gives way after 3 s without a return):
+        # a loaded machine's slow calls still leave it the steps of a verdict; 60 s at most
+        switched = None
+        while time.monotonic() - t0 < 60.0:
             metric.update(torch.full((64, 1024), float(i)))  # 256 KiB kept per call
             time.sleep(0.004)
             i += 1
+            if switched is None and s._source.label.startswith("WrappedPerInstance.update() call"):
+                switched = i
+            if switched is not None and i - switched >= 150:
+                break
     finally:
         res = s.finish(0, "exit")
     assert res.boundary.startswith("WrappedPerInstance.update() call"), res.boundary
