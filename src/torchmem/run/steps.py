@@ -59,6 +59,11 @@ class StepSource:
         at its first step boundaries: the holder to name among those that keep the same tensors."""
         return frozenset(self._carried)
 
+    def _program(self) -> str | None:
+        """The program's file (its frames are where its loops are), ``None`` for ``-c``/``-m``."""
+        argv = self._argv
+        return os.path.abspath(argv[0]) if argv and os.path.isfile(argv[0]) else None
+
     def _look_at_loop(self) -> None:
         """At the first three boundaries on the program's thread: the variables its loops carry."""
         if self._carried_looks >= 3 or threading.get_ident() != self._main:
@@ -67,9 +72,7 @@ class StepSource:
         try:
             from torchmem.capture.loop_calls import loop_carried
 
-            argv = self._argv
-            program = os.path.abspath(argv[0]) if argv and os.path.isfile(argv[0]) else None
-            self._carried |= loop_carried(sys._getframe(1), program)
+            self._carried |= loop_carried(sys._getframe(1), self._program())
         except Exception as exc:  # the holder is then chosen without it
             self._carried_looks = 3
             self._records.note(f"the loop's carried variables were not read ({type(exc).__name__}: {exc})")
@@ -117,9 +120,7 @@ class StepSource:
             try:
                 from torchmem.capture.units import UnitFinder
 
-                argv = self._argv
-                program = os.path.abspath(argv[0]) if argv and os.path.isfile(argv[0]) else None
-                self._units = UnitFinder(self._unit_step, self._unit_found, note, self._main, program)
+                self._units = UnitFinder(self._unit_step, self._unit_found, note, self._main, self._program())
             except Exception as exc:
                 note(f"the repeating unit will not be looked for ({type(exc).__name__}: {exc})")
 
