@@ -148,14 +148,26 @@ def _host_inner(host: LeakReport) -> LeakReport:
 
 
 def _host_policy(host: LeakReport) -> LeakReport:
-    """A host verdict is a leak when it names what grows, or grows like a device leak (256 KiB/step)."""
+    """A host verdict is a leak when it names what keeps the growth (a holder, an autograd chain, a state of
+    the process), or grows like a device leak (256 KiB/step). A line that tracemalloc saw allocate what stays,
+    with no container or chain that keeps it, is where, not who: below 256 KiB/step it is a note (inference
+    that keeps its predicted labels grows the heap by a few KiB a step, on purpose)."""
+    from torchmem.analysis.host import PYTHON_OBJECTS
     from torchmem.analysis.leaks import large_total
 
     seen = host.leaking or host.detected_at is not None
     rate = max(host.bytes_per_step, host.trend_per_step)
     large = host.leaking and len(host.series) > 1 and large_total(host.series[0][1], host.series[-1][1])
-    if not seen or host.culprits or rate >= _HOST_UNEXPLAINED_MIN or large:
+    held = [c for c in host.culprits if c.holder is not None or c.kind != PYTHON_OBJECTS]
+    if not seen or held or rate >= _HOST_UNEXPLAINED_MIN or large:
         return host
+    lines = [c.site for c in host.culprits if c.site]
+    where = (
+        f" tracemalloc saw {', '.join(f'`{x}`' for x in lines[:2])} allocate what stays, but no container or "
+        "chain that keeps it was found;"
+        if lines
+        else ""
+    )
     return dataclasses.replace(
         host,
         leaking=False,
@@ -164,9 +176,10 @@ def _host_policy(host: LeakReport) -> LeakReport:
         stopped_at=None,
         trend_per_step=rate,
         bytes_per_step=0.0,
+        culprits=(),
         reason=(
             f"host memory grew by {fmt_bytes(int(rate))}/step and nothing that keeps it was named (the "
-            f"notes say what was looked at): data the program keeps is reported as a leak from "
+            f"notes say what was looked at);{where} data the program keeps is reported as a leak from "
             f"{fmt_bytes(_HOST_UNEXPLAINED_MIN)}/step"
         ),
     )

@@ -1,0 +1,48 @@
+"""The run's policy on the host verdict (``run/verdicts._host_policy``): host growth below 256 KiB/step is a
+leak only when the report names what keeps it (a holder, an autograd chain, a state of the process); a line
+that tracemalloc saw allocate what stays, with no holder, is said in the reason, not claimed as a leak. The
+whole run of both sides is checked by the scenario programs (`control_predicted_labels` quiet,
+`host_numpy_rows` a leak held by `loss_rows`)."""
+
+from __future__ import annotations
+
+from torchmem.results.leaks import Culprit, LeakReport
+from torchmem.run.verdicts import _host_policy
+
+KiB = 1024
+
+
+def _host(per_step: float, *culprits: Culprit) -> LeakReport:
+    series = tuple((s, 100 * 1024 * KiB + int(per_step) * s) for s in range(4, 30, 2))
+    return LeakReport(
+        "host", "heap", "light", 29, 3, True, per_step, 1.0, 15, None, "the floor rose", culprits, series
+    )
+
+
+def _line(site: str, per_step: float) -> Culprit:
+    return Culprit("python_objects", site, ((site, per_step),), None, int(per_step * 2), per_step, 0.0, "...")
+
+
+def test_a_line_without_a_holder_is_not_a_leak_below_a_device_leak_s_rate() -> None:
+    r = _host_policy(_host(4.4 * KiB, _line("predict.py:15", 1.3 * KiB)))
+    assert not r.leaking and r.verdict == "below_threshold" and r.culprits == ()
+    assert r.detected_at is None and "`predict.py:15`" in r.reason and "no container or chain" in r.reason
+
+
+def test_a_holder_or_a_chain_keeps_the_leak() -> None:
+    rows = Culprit(
+        "python_objects",
+        "train.py:26",
+        (("train.py:26", 128 * KiB),),
+        "__main__.loss_rows[21]",
+        0,
+        128 * KiB,
+        0.0,
+        "...",
+    )
+    r = _host_policy(_host(128 * KiB, rows))
+    assert r.leaking and r.culprits == (rows,)
+    chain = Culprit("autograd_chain", "ema.py:21", (), None, 0, 4 * KiB, 0.0, "...")
+    assert _host_policy(_host(5 * KiB, chain)).leaking
+    # a line alone at a device leak's rate stays a leak too
+    assert _host_policy(_host(300 * KiB, _line("predict.py:15", 300 * KiB))).leaking
