@@ -116,6 +116,8 @@ class CallEvents:
                 if OPT_NAMES.search(opt_name) or (call.args and OPT_NAMES.search(last_name(call.args[0]))):
                     scope.trains = True
                     self._mark_training(loop, None, False)
+                    for lp in loop.chain() if loop is not None else ():
+                        lp.steps = True
             elif name == "zero_grad":
                 kw = keyword_arg(call, "set_to_none")
                 if kw is not None and is_const(kw.value, False):

@@ -12,9 +12,9 @@ import ast
 from dataclasses import dataclass
 
 from torchmem.lint._flow import DataFlow
-from torchmem.lint._kept import KeptChecks, fixed_handful
+from torchmem.lint._forward import ForwardChecks
+from torchmem.lint._kept import fixed_handful
 from torchmem.lint._syntax import (
-    DATASET_METHODS,
     METER_NAMES,
     RANK_VARS,
     TENSOR,
@@ -23,7 +23,6 @@ from torchmem.lint._syntax import (
     has_star_kwargs,
     is_const,
     is_const_in,
-    is_dataset_class,
     is_eval_name,
     keyword_arg,
     last_name,
@@ -31,16 +30,7 @@ from torchmem.lint._syntax import (
     short,
 )
 from torchmem.lint._walk import Binding, Ctx, Loop, Scope, Walker, same_path
-
-
-def _without_workers(loader: ast.Call) -> bool:
-    """Whether a ``DataLoader(...)`` call runs without worker processes (no ``num_workers``, or ``None``
-    or 0)."""
-    workers = keyword_arg(loader, "num_workers")
-    if workers is None:
-        return True
-    value = workers.value
-    return is_const(value, None) or (isinstance(value, ast.Constant) and value.value == 0)
+from torchmem.lint._workers import WorkerChecks
 
 
 def _is_eval_call(node: ast.AST) -> bool:
@@ -63,7 +53,7 @@ class RawFinding:
 
 
 # -- rules over what the walk recorded ----------------------------------------------------------------------
-class Rules(KeptChecks):
+class Rules(ForwardChecks, WorkerChecks):
     """The TM rules over one module's walk; :meth:`run` gives their findings."""
 
     def __init__(self, walker: Walker) -> None:
@@ -110,11 +100,17 @@ class Rules(KeptChecks):
         pos = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
         if any(p > pos and not retains for p, retains in loop.backwards):
             return  # a later backward in the same iteration frees the graph
+        feeding = self.feeding_backward(scope)
         carried = sorted(
-            (line, key) for lp in loop.chain() for key, line in lp.carried.items() if key not in lp.detached
+            (line, key)
+            for lp in loop.chain()
+            for key, line in lp.carried.items()
+            if key not in lp.detached and key not in lp.targets and key in feeding
         )
         if not carried:
-            return  # nothing links one iteration's graph to the next: wasteful at most, not a leak
+            # nothing links one iteration's graph to the next: wasteful at most, not a leak (a for target
+            # is bound afresh by each iteration; state that never reaches the backward is not in its graph)
+            return
         line, key = carried[0]
         self.add(
             node,
@@ -141,11 +137,18 @@ class Rules(KeptChecks):
             return
         if fixed_handful(loop):
             return  # between listed cases of different shapes (a test's configurations), not every step
+        # "optimizer-step" (shown by default): the loop steps an optimizer and trains the same model on
+        # every iteration, so each call gives back blocks the next step allocates again. A loop that
+        # only runs backward, or builds its model afresh each iteration (a test over a model zoo, where
+        # shapes change from one model to the next), is the info form.
+        callees = [container_key(c.func) or "" for c in loop.model_calls]
+        rebuilt = any(k in loop.rebound or k.split(".", 1)[0] in loop.rebound for k in callees)
         self.add(
             node,
             "TM003",
             f"`empty_cache()` on every step of the training loop at line {node_line(loop.node)}: "
             "it frees nothing the program holds, only the cache the next step must allocate again (slow)",
+            "optimizer-step" if loop.steps and not rebuilt else "",
         )
 
     def _on_load(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
@@ -381,12 +384,7 @@ class Rules(KeptChecks):
         # not shown by default (docs/lint.md, "Default output") and the fix (no_grad) is the same.
         if scope.backward_roots:
             return  # `torch.autograd.grad(...)` on what the loop computes: its gradients are used
-        bound_eval = {  # model = get_peft_model(...).eval(); prepared = prepare(model.eval(), qconfig)
-            key
-            for key, bound in scope.bindings.items()
-            if any(isinstance(b.value, ast.Call) and _made_in_eval_mode(b.value) for b in bound)
-        }
-        frozen = scope.frozen | self.w.module.frozen
+        bound_eval = self._bound_eval(scope)
         # Two forms, by what says the loop evaluates. "eval-mode": the model this function put in eval()
         # mode is the one the loop calls (A-G first look: 31 of 37 true, docs/lint.md); an
         # eval() in the other arm of an `if` is not this loop's. "by-name": only the function's name says
@@ -396,22 +394,7 @@ class Rules(KeptChecks):
         for loop in scope.eval_loops:
             if self._helper_takes_grads(loop):
                 continue  # `hvp(loss, w, v)` differentiates what the loop computes: its graph is used
-            calls = [
-                c
-                for c in loop.model_calls
-                if self.flow.function_of(c, scope) is None
-                and not self._called_on(c, frozen)
-                and not self._foreign(c, scope)
-                and not self._trained_in(c, scope, loop)
-            ]  # a model whose parameters require no grad records no graph from data
-            this_loops = bound_eval | {
-                key
-                for key, arms in scope.eval_branches.items()
-                if any(same_path(arm, loop.branch) for arm in arms)
-            }
-            in_eval = [
-                c for c in calls if self._called_on(c, this_loops) and _eval_before(c, scope, bound_eval)
-            ]
+            calls, in_eval = self.eval_mode_calls(scope, loop, bound_eval)
             if in_eval:
                 found = (loop, in_eval[0], "eval-mode")
                 break
@@ -433,6 +416,57 @@ class Rules(KeptChecks):
             "no_grad); memory grows step after step only if outputs are kept (TM010)",
             form,
         )
+
+    @staticmethod
+    def _bound_eval(scope: Scope) -> set[str]:
+        """Names bound from a model in eval() mode: ``model = get_peft_model(...).eval()``, ``prepared =
+        prepare(model.eval(), qconfig)``."""
+        return {
+            key
+            for key, bound in scope.bindings.items()
+            if any(isinstance(b.value, ast.Call) and _made_in_eval_mode(b.value) for b in bound)
+        }
+
+    def eval_mode_calls(
+        self, scope: Scope, loop: Loop, bound_eval: set[str] | None = None
+    ) -> tuple[list[ast.Call], list[ast.Call]]:
+        """The loop's model calls that record a graph as far as the file shows (not a function of the
+        file, a frozen or foreign model, or a model the loop put in train() mode before the call), and
+        those of them on a model in eval() mode: the last `train()`/`eval()` of the called model before
+        the call is an `eval()` (in an arm of an `if` the loop can run with), or it was bound from one."""
+        if bound_eval is None:
+            bound_eval = self._bound_eval(scope)
+        frozen = scope.frozen | self.w.module.frozen
+        calls = [
+            c
+            for c in loop.model_calls
+            if self.flow.function_of(c, scope) is None
+            and not self._called_on(c, frozen)
+            and not self._foreign(c, scope)
+            and not self._trained_in(c, scope, loop)
+        ]  # a model whose parameters require no grad records no graph from data
+        this_loops = bound_eval | {
+            key
+            for key, arms in scope.eval_branches.items()
+            if any(same_path(arm, loop.branch) for arm in arms)
+        }
+        in_eval = [c for c in calls if self._called_on(c, this_loops) and _eval_before(c, scope, bound_eval)]
+        return calls, in_eval
+
+    def tm010_form(self, scope: Scope, loop: Loop) -> str:
+        """TM010's form for a loop that keeps outputs with autograd on: "eval-mode" when it calls a model
+        this function put in eval() mode (TM002's precise form), "trained-model" when it calls a model
+        whose outputs a backward of this scope runs through (its parameters require grad: it trains
+        here), else "" (the function's name or an `eval()` elsewhere says so: shown by `--all`)."""
+        if self._helper_takes_grads(loop):
+            return ""
+        calls, in_eval = self.eval_mode_calls(scope, loop)
+        if in_eval:
+            return "eval-mode"
+        trained = {k for k in self.feeding_backward(scope) if k not in ("self", "cls")}
+        if any(self._called_on(c, trained) for c in calls):
+            return "trained-model"
+        return ""
 
     def _helper_takes_grads(self, loop: Loop) -> bool:
         """The loop calls a function of this file that runs ``autograd.grad``/``backward`` on one of its
@@ -478,80 +512,6 @@ class Rules(KeptChecks):
         if callee is None:
             return False
         return any(callee == r or callee.startswith(r + ".") or r.startswith(callee + ".") for r in receivers)
-
-    def _tm005(self, scope: Scope) -> None:
-        role = self._worker_role(scope)
-        if role is None:
-            return
-        if (
-            scope.cls is not None
-            and role.startswith(f"`{scope.cls.name}.")
-            and self._no_workers(scope.cls.name)
-        ):
-            return  # every DataLoader of this file over the dataset loads in the main process
-        if "collate_fn" in role and self._collated_without_workers():
-            return  # every DataLoader of this file given a collate_fn collates in the main process
-        for kind, node, _ctx, _extra in scope.events:
-            if kind == "cuda" and isinstance(node, ast.Call) and self.flow.is_cuda_call(node):
-                self.add(
-                    node,
-                    "TM005",
-                    f"{role} moves data to CUDA; it runs in DataLoader worker processes, where CUDA cannot "
-                    "be initialised after a fork (and each worker would create its own CUDA context)",
-                )
-                return
-
-    def _collated_without_workers(self) -> bool:
-        """Whether this file gives collate functions to DataLoaders, all without workers (petastorm's
-        DataLoader has none: it collates in the main process)."""
-        found = False
-        for scope in self.w.scopes:
-            for kind, node, _ctx, _extra in scope.events:
-                if kind != "dataloader" or not isinstance(node, ast.Call):
-                    continue
-                if keyword_arg(node, "collate_fn") is None:
-                    continue
-                found = True
-                if not _without_workers(node):
-                    return False
-        return found
-
-    def _no_workers(self, cls_name: str) -> bool:
-        """Whether this file gives instances of ``cls_name`` to DataLoaders, all without workers."""
-        found = False
-        for scope in self.w.scopes:
-            for kind, node, _ctx, _extra in scope.events:
-                if kind != "dataloader" or not isinstance(node, ast.Call):
-                    continue
-                ds_kw = keyword_arg(node, "dataset")
-                ds = ds_kw.value if ds_kw is not None else (node.args[0] if node.args else None)
-                if isinstance(ds, ast.Name):
-                    bound = [b.value for b in scope.bindings.get(ds.id, ()) if b.line <= node.lineno]
-                    ds = bound[-1] if bound else None
-                if not (isinstance(ds, ast.Call) and last_name(ds.func) == cls_name):
-                    continue
-                found = True
-                if not _without_workers(node):
-                    return False
-        return found
-
-    def _worker_role(self, scope: Scope) -> str | None:
-        if scope.kind == "lambda":
-            return "this collate_fn/worker_init_fn lambda" if scope.name == "<lambda-worker>" else None
-        if scope.kind != "function":
-            return None
-        name = scope.name
-        cls = scope.cls
-        if cls is not None and name in DATASET_METHODS and is_dataset_class(cls):
-            return f"`{cls.name}.{name}`"
-        if cls is not None and name == "__call__" and "collat" in cls.name.lower():
-            return f"`{cls.name}.__call__` (a collate function)"
-        low = name.lower()
-        if name in self.facts.collate_names or ("collate" in low and not low.startswith("test")):
-            return f"`{name}` (a collate_fn)"
-        if name in self.facts.worker_names or "worker_init" in low:
-            return f"`{name}` (a worker_init_fn)"
-        return None
 
 
 def _rank_zero_test(test: ast.expr | None) -> bool:

@@ -13,7 +13,16 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING, Any
 
-from torchmem.lint._syntax import TENSOR, TORCH_FRESH, dotted, is_eval_name, last_name, node_line, short
+from torchmem.lint._syntax import (
+    TENSOR,
+    TORCH_FRESH,
+    dotted,
+    is_eval_name,
+    is_model_callee,
+    last_name,
+    node_line,
+    short,
+)
 from torchmem.lint._walk import Ctx, Loop, Scope, names_in
 
 if TYPE_CHECKING:
@@ -64,6 +73,8 @@ class KeptChecks:
     if TYPE_CHECKING:  # Rules (torchmem.lint._checker) defines it; declared here for the type checker only
 
         def add(self, node: ast.AST, code: str, message: str, form: str = "") -> None: ...
+
+        def tm010_form(self, scope: Scope, loop: Loop) -> str: ...
 
     # -- the data flow of backward
     def feeding_backward(self, scope: Scope) -> set[str]:
@@ -179,6 +190,7 @@ class KeptChecks:
                 "backward: each kept output holds its forward's graph with every saved activation "
                 "on the device (a forward's activation memory per batch), so memory grows through "
                 "the loop until out of memory",
+                self.tm010_form(scope, lives),
             )
             return
         loop = next(
@@ -187,12 +199,17 @@ class KeptChecks:
         )
         if loop is None:
             return
+        form = tm001_form(grows)
+        if form == "output-kept" and not any(
+            lp.steps and key not in lp.rebound and key not in lp.cleared for lp in ctx.loop.chain()
+        ):
+            form = "output-in-step"  # reset before any optimizer step: the micro-batches of one step
         self.add(
             node,
             "TM001",
             f"`{key}` {verb} `{short(value)}`, a tensor that carries its autograd graph, across the "
             f"iterations of a training loop (line {node_line(loop.node)}): {grows}",
-            tm001_form(grows),
+            form,
         )
 
     @staticmethod
@@ -454,7 +471,28 @@ class KeptChecks:
             f"`{key}` keeps the exception `{ctx.exc or 'sys.exc_info()'}` of every failed iteration of the "
             f"loop at line {node_line(lives.node)}: its `__traceback__` holds the frames of the failed call, "
             "and their locals (the batch, activations, a half-built graph) stay alive on the device with it",
+            "model-frames" if self._runs_model(ctx.trial) else "",
         )
+
+    @staticmethod
+    def _runs_model(trial: ast.AST | None) -> bool:
+        """Whether the body of the ``try`` whose exception is kept runs a model forward or a backward: the
+        failed frames then hold its batch and activations on the device (and the graph, with autograd on).
+        A ``try`` around a comparison, a parse or a file read holds no such frames (TM011's "model-frames"
+        form, shown by default, needs one that does)."""
+        todo: list[ast.AST] = list(getattr(trial, "body", ()))
+        while todo:
+            n = todo.pop()
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                continue  # defined here, not run here
+            if isinstance(n, ast.Call):
+                name = last_name(n.func)
+                if name in ("backward", "manual_backward"):
+                    return True
+                if is_model_callee(n.func) and not (isinstance(n.func, ast.Name) and n.func.id[:1].isupper()):
+                    return True
+            todo.extend(ast.iter_child_nodes(n))
+        return False
 
     # -- TM012: hooks added on every step
     def _on_hook(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
@@ -475,81 +513,6 @@ class KeptChecks:
             "runs all of them (slower each step), and what they capture (outputs kept by the hook) grows "
             "with them",
         )
-
-    # -- TM013: a module's forward keeps tensors on the module
-    def tm013(self, scope: Scope) -> None:
-        if scope.cls is None or scope.name != "forward" or not self.facts.torch_imported:
-            return
-        stores = [e for e in scope.events if e[0] in ("store", "aug") and not e[2].no_grad]
-        if not stores:
-            return
-        reset = self._resets(scope.cls)
-        self.flow.assume, self.flow.assume_in = {p: TENSOR for p in scope.params[1:]}, scope
-        self.flow.forward_mode = True
-        try:
-            for kind, node, _ctx, extra in stores:
-                assert isinstance(extra, tuple)
-                key: str = extra[0]
-                if not key.startswith("self.") or key in reset or self._own_method(scope, key, node):
-                    continue
-                if isinstance(node, ast.Subscript) and self._fixed_key(node.slice, self._locals(scope)):
-                    continue  # `self.heads[self.index - 1] = out`: the same slot on every call
-                if self.flow.kind(extra[1], scope, node_line(node) + 1) != TENSOR:
-                    continue
-                verb = "adds" if kind == "aug" else "stores"
-                self.add(
-                    node,
-                    "TM013",
-                    f"`{scope.cls.name}.forward` {verb} `{short(extra[1])}` into `{key}` on every call and "
-                    "nothing in the class resets it: each forward's output and its graph (the saved "
-                    "activations on the device until a backward, the autograd nodes after) stay alive "
-                    "on the module, growing every step",
-                )
-                return
-        finally:
-            self.flow.assume, self.flow.assume_in = {}, None
-            self.flow.forward_mode = False
-
-    @staticmethod
-    def _locals(scope: Scope) -> set[str]:
-        """The names a call of the function binds (parameters and locals): they change from call to call."""
-        return {k for k in scope.bindings if "." not in k and k != "self"}
-
-    def _resets(self, cls: ast.ClassDef) -> set[str]:
-        """``self.<attr>`` names some method other than ``__init__`` rebinds, clears or returns (the class
-        manages what it keeps, or hands it out: a recorder)."""
-        found = self._reset_attrs.get(id(cls))
-        if found is not None:
-            return found
-        out: set[str] = set()
-        for member in cls.body:
-            if not isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)) or member.name == "__init__":
-                continue
-            for n in ast.walk(member):
-                if isinstance(n, (ast.Assign, ast.AnnAssign)):
-                    targets = n.targets if isinstance(n, ast.Assign) else [n.target]
-                    value = n.value
-                    for t in targets:
-                        for elt in t.elts if isinstance(t, (ast.Tuple, ast.List)) else [t]:
-                            key = dotted(elt)
-                            if key is not None and (value is None or key not in names_in(value)):
-                                out.add(key)  # `self.h = []` resets; `self.h = self.h + x` does not
-                elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
-                    if n.func.attr in ("clear", "pop", "popleft", "popitem", "remove"):
-                        key = dotted(n.func.value)
-                        if key is not None:
-                            out.add(key)
-                elif isinstance(n, ast.Delete):
-                    for t in n.targets:
-                        key = dotted(t.value if isinstance(t, ast.Subscript) else t)
-                        if key is not None:
-                            out.add(key)
-                elif isinstance(n, ast.Return) and n.value is not None and member.name != "forward":
-                    key = dotted(n.value)  # `def get_tensor_value(self): return self.tensor_val`: a
-                    if key is not None and key.startswith("self."):  # recorder hands out what it keeps
-                        out.add(key)
-        self._reset_attrs[id(cls)] = out
-        return out
 
 
 def fixed_handful(loop: Loop) -> bool:

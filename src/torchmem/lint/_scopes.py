@@ -18,6 +18,7 @@ class Loop:
     parent: Loop | None
     direct_trains: bool = False  # a backward/optimizer step in this loop, not only in a nested one
     trains: bool = False
+    steps: bool = False  # an optimizer step in this loop or a nested one (what it keeps outlives a step)
     rebound: set[str] = field(default_factory=set)
     cleared: set[str] = field(default_factory=set)
     model_call: ast.Call | None = None  # the first model call not under no_grad
@@ -43,6 +44,7 @@ class Ctx:
     in_handler: bool = False
     exc: str | None = None  # the name an enclosing `except ... as e:` binds
     branch: Branch = ()  # the arms of the enclosing `if` statements: ((id of the if, 0 body / 1 else), ...)
+    trial: ast.AST | None = None  # in an `except` handler: the `try` statement it handles
 
 
 def same_path(a: Branch, b: Branch) -> bool:

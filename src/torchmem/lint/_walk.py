@@ -10,6 +10,7 @@ the calls and stores the rules look at (``Scope.events``), each with its context
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 
 from torchmem.lint._calls import CallEvents, is_cuda_use
 from torchmem.lint._scopes import Binding, Branch, Ctx, Loop, ModuleFacts, Scope, same_path
@@ -211,7 +212,8 @@ class Walker(CallEvents):
             if ctx.loop is not None and not self._availability_test(s.test):
                 guard = ctx.loop
             for arm, stmts in ((0, s.body), (1, s.orelse)):
-                sub = Ctx(ctx.loop, ctx.no_grad, guard, ctx.in_handler, ctx.exc, (*ctx.branch, (id(s), arm)))
+                arms = (*ctx.branch, (id(s), arm))
+                sub = Ctx(ctx.loop, ctx.no_grad, guard, ctx.in_handler, ctx.exc, arms, ctx.trial)
                 self._body(stmts, scope, sub)
         elif isinstance(s, (ast.With, ast.AsyncWith)):
             no_grad = ctx.no_grad
@@ -230,7 +232,7 @@ class Walker(CallEvents):
                     no_grad = False
                 if item.optional_vars is not None:
                     self._bind(item.optional_vars, None, scope, ctx)
-            inner = Ctx(ctx.loop, no_grad, ctx.guard, ctx.in_handler, ctx.exc, ctx.branch)
+            inner = Ctx(ctx.loop, no_grad, ctx.guard, ctx.in_handler, ctx.exc, ctx.branch, ctx.trial)
             self._body(s.body, scope, inner)
         elif isinstance(s, ast.Try) or type(s).__name__ == "TryStar":
             try_node: ast.Try = s  # type: ignore[assignment]
@@ -240,7 +242,8 @@ class Walker(CallEvents):
                     self._expr(h.type, scope, ctx)
                 if h.name:
                     scope.bindings.setdefault(h.name, []).append(Binding(h.lineno, h.col_offset, None, False))
-                handler_ctx = Ctx(ctx.loop, ctx.no_grad, ctx.loop, True, h.name or ctx.exc, ctx.branch)
+                exc = h.name or ctx.exc
+                handler_ctx = Ctx(ctx.loop, ctx.no_grad, ctx.loop, True, exc, ctx.branch, try_node)
                 self._body(h.body, scope, handler_ctx)
             self._body(try_node.orelse, scope, ctx)
             self._body(try_node.finalbody, scope, ctx)
@@ -273,7 +276,7 @@ class Walker(CallEvents):
         elif type(s).__name__ == "Match":
             self._expr(s.subject, scope, ctx)  # type: ignore[attr-defined]
             for case in s.cases:  # type: ignore[attr-defined]
-                case_ctx = Ctx(ctx.loop, ctx.no_grad, ctx.loop, ctx.in_handler, ctx.exc, ctx.branch)
+                case_ctx = replace(ctx, guard=ctx.loop)
                 self._body(case.body, scope, case_ctx)
         elif isinstance(s, (ast.Import, ast.ImportFrom)):
             mods = [a.name for a in s.names] if isinstance(s, ast.Import) else [s.module or ""]

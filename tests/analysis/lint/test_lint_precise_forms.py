@@ -1,0 +1,267 @@
+"""The rule forms that joined the default output in issue 30's last round (docs/lint.md, "Default output"):
+each is decided by data flow (where a value comes from, what a loop does, what a class empties), so each
+has a test where the warning must be said and one where the look-alike must stay info (or silent). The
+look-alikes are the shapes met on the held-out sets (docs/lint_corpus.md): DeBERTa's micro-batch outputs,
+ColossalAI's model-zoo test, deepchem's Jacobian, lightning-thunder's stored comparison errors,
+neural-compressor's input capture, mmaction's metadata keys, DGL's per-regulariser loss log, torch_xla's
+KV cache, botorch's recorded call arguments."""
+
+from __future__ import annotations
+
+import textwrap
+
+from torchmem.lint import lint_source
+
+HEAD = "import torch\nimport torch.nn.functional as F\n"
+
+
+def found(src: str, path: str = "train.py") -> list[tuple[str, str, str]]:
+    """(code, form, severity) of every finding."""
+    return [(f.code, f.form, f.severity) for f in lint_source(HEAD + textwrap.dedent(src), path)]
+
+
+# -- TM001 output-kept: shown when what keeps the outputs outlives an optimizer step ---------------------
+MICRO = """
+def train(model, loader, optimizer, parts):
+    {outer}
+    for batch in loader:
+        {inner}
+        for sub in batch.split(parts):
+            output = model(sub)
+            loss = output.mean()
+            loss.backward()
+            outputs.append(output)
+        optimizer.step()
+        optimizer.zero_grad()
+    return outputs
+"""
+
+
+def test_outputs_kept_across_optimizer_steps_are_a_warning() -> None:
+    src = MICRO.format(outer="outputs = []", inner="pass")
+    assert found(src) == [("TM001", "output-kept", "warning")]
+
+
+def test_outputs_kept_for_the_micro_batches_of_one_step_are_info() -> None:
+    """DeBERTa's trainer (set K): the list is made afresh for every optimizer step and holds the
+    micro-batches' outputs until the step: bounded, by design."""
+    src = MICRO.format(outer="pass", inner="outputs = []")
+    assert found(src) == [("TM001", "output-in-step", "info")]
+
+
+def test_a_loop_without_an_optimizer_step_keeps_outputs_within_no_step() -> None:
+    src = """
+    outs = []
+    for x in loader:
+        out = model(x)
+        loss = out.sum()
+        loss.backward()
+        outs.append(out)
+    """
+    assert found(src) == [("TM001", "output-in-step", "info")]
+    stepped = src.replace("outs.append(out)", "opt.step()\n        outs.append(out)")
+    assert found(stepped) == [("TM001", "output-kept", "warning")]
+
+
+# -- TM003: shown for a loop that steps an optimizer and trains one model --------------------------------
+def test_empty_cache_in_a_stepping_loop_is_a_warning() -> None:
+    src = """
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        torch.cuda.empty_cache()
+    """
+    assert found(src) == [("TM003", "optimizer-step", "warning")]
+
+
+def test_empty_cache_between_the_models_of_a_zoo_is_info() -> None:
+    """ColossalAI's `test_with_torch_ddp.py` (set H): each iteration builds another model, of another
+    size; the cache of one does not fit the next."""
+    src = """
+    for name, model_fn in model_zoo.items():
+        model = model_fn().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loss = model(data).sum()
+        loss.backward()
+        opt.step()
+        torch.cuda.empty_cache()
+    """
+    assert found(src) == [("TM003", "", "info")]
+    assert found(src.replace("        opt.step()\n", "")) == [("TM003", "", "info")]  # backward only
+    built_once = """
+    model = net_fn().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for data in loader:
+        loss = model(data).sum()
+        loss.backward()
+        opt.step()
+        torch.cuda.empty_cache()
+    """
+    assert found(built_once) == [("TM003", "optimizer-step", "warning")]
+
+
+# -- TM004: the carried state must reach the retained backward -------------------------------------------
+def test_a_jacobian_built_row_by_row_is_not_tm004() -> None:
+    """deepchem's `compute_saliency` (set J): `output = output.reshape(-1)` rebinds the outer loop's own
+    target, and every row's backward reuses one graph on purpose: nothing carries one iteration's graph
+    into the next."""
+    src = """
+    outputs = model(x)
+    rows = []
+    for output in outputs:
+        output = output.reshape([-1])
+        for i in range(output.shape[0]):
+            grad_output = torch.zeros(output.shape[0])
+            grad_output[i] = 1
+            output.backward(grad_output, retain_graph=True)
+            opt.step()
+            rows.append(x.grad.clone())
+    """
+    assert [c for c, _, _ in found(src)] == []
+
+
+def test_state_carried_outside_the_backward_is_not_tm004() -> None:
+    """A running state chained through the iterations (`count = sigmoid(count + ...)`) that the retained
+    backward does not run through links nothing to the next backward; once the loss uses it, every
+    iteration's graph stays alive."""
+    src = """
+    count = torch.zeros(1)
+    for x, y in loader:
+        count = torch.sigmoid(count + model(x).mean())
+        loss = F.cross_entropy(model(x), y)
+        loss.backward(retain_graph=True)
+        optimizer.step()
+    """
+    assert found(src) == []
+    used = src.replace("loss = F.cross_entropy(model(x), y)", "loss = F.cross_entropy(model(x), y) * count")
+    assert found(used) == [("TM004", "", "warning")]
+
+
+# -- TM010: shown when the loop runs a model in eval() mode or a model this scope trains -----------------
+TRAIN_THEN_EVAL = """
+def run(model, train_loader, val_loader, optimizer):
+    for x, y in train_loader:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+    {mode}
+    preds = []
+    for x, y in val_loader:
+        preds.append({callee}(x))
+    return preds
+"""
+
+
+def test_eval_outputs_kept_in_a_training_function_are_warnings() -> None:
+    src = TRAIN_THEN_EVAL.format(mode="model.eval()", callee="model")
+    assert found(src) == [("TM010", "eval-mode", "warning")]
+    src = TRAIN_THEN_EVAL.format(mode="pass", callee="model")  # no eval(): the trained model, graph on
+    assert found(src) == [("TM010", "trained-model", "warning")]
+
+
+def test_outputs_of_a_model_the_scope_does_not_train_are_info() -> None:
+    """A model no backward of the scope runs through (a teacher, a pretrained encoder) may have no
+    parameter that requires grad: the file does not show it, so the finding is info."""
+    src = TRAIN_THEN_EVAL.format(mode="pass", callee="encoder")
+    assert found(src) == [("TM010", "", "info")]
+    frozen = src.replace("    pass\n", "    model.requires_grad_(False)\n").replace("encoder(x)", "model(x)")
+    assert [c for c, _, _ in found(frozen)] == []  # a model frozen in the file records no graph
+
+
+def test_the_eval_mode_form_needs_the_eval_before_the_loop() -> None:
+    src = TRAIN_THEN_EVAL.format(mode="model.train()", callee="model")
+    assert found(src) == [("TM010", "trained-model", "warning")]
+    eval_mode = TRAIN_THEN_EVAL.format(mode="other.eval()", callee="encoder")  # eval() of another model
+    assert found(eval_mode) == [("TM010", "", "info")]
+
+
+def test_eval_outputs_kept_under_no_grad_are_not_flagged() -> None:
+    loop = "    for x, y in val_loader:\n        preds"
+    under = "    with torch.no_grad():\n      for x, y in val_loader:\n        preds"
+    src = TRAIN_THEN_EVAL.format(mode="model.eval()", callee="model").replace(loop, under)
+    assert [c for c, _, _ in found(src)] == []
+
+
+# -- TM011: shown when the failed frames are a model's forward or backward -------------------------------
+KEPT_ERRORS = """
+errors = []
+for x, y in loader:
+    out = model(x)
+    try:
+        {body}
+    except Exception as e:
+        errors.append(e)
+    out.sum().backward()
+    optimizer.step()
+"""
+
+
+def test_exceptions_of_a_forward_or_backward_are_warnings() -> None:
+    assert found(KEPT_ERRORS.format(body="model(y)")) == [("TM011", "model-frames", "warning")]
+    assert found(KEPT_ERRORS.format(body="out.mean().backward()")) == [("TM011", "model-frames", "warning")]
+
+
+def test_exceptions_of_a_comparison_are_info() -> None:
+    """lightning-thunder's DDP tests (set H) keep `assert_close` failures to report them to the spawning
+    process: the failed frames are the comparison's, not a forward's."""
+    assert found(KEPT_ERRORS.format(body="assert_close(out, y)")) == [("TM011", "", "info")]
+    assert found(KEPT_ERRORS.format(body="Net(4)")) == [("TM011", "", "info")]  # a class: builds a model
+
+
+# -- TM013: shown when forward computes the value and the store grows with every call --------------------
+MODULE = """
+class Probe(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+        self.kept = []
+        self.log = {{}}
+    def forward(self, x, metas, start):
+        h = self.proj(x)
+        {store}
+        return h
+"""
+
+
+def test_a_computed_value_appended_on_every_call_is_a_warning() -> None:
+    assert found(MODULE.format(store="self.kept.append(h)")) == [("TM013", "grows", "warning")]
+    assert found(MODULE.format(store="self.log[len(self.log)] = h")) == [("TM013", "grows", "warning")]
+
+
+def test_an_input_kept_as_it_came_is_info() -> None:
+    """neural-compressor's input capture (set F) keeps the calibration inputs (data, no graph); mmaction's
+    head (set H) keeps a metadata key of its input."""
+    assert found(MODULE.format(store="self.kept.append(x)")) == [("TM013", "", "info")]
+    assert found(MODULE.format(store="self.kept.append(metas[0]['img_key'])")) == [("TM013", "", "info")]
+
+
+def test_a_slot_or_a_slice_written_again_is_info() -> None:
+    """DGL's diffpool (set I) writes one slot per regulariser name; torch_xla's Llama (set I) writes its
+    preallocated KV cache in place."""
+    assert found(MODULE.format(store="self.log[type(self).__name__] = h")) == [("TM013", "", "info")]
+    assert found(MODULE.format(store="self.cache[:, start] = h")) == [("TM013", "", "info")]
+
+
+def test_a_value_rebound_only_under_an_if_may_be_the_input() -> None:
+    """botorch's test model (the earlier corpus) transforms `x` only when training, then records it: on
+    the other path the raw input is kept. A value computed on every path is still a warning (peft's
+    xlora classifier: reshaped, then perhaps softmaxed)."""
+    maybe = "if self.training:\n            x = self.proj(x)\n        self.kept.append(x)"
+    assert found(MODULE.format(store=maybe)) == [("TM013", "", "info")]
+    always = "\n        ".join(
+        ["h = h.reshape(-1)", "if self.training:", "    h = h.softmax(-1)", "self.kept.append(h)"]
+    )
+    assert found(MODULE.format(store=always)) == [("TM013", "grows", "warning")]
+
+
+def test_an_attribute_emptied_elsewhere_in_the_file_is_info() -> None:
+    src = MODULE.format(store="self.kept.append(h)") + textwrap.dedent(
+        """
+        probe = Probe()
+        for x in loader:
+            probe(x, None, 0).sum().backward()
+            probe.kept.clear()
+        """
+    )
+    assert found(src) == [("TM013", "", "info")]
