@@ -1,8 +1,9 @@
 """TM013: a module's ``forward`` that keeps its tensors on the module, call after call.
 
 Two forms, by what the data flow shows. "grows" (shown by default): the value is computed in ``forward``
-from its inputs (a submodule's output, a tensor op; not an input kept as it came, which may be data without
-a graph), it is added to the attribute in a way that grows with every call (``append``, ``+=``, ``self.t =
+from its inputs (a submodule's output, a tensor op; not an input kept as it came or copied, which may be data
+without a graph), the class derives from something (a module; not a plain object whose method is named
+``forward``), it is added to the attribute in a way that grows with every call (``append``, ``+=``, ``self.t =
 self.t + v``, a key made from ``len(...)`` of the container), and nothing in the file empties the attribute
 (no method of the class and no code elsewhere rebinds, clears or hands it out). Every other store a forward
 makes into the module (an input kept as given, a key that may repeat, a slice written in place) is the
@@ -18,6 +19,8 @@ from torchmem.lint._syntax import TENSOR, dotted, node_line, short
 from torchmem.lint._walk import Scope, names_in
 
 _EMPTIES = frozenset({"clear", "pop", "popleft", "popitem", "remove"})
+# Methods that copy or move a tensor: their result is what their receiver is (an input stays an input).
+_COPIES = frozenset({"clone", "to", "cpu", "cuda", "contiguous", "float", "half", "double", "bfloat16"})
 
 
 class ForwardChecks(KeptChecks):
@@ -47,7 +50,8 @@ class ForwardChecks(KeptChecks):
                 if self.flow.kind(extra[1], scope, line) != TENSOR:
                     continue
                 grows = (
-                    self._computed(extra[1], scope, line, 0)
+                    self._module_class(scope.cls, 0)
+                    and self._computed(extra[1], scope, line, 0)
                     and self._grows(kind, node, key, scope.cls)
                     and key.rsplit(".", 1)[-1] not in self._emptied_in_file(scope.cls)
                 )
@@ -75,6 +79,12 @@ class ForwardChecks(KeptChecks):
         without a graph)."""
         if depth > 8:
             return False
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and value.func.attr in _COPIES
+        ):
+            return self._computed(value.func.value, scope, line, depth + 1)  # `x.clone()` is still `x`
         if isinstance(value, (ast.Call, ast.BinOp, ast.UnaryOp)):
             return True
         if isinstance(value, (ast.Tuple, ast.List)):
@@ -104,6 +114,19 @@ class ForwardChecks(KeptChecks):
             if _dominates(scope.node, b.line, line - 1):
                 return True  # every earlier binding is overwritten by this one
         return False  # bound only under an `if` (or a loop) the store is not in: the input may come as is
+
+    def _module_class(self, cls: ast.ClassDef, depth: int) -> bool:
+        """Whether the class can be a torch module: it has a base other than ``object`` (``nn.Module``, a
+        library's module class, or a class of this file that has one). A class without a base is a plain
+        object whose ``forward`` is only a method name (lmdeploy's recording test double)."""
+        bases = [b for b in cls.bases if not (isinstance(b, ast.Name) and b.id == "object")]
+        if not bases or depth > 8:
+            return False
+        for b in bases:
+            local = self.facts.classes.get(b.id) if isinstance(b, ast.Name) else None
+            if local is None or (local is not cls and self._module_class(local, depth + 1)):
+                return True
+        return False
 
     def _grows(self, kind: str, node: ast.AST, key: str, cls: ast.ClassDef) -> bool:
         """Whether the store adds to the attribute on every call: an append or a sum does; a subscript

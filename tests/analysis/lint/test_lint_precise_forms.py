@@ -265,3 +265,27 @@ def test_an_attribute_emptied_elsewhere_in_the_file_is_info() -> None:
         """
     )
     assert found(src) == [("TM013", "", "info")]
+
+
+def test_a_plain_object_recording_copies_of_its_arguments_is_info() -> None:
+    """lmdeploy's `_RecordingCacheBlockCopy` (set L, first look: false): a test double without a base
+    class whose method is named `forward`, keeping `.clone()`s of the block offsets it is given. Both the
+    missing module base and the copied (not computed) value make it info; a module computing the value is
+    still a warning."""
+    recorder = """
+    class Recorder:
+        def __init__(self):
+            self.calls = []
+        def forward(self, src, dst):
+            self.calls.append((src.clone(), dst.clone()))
+    """
+    assert found(recorder) == [("TM013", "", "info")]
+    as_module = recorder.replace("class Recorder:", "class Recorder(torch.nn.Module):")
+    assert found(as_module) == [("TM013", "", "info")]  # copies of the inputs: still the inputs
+    computed = as_module.replace("(src.clone(), dst.clone())", "(src * 2, dst.clone())")
+    assert found(computed) == [("TM013", "grows", "warning")]
+    plain_computed = computed.replace("class Recorder(torch.nn.Module):", "class Recorder:")
+    assert found(plain_computed) == [("TM013", "", "info")]
+    base = "class Base(torch.nn.Module):\n        pass\n    class Recorder(Base):"
+    via_local_base = computed.replace("class Recorder(torch.nn.Module):", base)
+    assert found(via_local_base) == [("TM013", "grows", "warning")]
