@@ -458,13 +458,20 @@ class Rules(ForwardChecks, WorkerChecks):
         this function put in eval() mode (TM002's precise form), "trained-model" when it calls a model
         whose outputs a backward of this scope runs through (its parameters require grad: it trains
         here), else "" (the function's name or an `eval()` elsewhere says so: shown by `--all`)."""
-        if self._helper_takes_grads(loop):
+        # the loop and the loops around it that do not train (`for k, v in model(x).items():` runs the
+        # model in the loop around it)
+        loops = []
+        for lp in loop.chain():
+            if lp.trains:
+                break
+            loops.append(lp)
+        if any(self._helper_takes_grads(lp) for lp in loops):
             return ""
-        calls, in_eval = self.eval_mode_calls(scope, loop)
-        if in_eval:
+        found = [self.eval_mode_calls(scope, lp) for lp in loops]
+        if any(in_eval for _calls, in_eval in found):
             return "eval-mode"
         trained = {k for k in self.feeding_backward(scope) if k not in ("self", "cls")}
-        if any(self._called_on(c, trained) for c in calls):
+        if any(self._called_on(c, trained) for calls, _in_eval in found for c in calls):
             return "trained-model"
         return ""
 

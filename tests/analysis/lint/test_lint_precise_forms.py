@@ -12,7 +12,7 @@ import textwrap
 
 from torchmem.lint import lint_source
 
-HEAD = "import torch\nimport torch.nn.functional as F\n"
+HEAD = "import torch\nimport torch.nn.functional as F\nfrom collections import defaultdict\n"
 
 
 def found(src: str, path: str = "train.py") -> list[tuple[str, str, str]]:
@@ -181,6 +181,29 @@ def test_eval_outputs_kept_under_no_grad_are_not_flagged() -> None:
     under = "    with torch.no_grad():\n      for x, y in val_loader:\n        preds"
     src = TRAIN_THEN_EVAL.format(mode="model.eval()", callee="model").replace(loop, under)
     assert [c for c, _, _ in found(src)] == []
+
+
+def test_the_eval_mode_form_reads_the_loops_around_a_loop_over_outputs() -> None:
+    """`for name, value in model(batch).items():` runs the model in the loop around it: that loop's
+    eval() mode decides the form. Inside a loop that trains, the values kept are TM001's."""
+    src = """
+    def evaluate(model, loader):
+        {mode}
+        results = defaultdict(list)
+        for batch in loader:
+            for name, value in model(batch).items():
+                results[name].append(value)
+        return results
+    """
+    assert found(src.format(mode="model.eval()")) == [
+        ("TM002", "eval-mode", "warning"),
+        ("TM010", "eval-mode", "warning"),
+    ]
+    assert found(src.format(mode="pass")) == [("TM002", "by-name", "info"), ("TM010", "", "info")]
+    trains = src.format(mode="model.train()").replace(
+        "results[name].append(value)", "results[name].append(value)\n            value.backward()"
+    )
+    assert found(trains) == [("TM001", "backward-ran", "warning")]  # kept after its backward: not TM010
 
 
 # -- TM011: shown when the failed frames are a model's forward or backward -------------------------------
