@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if args.list_rules:
         for rule in RULES.values():
             forms = sorted(form for code, form in DEFAULT_FORMS if code == rule.code)
-            shown = "--all" if not forms else "default" if forms == [""] else f"default ({forms[0]} form)"
+            named = "/".join(forms) + (" forms" if len(forms) > 1 else " form")
+            shown = "--all" if not forms else "default" if forms == [""] else f"default ({named})"
             print(f"{rule.code}  {rule.name:<26} {shown:<28} {rule.summary}")
         return 0
     paths = args.paths or ["."]

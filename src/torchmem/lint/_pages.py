@@ -69,6 +69,10 @@ the local data flow (a call to a function of another file that is not a model or
 `get_model(...)`, `compute_loss_scale(...)`: names that make or describe, not compute, are not taken for a
 forward or a loss; of `a, b, c = criterion(...)` only the first element is taken for the loss).
 
+Shown by default: the "backward-ran" form, and the "output-kept" form when the container outlives an
+optimizer step. Outputs kept by a list made afresh for each step (its micro-batches, "output-in-step")
+and graphs no backward is seen to run through ("no-backward") are reported by `torchmem lint --all`.
+
 Suppress one line with `# noqa: TM001`.
 """,
     "TM002": """# TM002 eval-without-no-grad
@@ -169,7 +173,10 @@ If memory grows step after step, find what holds it (`torchmem run train.py`) in
 ## When it does not fire
 
 Outside a loop, in a loop that does not train itself (once per epoch), under an `if` inside the loop (a
-periodic call), or in an `except` handler (recovery after an out-of-memory error).
+periodic call), or in an `except` handler (recovery after an out-of-memory error). Shown by default (the
+"optimizer-step" form) when the loop steps an optimizer and the model it calls is not built inside it; a
+loop over a zoo of models (each of another size) or one with only a backward is reported by
+`torchmem lint --all`.
 
 Suppress with `# noqa: TM003`.
 """,
@@ -212,7 +219,10 @@ for x, y in loader:
 ## When it does not fire
 
 A later backward in the same iteration runs without `retain_graph=True` (the graph is freed there);
-`create_graph=True` (higher-order gradients, done on purpose); the flag is a variable; no loop.
+`create_graph=True` (higher-order gradients, done on purpose); the flag is a variable; no loop; nothing
+carried from one iteration to the next reaches what the backward runs on (a loop's own target rebound in
+place, `output = output.reshape(-1)`, is bound afresh each iteration: a Jacobian built row by row with
+`retain_graph=True` over one graph is not flagged).
 
 Suppress with `# noqa: TM004`.
 """,
@@ -477,6 +487,12 @@ iteration (one slot, overwritten); there is no sign that the loop evaluates (no 
 the same function, not named like evaluation; a `test_*` function of a pytest file is a test); framework
 hooks (`validation_step`).
 
+Shown by default when the loop (or a loop around it that does not train) calls a model whose last
+`train()`/`eval()` before the call is `eval()` (the "eval-mode" form), or a model whose outputs a backward
+of the same function or script runs through (the "trained-model" form: its parameters require grad);
+when only the function's name says it evaluates, or the model is trained nowhere in sight (a teacher, a
+pretrained encoder), it is reported by `torchmem lint --all`.
+
 Suppress with `# noqa: TM010`.
 """,
     "TM011": """# TM011 exception-kept
@@ -529,6 +545,10 @@ for x, y in loader:
 What is kept is text (`str(e)`, `repr(e)`, `traceback.format_exc()`); the exception is only bound to a
 name (`last_error = e`: one exception at a time); the container is reset inside the loop; the code is not
 inside a loop; the file imports nothing of torch's world.
+
+Shown by default (the "model-frames" form) when the `try` runs a model forward or a backward, whose
+frames hold the batch and the activations; an exception of a comparison or a parse is reported by
+`torchmem lint --all`.
 
 Suppress with `# noqa: TM011`.
 """,
@@ -637,6 +657,12 @@ clears the attribute (`self.outputs = []`, `self.cache.clear()`: the class manag
 cache reset per sequence); the attribute is rebound, not added to (`self.last = out`: one step's graph at
 a time), or written at a key that is the same on every call (`self.heads[self.index - 1] = out`: one
 slot); the file imports nothing of torch's world.
+
+Shown by default (the "grows" form) only when the class has a base (a module), the value is computed in
+`forward` (a submodule's output, a tensor op; not an input kept or `.clone()`d as it came), the store grows
+on every call (`append`, `+=`, a key made from `len(...)`; not a slice written in place) and no code of
+the file empties the attribute (`model.attn.maps.clear()` in the training loop); the other shapes are
+reported by `torchmem lint --all`.
 
 Suppress with `# noqa: TM013`.
 """,

@@ -15,6 +15,7 @@ import pytest
 from torchmem.cli import lint as lint_cmd
 from torchmem.lint import RULES, LintConfigError, explain_rule, lint_paths, lint_source
 from torchmem.lint._pages import PAGES
+from torchmem.lint._rules import DEFAULT_FORMS
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 
@@ -225,7 +226,13 @@ def test_explain_prints_the_page(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(["--explain", "TM123"]) == 2
     assert "no rule 'TM123'" in capsys.readouterr().err
     assert run(["--list-rules"]) == 0
-    assert len(capsys.readouterr().out.splitlines()) == len(RULES)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(RULES)
+    for line in lines:  # every form shown by default is named on its rule's line (TM001 has two)
+        code = line.split()[0]
+        forms = [form for c, form in DEFAULT_FORMS if c == code and form]
+        assert all(form in line for form in forms), line
+        assert ("--all" in line) == (not any(c == code for c, _ in DEFAULT_FORMS)), line
 
 
 @pytest.mark.parametrize("code", sorted(c for c in RULES if c != "TM000"))
