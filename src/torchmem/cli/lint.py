@@ -68,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if args.list_rules:
         for rule in RULES.values():
             forms = sorted(form for code, form in DEFAULT_FORMS if code == rule.code)
-            named = "/".join(forms) + (" forms" if len(forms) > 1 else " form")
-            shown = "--all" if not forms else "default" if forms == [""] else f"default ({named})"
+            form_names = "/".join(forms) + (" forms" if len(forms) > 1 else " form")
+            shown = "--all" if not forms else "default" if forms == [""] else f"default ({form_names})"
             print(f"{rule.code}  {rule.name:<26} {shown:<28} {rule.summary}")
         return 0
     paths = args.paths or ["."]
