@@ -29,7 +29,7 @@ from torchmem.lint._syntax import (
     node_line,
     short,
 )
-from torchmem.lint._walk import Binding, Ctx, Loop, Scope, Walker, same_path
+from torchmem.lint._walk import Binding, Ctx, Loop, Scope, Walker, names_in, same_path
 from torchmem.lint._workers import WorkerChecks
 
 
@@ -470,10 +470,26 @@ class Rules(ForwardChecks, WorkerChecks):
         found = [self.eval_mode_calls(scope, lp) for lp in loops]
         if any(in_eval for _calls, in_eval in found):
             return "eval-mode"
-        trained = {k for k in self.feeding_backward(scope) if k not in ("self", "cls")}
+        trained = self._trained_names(scope)
         if any(self._called_on(c, trained) for calls, _in_eval in found for c in calls):
             return "trained-model"
         return ""
+
+    def _trained_names(self, scope: Scope) -> set[str]:
+        """The names whose values reach what a backward of the scope runs on through bindings made with
+        autograd on: a model called there has parameters that require grad. A teacher whose output is
+        bound under `no_grad` (`with torch.no_grad(): t = teacher(x)`) feeds the loss no graph."""
+        seen: set[str] = set()
+        todo = list(scope.backward_roots | scope.backwarded)
+        while todo and len(seen) < 400:
+            key = todo.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            for b in scope.bindings.get(key, ()):
+                if b.value is not None and not b.no_grad:
+                    todo.extend(names_in(b.value) - seen)
+        return {k for k in seen if k not in ("self", "cls")}
 
     def _helper_takes_grads(self, loop: Loop) -> bool:
         """The loop calls a function of this file that runs ``autograd.grad``/``backward`` on one of its

@@ -169,6 +169,31 @@ def test_outputs_of_a_model_the_scope_does_not_train_are_info() -> None:
     assert [c for c, _, _ in found(frozen)] == []  # a model frozen in the file records no graph
 
 
+def test_a_teacher_run_under_no_grad_in_training_is_not_trained() -> None:
+    """Distillation: the teacher's outputs enter the loss, but bound under `no_grad` they carry no graph;
+    a later loop keeping the teacher's outputs is not the trained-model form. The student, whose outputs
+    the backward runs through, is."""
+    src = """
+    def distil(student, encoder, train_loader, val_loader, optimizer):
+        for x, y in train_loader:
+            with torch.no_grad():
+                t = encoder(x)
+            loss = F.mse_loss(student(x), t)
+            loss.backward()
+            optimizer.step()
+        kept = []
+        for x, y in val_loader:
+            kept.append({callee}(x))
+        return kept
+    """
+    assert found(src.format(callee="encoder")) == [("TM010", "", "info")]
+    assert found(src.format(callee="student")) == [("TM010", "trained-model", "warning")]
+    with_graph = src.format(callee="encoder").replace(
+        "            with torch.no_grad():\n                t = encoder(x)", "            t = encoder(x)"
+    )
+    assert found(with_graph) == [("TM010", "trained-model", "warning")]  # its outputs feed the backward
+
+
 def test_the_eval_mode_form_needs_the_eval_before_the_loop() -> None:
     src = TRAIN_THEN_EVAL.format(mode="model.train()", callee="model")
     assert found(src) == [("TM010", "trained-model", "warning")]
