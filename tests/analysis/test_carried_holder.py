@@ -91,3 +91,77 @@ def test_without_the_loop_s_code_the_holder_most_samples_reach_stays() -> None:
 def test_a_list_that_keeps_every_output_is_named_even_with_a_carried_state() -> None:
     c = _culprit(_paths(_decode(6, keep_outputs=True)), frozenset({"hidden", "x"}))
     assert c.holder.startswith(f"{__name__}.outputs["), c.holder
+
+
+class _Cache:
+    """A KV cache as Hugging Face's: a list of layers, each with keys and values re-made by ``torch.cat``."""
+
+    def __init__(self) -> None:
+        self.layers: list[dict[str, torch.Tensor]] = []
+
+
+class _Layer:
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        self.keys, self.values = keys, values
+
+
+proj = torch.nn.Linear(32, 64)
+past: Any = None
+history: list[torch.Tensor] = []
+
+
+def _decode_with_cache(tokens: int) -> list[Any]:
+    """A decode loop without no_grad carrying a structured cache: ``past`` is read by the step, and the
+    step's new cache is bound to it."""
+    global past
+    past = None
+    born = []
+    x = torch.randn(4, 32)
+    for _ in range(tokens):
+        kv = proj(x)
+        new = _Cache()
+        for i in range(2):
+            k, v = kv[:, :32], kv[:, 32:]
+            if past is not None:
+                k = torch.cat([past.layers[i].keys, k]) * 1.0
+                v = torch.cat([past.layers[i].values, v]) * 1.0
+            new.layers.append(_Layer(k, v))  # type: ignore[arg-type]
+        past = new
+        born.append(x.untyped_storage())  # saved by the projection's graph, which the cache's keys carry
+        x = torch.tanh(past.layers[1].keys[-4:])
+    return born[:-1]
+
+
+def test_a_structured_state_the_loop_carries_is_a_graph_chain_named_by_its_variable() -> None:
+    paths = _paths(_decode_with_cache(8))
+    carried = frozenset({"past", "x"})
+    c = _culprit(paths, carried)
+    assert c.kind == "graph_chain", c
+    assert c.holder.startswith(f"{__name__}.past.layers["), c.holder
+    assert c.fix.startswith("`past` carries its autograd graph from step to step"), c.fix
+    assert "`past = past.detach()`" in c.fix and "loss.item()" not in c.fix, c.fix
+    # where the program ran no backward, the fix is no_grad first
+    growth = SiteGrowth("decode.py:9", float(MiB), 5 * MiB, 5, 1.0, tuple(paths))
+    (c,) = attribute([growth], device="cpu", carried=carried, backward=False)
+    assert "and no backward() ran: run the loop under `torch.no_grad()`" in c.fix, c.fix
+    (c,) = attribute([growth], device="cpu", carried=carried, backward=True)
+    assert "no backward() ran" not in c.fix, c.fix
+    # without knowing the loop carries it, the structure's items are a container that keeps graphs
+    assert _culprit(paths, frozenset({"x"})).kind == "retained_graph"
+
+
+def test_a_list_the_loop_rebinds_to_itself_plus_one_is_not_a_carried_state() -> None:
+    global history
+    history = []
+    born = []
+    for _ in range(6):
+        h = proj(torch.randn(4, 32))
+        loss = (h**2).mean()  # saves h
+        history = history + [loss]  # carried (read, then bound), but a list that grows
+        born.append(h.untyped_storage())
+    paths = [p for p in _paths(born) if str(p).startswith(f"{__name__}.history[")]
+    assert len({str(p).split("]")[0] for p in paths}) > 1, paths  # several of its items sampled
+    growth = SiteGrowth("train.py:9", float(MiB), 5 * MiB, 5, 1.0, tuple(paths))
+    (c,) = attribute([growth], device="cpu", carried=frozenset({"history"}), backward=False)
+    assert c.kind == "retained_graph", c
+    assert "no backward() ran" in c.fix and "`history`" in c.fix, c.fix

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.nn.modules import module as mm
 
-from torchmem.capture.boundaries import StepBoundaries
+from torchmem.capture.boundaries import StepBoundaries, backward_ran
 
 
 class Recorder:
@@ -67,6 +67,22 @@ def test_backward_without_optimizer(rec: Recorder) -> None:
         b.stop()
     assert b.chosen == "backward" and b.label == "backward() call"
     assert b.counts["backward"] == 6
+
+
+def test_whether_a_backward_ran_is_known_while_counting(rec: Recorder) -> None:
+    model = _model()
+    assert backward_ran() is None  # nothing counts: not known
+    b = _boundaries(rec)
+    try:
+        for _ in range(4):
+            model(torch.randn(4, 8))  # an eval loop, autograd on
+        assert backward_ran() is False and not b.backward_ran
+        model(torch.randn(4, 8)).sum().backward()
+        assert backward_ran() is True and b.backward_ran
+    finally:
+        b.stop()
+    assert backward_ran() is None  # stopped: no longer known here
+    assert b.backward_ran  # the finished count still says it
 
 
 def test_eval_loop_counts_the_top_level_forward_once(rec: Recorder) -> None:

@@ -4,6 +4,7 @@ each call's end is reported as that, with the fix — never as a leak, never as 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -84,3 +85,41 @@ def test_a_plain_training_loop_has_no_inner_growth(tmp_path: Path) -> None:
     finally:
         res = s.finish(0, "exit")
     assert res.leak is not None and res.leak.verdict not in ("inner_growth", "leak"), str(res.leak)
+
+
+def _track(series: list[tuple[int, int]], warmup: int = 3) -> Any:
+    from torchmem.capture.watch_verdict import GrowthTrack
+
+    t = GrowthTrack(256 * 1024, warmup)
+    for n, v in series:
+        t.keep(n, v)
+        if n > warmup:
+            t.add(n, v)
+    return t
+
+
+def test_a_run_that_ends_inside_a_call_is_still_growth_inside_each_call() -> None:
+    # 6 decode calls of 40 tokens, +1 MiB a token, freed at each call's end; the run ends on the last token
+    # of the last call, so the last readings rise steadily (the steady test says leak there)
+    saw = [(i, 300 * MiB + ((i - 1) % 40) * MiB) for i in range(1, 241)]
+    t = _track(saw)
+    assert t.growth.leaking  # the live detector sees the last call's ramp
+    verdict, reason, rate, _ = t.verdict(240, 1)
+    assert verdict == "inner_growth" and "falls back at the end (5 times)" in reason, reason
+    assert rate == MiB
+
+
+def test_a_leak_under_the_sawtooth_is_a_leak() -> None:
+    # the same calls, each keeping 3 MiB of its 39 MiB rise (75 KiB a token, under the threshold): the
+    # floors climb at every call, so "nothing is kept across calls" would be false
+    stair = [(i, 300 * MiB + ((i - 1) // 40) * 3 * MiB + ((i - 1) % 40) * MiB) for i in range(1, 241)]
+    assert inner_growth(stair) is None
+    t = _track(stair)
+    assert t.verdict(240, 1)[0] == "leak"
+    # floors that move but do not climb (the heap's noise) are still growth inside each call
+    jitter = [0, 2, -1, 1, 0, 2]
+    saw = [(i, 300 * MiB + jitter[(i - 1) // 40] * MiB + ((i - 1) % 40) * MiB) for i in range(1, 241)]
+    assert inner_growth(saw) is not None
+    # and a plain leak stays one
+    t = _track([(i, 300 * MiB + i * MiB) for i in range(1, 241)])
+    assert t.verdict(240, 1)[0] == "leak"

@@ -214,7 +214,40 @@ def _autograd_cycle(paths: Sequence[HolderPath]) -> bool:
     return any(p.root == "cycle" and classify_cycle(p)[0] == AUTOGRAD for p in paths)
 
 
-def _kind(g: SiteGrowth) -> str:
+def _carried_root(path: HolderPath, carried: Collection[str]) -> str | None:
+    """The variable the loop carries that the path's holder starts at (``past`` of
+    ``past.layers[0].keys``), ``None`` where it starts elsewhere."""
+    variables = [s for s in _holder_steps(path) if s.kind in (StepKind.MODULE_GLOBAL, StepKind.FRAME_LOCAL)]
+    return variables[-1].name if variables and variables[-1].name in carried else None
+
+
+def _carried_state(paths: Sequence[HolderPath], carried: Collection[str]) -> bool:
+    """The holder is state the loop hands from one iteration to the next (``past`` in ``out = model(tok,
+    past_key_values=past); past = out.past_key_values``): every path's holder starts at a variable the loop
+    carries, and no list grows on it — the paths do not reach different items of a list or deque that is the
+    carried variable itself (``history = history + [loss]`` reaches ``history[3]``, ``history[7]``). Items
+    inside the state (``past.layers[0].keys``, ``past.layers[1].keys``; ``hidden[0]`` of an LSTM's tuple)
+    are its fixed structure, re-made each iteration."""
+    if not carried or not paths:
+        return False
+    if any(_carried_root(p, carried) is None for p in paths):
+        return False
+    firsts: list[HolderStep] = []
+    for p in paths:
+        steps = _holder_steps(p)
+        at = max(i for i, s in enumerate(steps) if s.kind in (StepKind.MODULE_GLOBAL, StepKind.FRAME_LOCAL))
+        if at + 1 < len(steps) and steps[at + 1].kind in _CONTAINER_ITEMS:
+            firsts.append(steps[at + 1])
+    # (one sampled item of such a list says nothing of the others: a list still)
+    grows = (
+        bool(firsts)
+        and (len({s.name for s in firsts}) > 1 or len(firsts) == 1)
+        and all(s.key_type == "int" and s.holder_type in ("list", "deque") for s in firsts)
+    )
+    return not grows
+
+
+def _kind(g: SiteGrowth, main: Sequence[HolderPath] = (), carried: Collection[str] = ()) -> str:
     paths = g.paths
     if g.in_cycle or _autograd_cycle(paths):
         return CYCLE
@@ -227,6 +260,8 @@ def _kind(g: SiteGrowth) -> str:
         # One variable whose graph grows (no container item before the grad_fn hop), or a container.
         holders = [_before(p, frozenset({StepKind.GRAD_FN})) for p in paths if StepKind.GRAD_FN in p.kinds]
         if holders and not any(_has_item(h) for h in holders):
+            return GRAPH_CHAIN
+        if _carried_state([p for p in main if StepKind.GRAD_FN in p.kinds], carried):
             return GRAPH_CHAIN
         return RETAINED_GRAPH
     if g.storages_per_step < 0.5 and g.bytes_per_step > 0:
@@ -388,6 +423,7 @@ def attribute(
     unit: str = "step",
     device: str | None = None,
     carried: Collection[str] = (),
+    backward: bool | None = None,
 ) -> tuple[Culprit, ...]:
     """Group growing sites by the holder that keeps their memory, classify each group, and give its fix.
 
@@ -396,7 +432,9 @@ def attribute(
     culprit carries the readable path of its holder. ``unit`` (``"step"``, or ``"s"`` when the rates are per
     second of a timeline) and ``device`` (the watched device) word the fix (:func:`fix_for`). ``carried``:
     the variables the program's loop hands from iteration to iteration (read before written), preferred
-    among holders that share the same tensors equally.
+    among holders that share the same tensors equally, and named as state carried over (a graph chain)
+    when they hold a graph. ``backward``: whether the program ran a backward (``False``: the fix of a graph
+    kept is ``torch.no_grad()``; ``None``: not known).
     """
     groups: dict[str, list[SiteGrowth]] = {}
     for g in growth:
@@ -419,11 +457,17 @@ def attribute(
             in_cycle=any(g.in_cycle for g in gs),
             cycle_types=tuple(t for g in gs for t in g.cycle_types),
         )
-        kind = _kind(merged)
-        holder = next((p for p in merged.paths if holder_pattern(p) == key), None)
+        main = [p for p in merged.paths if holder_pattern(p) == key]
+        kind = _kind(merged, main, carried)
+        holder = main[0] if main else None
         name = holder_name(holder) if holder else (merged.site or "?")
         if kind == EXCEPTION and holder is not None:
             name = _exception_holder_name(holder) or name
+        state = False
+        if kind == GRAPH_CHAIN and holder is not None:
+            var = _carried_root(holder, carried)
+            if var is not None and var != name:
+                name, state = var, True  # `past`, not `past.layers`: the variable the loop carries
         per_step = merged.bytes_per_step
         graph = per_step * merged.saved_bytes / merged.live_bytes if merged.live_bytes else 0.0
         culprits.append(
@@ -445,7 +489,16 @@ def attribute(
                 if kind == CYCLE and _autograd_cycle(merged.paths)
                 else _metric_fix(holder, per_step, unit)
                 if kind == METRIC_STATE and holder is not None and _metric_state(holder) is not None
-                else fix_for(kind, name, per_step, merged.cycle_types, unit=unit, device=device),
+                else fix_for(
+                    kind,
+                    name,
+                    per_step,
+                    merged.cycle_types,
+                    unit=unit,
+                    device=device,
+                    backward=backward,
+                    state=state,
+                ),
             )
         )
         metric = _metric_state(holder) if kind == METRIC_STATE and holder is not None else None

@@ -330,6 +330,13 @@ def inner_growth(
         return None
     length = int(_median([r[-1][0] - r[0][0] + 1 for r in used]))
     height = int(_median([r[-1][1] - r[0][1] for r in used]))
+    # Nothing kept across calls: the calls' floors did not climb, over the whole series, by more than a
+    # quarter of one call's rise, nor at every call (a leak under the sawtooth is a leak).
+    starts = [r[0][1] for r in ramps] + [cur[0][1]]
+    if min(starts[len(starts) // 2 :]) > min(starts[: len(starts) // 2]) + 0.25 * height:
+        return None
+    if len(starts) >= 3 and all(b > a + 0.02 * height for a, b in itertools.pairwise(starts)):
+        return None
     return rate, length, height, len(used)
 
 

@@ -96,12 +96,17 @@ def fix_for(
     *,
     unit: str = "step",
     device: str | None = None,
+    backward: bool | None = None,
+    state: bool = False,
 ) -> str:
     """The one-line fix for a culprit kind, naming the holder.
 
     ``unit`` is ``"step"``, or ``"s"`` for a rate per second of a timeline (no repeating step): the rate is
     written with it and no fix speaks of steps then. ``device`` is the watched device: on the CPU the fix
     speaks of CPU tensors and memory, and never suggests ``.cpu()`` copies (they would be the same tensors).
+    ``backward``: whether the program ran a backward (``False``: a graph carried from step to step needs
+    only ``torch.no_grad()``; ``None``: not known). ``state``: the holder is a structure the loop hands
+    from one iteration to the next (``past`` of a decode loop), not a running total.
 
     Example:
         >>> fix_for("device_accumulation", "keep", 2**20, unit="s", device="cpu")
@@ -114,11 +119,32 @@ def fix_for(
     tensors = "CPU tensors" if cpu else "device tensors"
     if kind == RETAINED_GRAPH:
         kept = f"one autograd graph per step ({size} each)" if per_step_unit else f"autograd graphs ({rate})"
+        if backward is False:
+            return (
+                f"`{name}` keeps {kept} and no backward() ran: run the loop under `torch.no_grad()` (or "
+                "`torch.inference_mode()`), or `.detach()` what you keep"
+            )
         return f"`{name}` keeps {kept}: store `loss.item()` for logging, " + (
             "or `.detach()` what you keep" if cpu else "or `.detach()` (`.cpu()`) what you keep"
         )
     if kind == GRAPH_CHAIN:
         carries = "from step to step" if per_step_unit else "from one iteration to the next"
+        if backward is False:
+            other = (
+                f"detach what it carries over (`{name} = {name}.detach()`)"
+                if state
+                else f"accumulate a number (`{name} += loss.item()`)"
+            )
+            return (
+                f"`{name}` carries its autograd graph {carries} ({rate}) and no backward() ran: run the "
+                f"loop under `torch.no_grad()` (or `torch.inference_mode()`), or {other}"
+            )
+        if state:
+            return (
+                f"`{name}` carries its autograd graph {carries} ({rate}): detach the state it carries over "
+                f"(`{name} = {name}.detach()`, each tensor of it), or run the loop under `torch.no_grad()` "
+                "if no gradient is needed"
+            )
         return (
             f"`{name}` carries its autograd graph {carries} ({rate}): accumulate a number "
             f"(`{name} += loss.item()`) or detach the state you carry over (`{name} = {name}.detach()`)"

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from torchmem._warn import ReportedOnce
+from torchmem.capture.loop_calls import frame_local
 from torchmem.devices._ledger import ledger
 
 KINDS = ("optimizer", "backward", "module", "dataloader", "generate")
@@ -99,8 +100,15 @@ class StepBoundaries:
         self._stopped = False
         self._compiling = _compiling()
 
+    @property
+    def backward_ran(self) -> bool:
+        """Whether a ``backward()``/``autograd.grad()`` call or an optimizer step was seen on any thread."""
+        return any(self.counts[k] or self.other_thread[k] for k in ("backward", "optimizer"))
+
     # -- install / remove -------------------------------------------------------------------------
     def start(self) -> StepBoundaries:
+        global _active
+        _active = weakref.ref(self)
         for install in (
             self._install_optimizer,
             self._install_backward,
@@ -116,7 +124,10 @@ class StepBoundaries:
 
     def stop(self) -> None:
         """Remove every hook and undo every patch (idempotent)."""
+        global _active
         self._stopped = True
+        if _active is not None and _active() is self:
+            _active = None
         self._remove_module_hooks()
         self._tops.clear()
         self._last_optimizer = None
@@ -315,7 +326,7 @@ class StepBoundaries:
             if g is None:
                 break
             if g.f_code.co_name in _GENERATE_NAMES:
-                owner = g.f_locals.get("self")
+                owner = frame_local(g, "self")
                 if isinstance(owner, torch.nn.Module):
                     self._generate_code[code] = True
                     self._patch_generate(type(owner), g.f_code)
@@ -407,6 +418,21 @@ class StepBoundaries:
         return ", ".join(seen) if seen else "none"
 
 
+_active: weakref.ref[StepBoundaries] | None = None  # the boundaries counting now (torchmem run)
+
+
+def backward_ran() -> bool | None:
+    """Whether the program under ``torchmem run`` ran a backward (or an optimizer step) so far; ``None``
+    where no boundaries are counting (``torchmem.watch`` in the user's code: not known).
+
+    Example:
+        >>> backward_ran() is None  # nothing is counting
+        True
+    """
+    b = _active() if _active is not None else None
+    return None if b is None or b._stopped else b.backward_ran
+
+
 _NN_DIR = __import__("os").path.join(__import__("os").path.dirname(torch.nn.__file__), "")
 
 
@@ -420,4 +446,4 @@ def _default_label(kind: str) -> str:
     }[kind]
 
 
-__all__ = ["KINDS", "StepBoundaries"]
+__all__ = ["KINDS", "StepBoundaries", "backward_ran"]

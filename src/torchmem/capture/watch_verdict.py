@@ -147,7 +147,10 @@ class GrowthTrack:
             )
         g = self.growth
         if g.leaking:
-            return "leak", g.reason, g.bytes_per_step, g.confidence
+            # Growth that fell back at the end of each call, seen again in the last one: the sawtooth of a
+            # state carried inside each call, not a leak across calls.
+            inner = self._inner(g.confidence)
+            return inner if inner is not None else ("leak", g.reason, g.bytes_per_step, g.confidence)
         if len(post_values) < STEADY_READINGS:
             return (
                 "too_few",
@@ -166,21 +169,29 @@ class GrowthTrack:
         g = self._explained[1]
         verdict = "stopped" if self.stopped_at is not None else g.verdict
         if verdict in ("stopped", "noisy", "flat", "below_threshold"):
-            inner = inner_growth(self.series, self.min_bytes_per_step)
+            inner = self._inner(g.confidence)
             if inner is not None:
-                rate, length, height, ramps = inner
-                return (
-                    "inner_growth",
-                    f"the figure climbs by {fmt_bytes(int(rate))}/step for about {length} steps and falls "
-                    f"back at the end ({ramps} times): each call's peak grows by {fmt_bytes(height)} with "
-                    "its inner loop, and with the loop's length (a graph or state carried from one iteration "
-                    "to the next); nothing is kept across calls. Fix: run the loop under torch.no_grad() "
-                    "(or torch.inference_mode()) when no gradient is needed, else detach what one iteration "
-                    "hands to the next (`h = h.detach()`)",
-                    rate,
-                    g.confidence,
-                )
+                return inner
         return verdict, g.reason, g.trend_per_step, g.confidence
+
+    def _inner(self, confidence: float) -> tuple[str, str, float, float] | None:
+        """The verdict of growth inside each call (:func:`inner_growth`), ``None`` where the series is no
+        such sawtooth."""
+        inner = inner_growth(self.series, self.min_bytes_per_step)
+        if inner is None:
+            return None
+        rate, length, height, ramps = inner
+        return (
+            "inner_growth",
+            f"the figure climbs by {fmt_bytes(int(rate))}/step for about {length} steps and falls "
+            f"back at the end ({ramps} times): each call's peak grows by {fmt_bytes(height)} with "
+            "its inner loop, and with the loop's length (a graph or state carried from one iteration "
+            "to the next); nothing is kept across calls. Fix: run the loop under torch.no_grad() "
+            "(or torch.inference_mode()) when no gradient is needed, else detach what one iteration "
+            "hands to the next (`h = h.detach()`)",
+            rate,
+            confidence,
+        )
 
     def short_run(self, steps: int) -> Growth | None:
         """A run too short for the growth tests, judged on its readings from the first step (warm-up
@@ -234,8 +245,8 @@ def build_report(
         mode=mode,
         steps=steps,
         warmup=track.warmup,
-        leaking=growth.leaking or short,
-        bytes_per_step=trend if short else growth.bytes_per_step,
+        leaking=verdict == "leak",
+        bytes_per_step=trend if short else growth.bytes_per_step if verdict == "leak" else 0.0,
         confidence=confidence,
         detected_at=steps if short else track.detected_at,
         stopped_at=track.stopped_at,

@@ -209,6 +209,7 @@ class Attribution:
                 device=self._device,
                 note=self._note,
                 carried=_carried_here(),
+                backward=_backward_ran(),
             )
         except Exception as exc:
             self._on_error("attribution", exc)
@@ -231,6 +232,17 @@ def _carried_here() -> frozenset[str]:
         return frozenset()
 
 
+def _backward_ran() -> bool | None:
+    """Whether the program ran a backward so far, where ``torchmem run`` counts its boundaries (``None``:
+    not known)."""
+    from torchmem.capture.boundaries import backward_ran
+
+    try:
+        return backward_ran()
+    except Exception:
+        return None
+
+
 def _no_reading() -> int:
     return 0
 
@@ -244,11 +256,13 @@ def find_culprits(
     device: str,
     note: Callable[[str], None],
     carried: frozenset[str] = frozenset(),
+    backward: bool | None = None,
 ) -> tuple[Culprit, ...]:
     """The culprits of the growth ``win`` saw (the watch's ``growth`` at the last reading): the sites whose
     live bytes kept rising, joined to their holders (``max_paths`` paths per storage), autograd graphs and
     reference cycles. ``carried``: the variables the program's loop carries (preferred among holders of the
-    same tensors)."""
+    same tensors); ``backward``: whether the program ran a backward (worded into the fixes; ``None``: not
+    known)."""
     by_growth = site_growth(list(win.maps))
     if not by_growth:
         return ()
@@ -330,7 +344,9 @@ def find_culprits(
     # growth reported for its total); deep mode lists every site that keeps growing.
     limit = min(min_bytes_per_step, growth.min_bytes_per_step or min_bytes_per_step) / 4
     floor = limit if growth.leaking else 4096
-    return attribute(facts, min_bytes_per_step=min(floor, limit), device=device, carried=carried)
+    return attribute(
+        facts, min_bytes_per_step=min(floor, limit), device=device, carried=carried, backward=backward
+    )
 
 
 def _dict_of(o: Any) -> Any:

@@ -483,12 +483,7 @@ class Session:
                     leak = timeline
         survivors = self._watchers.survivors_report(self._steps, self._source.label, leak)
         if leak is not None:
-            try:
-                leak = verdicts.named(
-                    leak, survivors, self.device, self._born_before, carried=self._source.carried
-                )
-            except Exception as e:
-                note(f"the leak could not be named ({type(e).__name__}: {e})")
+            leak = _named(leak, survivors, self)
             self._records.record("leak", report=leak.to_dict(), final=True)
         forecast = None
         try:
@@ -620,6 +615,23 @@ def _device_name(dev: torch.device) -> str | None:
         return backend(dev).name()
     except Exception:
         return None
+
+
+def _named(leak: LeakReport, survivors: Any, s: Session) -> LeakReport:
+    """The run's leak, named where the watcher could not (``verdicts.named``), with what the step source
+    knows of the program's loop (the variables it carries, whether a backward ran)."""
+    try:
+        return verdicts.named(
+            leak,
+            survivors,
+            s.device,
+            s._born_before,
+            carried=s._source.carried,
+            backward=s._source.backward_ran,
+        )
+    except Exception as e:
+        s._records.note(f"the leak could not be named ({type(e).__name__}: {e})")
+        return leak
 
 
 __all__ = ["Session", "SessionResult"]

@@ -59,6 +59,15 @@ class StepSource:
         at its first step boundaries: the holder to name among those that keep the same tensors."""
         return frozenset(self._carried)
 
+    @property
+    def backward_ran(self) -> bool | None:
+        """Whether the program ran a backward (or an optimizer step) so far; ``None`` where the boundaries
+        were not counted (``--step-marker`` counts only optimizer steps: not known)."""
+        b = self._boundaries
+        if b is None or self.step_marker:
+            return None
+        return bool(b.backward_ran)
+
     def _program(self) -> str | None:
         """The program's file (its frames are where its loops are), ``None`` for ``-c``/``-m``."""
         argv = self._argv

@@ -32,6 +32,7 @@ def named(
     device: torch.device,
     born_before: set[int],
     carried: frozenset[str] = frozenset(),
+    backward: bool | None = None,
 ) -> LeakReport:
     """A leak the watcher found with no culprit (it was found in the last steps, or in a short run, before
     the exact ledger could attribute it): name it from what the loop's recorded steps allocated and still
@@ -79,7 +80,9 @@ def named(
                 ),
             )
         return leak
-    culprits = attribute(facts, min_bytes_per_step=0.0, unit=unit, device=str(device), carried=carried)
+    culprits = attribute(
+        facts, min_bytes_per_step=0.0, unit=unit, device=str(device), carried=carried, backward=backward
+    )
     if not culprits:
         return leak
     return dataclasses.replace(leak, culprits=culprits, notes=(*leak.notes, note))
