@@ -337,3 +337,29 @@ def test_calls_of_a_millisecond_are_a_step_each() -> None:
 
     _, found, _ = _sampled(work)
     assert found == ["epoch() call"], found
+
+
+def test_reading_a_frame_s_local_keeps_nothing_alive() -> None:
+    """Before Python 3.13, ``frame.f_locals`` leaves a snapshot on the frame that keeps every local it had:
+    the unit finder and the step detection read the program's frames, and a model the program deletes
+    must be freed (as the test of the boundaries shows, 'never keep a deleted model alive')."""
+    import gc
+    import sys
+    import weakref
+
+    from torchmem.capture.loop_calls import frame_local
+
+    class Model:
+        pass
+
+    model = Model()
+    other = Model()
+    ref = weakref.ref(model)
+    frame = sys._getframe()
+    assert frame_local(frame, "model") is model
+    assert frame_local(frame, "missing", 7) == 7
+    del model
+    gc.collect()
+    assert ref() is None
+    assert frame_local(frame, "other") is other  # the frame's own variables are untouched
+    del frame

@@ -177,10 +177,27 @@ def loop_carried(frame: FrameType | None, program: str | None = None) -> frozens
     return frozenset(out)
 
 
+def frame_local(frame: FrameType, name: str, default: Any = None) -> Any:
+    """The value of the function frame's local ``name`` (``default`` where unbound), read without leaving
+    the program's locals alive: before Python 3.13 reading ``f_locals`` leaves a snapshot dict on the frame
+    that keeps every local it had (a model the program deletes next) until the frame reads it again; the
+    snapshot is emptied again where nobody else holds it (:class:`~torchmem.analysis.holders.roots.
+    FrameSnapshots`)."""
+    from torchmem.analysis.holders.roots import FrameSnapshots
+
+    snaps = FrameSnapshots()
+    loc = snaps.read(frame)
+    try:
+        return default if loc is None else loc.get(name, default)
+    finally:
+        del loc
+        snaps.release()
+
+
 def _lookup(frame: FrameType, name: str) -> Any:
     missing = object()
     if frame.f_code.co_flags & 0x02:  # CO_NEWLOCALS: a function's frame
-        value = frame.f_locals.get(name, missing)
+        value = frame_local(frame, name, missing)
         if value is not missing:
             return value
     value = frame.f_globals.get(name, missing)

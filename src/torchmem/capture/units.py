@@ -25,6 +25,7 @@ from typing import Any
 
 from torchmem.capture.loop_calls import (
     _is_user,
+    frame_local,
     loop_calls,
     never_a_unit,
     not_the_programs,
@@ -72,7 +73,7 @@ def _owner_of(callee: FrameType) -> tuple[Any, str, Any, str | None] | None:
     code = callee.f_code
     name = code.co_name
     args = code.co_varnames[: code.co_argcount]
-    first = callee.f_locals.get(args[0]) if args else None
+    first = frame_local(callee, args[0]) if args else None
     if first is not None and args and args[0] in ("self", "cls"):
         klass = first if isinstance(first, type) else type(first)
         for k in klass.__mro__:
@@ -99,9 +100,24 @@ def _instance_owner(callee: FrameType) -> tuple[Any, str, Any, str | None] | Non
     caller = callee.f_back
     if caller is None:
         return None
+    from torchmem.analysis.holders.roots import FrameSnapshots
+
+    snaps = FrameSnapshots()  # the caller's locals snapshot, emptied again when done (frame_local's why)
+    try:
+        return _owner_in(callee, caller, snaps, code)
+    finally:
+        snaps.release()
+
+
+def _owner_in(
+    callee: FrameType, caller: FrameType, snaps: Any, code: CodeType
+) -> tuple[Any, str, Any, str | None] | None:
     spaces = [caller.f_globals]
     if caller.f_code.co_flags & 0x02:  # CO_NEWLOCALS: a function's frame (a module's locals are its globals)
-        spaces.insert(0, caller.f_locals)
+        loc = snaps.read(caller)
+        if isinstance(loc, dict):
+            spaces.insert(0, loc)
+        del loc
     seen = 0
     for space in spaces:
         for value in list(space.values()):
