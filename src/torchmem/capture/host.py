@@ -267,6 +267,15 @@ class HostWatcher:
         """The sampled counts of live autograd nodes (reachable from live tensors), as ``(step, nodes)``."""
         return tuple(self._nodes.counts)
 
+    def own_work(self) -> int | None:
+        """What torchmem's own host work means for a reading of the C heap now: ``None`` while its tracing
+        or a site window is on (the figure is not the program's: tracemalloc's tables grow with every
+        allocation), else the bytes its scans left on the heap (to subtract). On the CPU the device watcher
+        reads the same heap (``torchmem run``)."""
+        if self._tracer.mode == "ours" or self._instruments.open:
+            return None
+        return self._tracer.offset if self.source == "heap" else 0
+
     @property
     def short_runs(self) -> bool:
         """Whether the run so far keeps 8 readings per doubling of its length (see the argument); can be

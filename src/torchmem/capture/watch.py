@@ -144,6 +144,9 @@ class Watcher(Generic[T]):
         self._warned = False
         self._hook: Any = None
         self._exclusive = True  # counts as the one user watcher of its device
+        # torchmem run on the CPU: the host watcher's own work on the same C heap (its scans' leftovers to
+        # subtract, or None while its tracing is on and the figure is not the program's)
+        self._others_work: Callable[[], int | None] | None = None
         self._workers: Any = None  # the DataLoader checks (capture/workers.py) of a user's watcher
         # The parts: which steps are read, what the readings say, the attribution windows.
         self._schedule = ReadingSchedule(warmup, stride, max_stride)
@@ -417,7 +420,13 @@ class Watcher(Generic[T]):
             if n == self.warmup:
                 attribution.warmup_ended(n)
             return
-        value = schedule.reading(n, self._reader) - attribution.offset
+        others = 0
+        if self._others_work is not None:
+            got = self._others_work()
+            if got is None:  # torchmem's tracing is on: this step's figure is not the program's
+                return
+            others = got
+        value = schedule.reading(n, self._reader) - attribution.offset - others
         track.keep(n, value)
         growth = track.add(n, value)
         if growth is None:

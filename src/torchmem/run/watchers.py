@@ -125,6 +125,15 @@ class StepWatchers:
         self._watcher = new_watcher(device, self._warmup, note)
         self._survivors = new_survivors(device)
         self._host = new_host(self._warmup, "", self._own_history, note, device)
+        self._share_heap(device)
+
+    def _share_heap(self, device: torch.device) -> None:
+        """On the CPU both watchers read the C heap: the device watcher leaves out what the host watcher's
+        own work (its scans, its tracing) does to it, as the host watcher does (a traced step's figure,
+        tracemalloc's tables in it, made a leaking run's last readings 'noisy')."""
+        w, host = self._watcher, self._host
+        if w is not None:
+            w._others_work = host.own_work if host is not None and device.type == "cpu" else None
 
     def fresh(self) -> bool:
         """The watcher is there and counted no step yet."""
@@ -154,6 +163,7 @@ class StepWatchers:
         if self._host is not None:
             self._host.stop()
         self._host = new_host(self._warmup, boundary, self._own_history, note, device)
+        self._share_heap(device)
 
     def move_to(self, device: torch.device) -> None:
         """Watch ``device`` from now on: the device watcher and the loop's survivors start again on it."""
@@ -166,6 +176,7 @@ class StepWatchers:
             self._survivors = new_survivors(device)
         if self._host is not None:
             self._host.short_runs = device.type == "cpu"
+        self._share_heap(device)
 
     def step(self, replay: int | None, observe: Callable[[int], None] | None) -> tuple[int, bool, int | None]:
         """One step ended (``replay``: its figure, read at the boundary's first event, else ``None``): the
