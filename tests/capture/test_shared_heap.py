@@ -1,0 +1,61 @@
+"""On the CPU the device watcher and the host watcher of ``torchmem run`` read the same C heap: what the host
+watcher's own work does to it (tracemalloc's tables while it traces, what its scans leave) is not the
+program's, and the device watcher leaves it out as the host watcher does (py3.12's nonlocal_running_total
+ended 'noisy' after traced steps). Real watchers on the real heap."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import torch
+
+from torchmem.run.records import Records
+from torchmem.run.watchers import StepWatchers
+
+
+def _watchers() -> StepWatchers:
+    return StepWatchers(Records(), warmup=0, own_history=False)  # records unopened: written nowhere
+
+
+def test_the_device_watcher_skips_the_steps_torchmem_traces_and_subtracts_its_leftovers() -> None:
+    ws = _watchers()
+    ws.start(torch.device("cpu"))
+    w, host = ws.watcher, ws._host
+    assert w is not None and host is not None
+    try:
+        assert w._others_work == host.own_work
+        for _ in range(3):
+            ws.step(None, None)
+        read = [n for n, _ in w._series]
+        tracer = host._tracer
+        tracer.start()  # torchmem's tracemalloc on, as between two scans
+        assert tracemalloc.is_tracing() and host.own_work() is None
+        for _ in range(3):
+            ws.step(None, None)
+        assert [n for n, _ in w._series] == read  # no reading of a traced step
+        tracer.stop()
+        tracer.offset = 5 << 20  # what a scan left on the heap
+        raw = w._reader()
+        ws.step(None, None)
+        n, value = w._series[-1]
+        assert n == w.steps
+        assert abs((raw - value) - (5 << 20)) < (1 << 20), (raw, value)  # the leftover is left out
+    finally:
+        ws.leak()
+        ws.survivors_report(ws.watcher.steps if ws.watcher else 0, "step", None)
+        ws.host_report(None, None, torch.device("cpu"))
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
+
+
+def test_off_the_cpu_nothing_is_shared() -> None:
+    ws = _watchers()
+    ws.start(torch.device("cpu"))
+    try:
+        assert ws.watcher is not None and ws.watcher._others_work is not None
+        ws._share_heap(torch.device("meta"))  # any device but the CPU: its own figures
+        assert ws.watcher._others_work is None
+    finally:
+        ws.leak()
+        ws.survivors_report(ws.watcher.steps if ws.watcher else 0, "step", None)
+        ws.host_report(None, None, torch.device("cpu"))
