@@ -157,7 +157,7 @@ def test_a_list_the_loop_rebinds_to_itself_plus_one_is_not_a_carried_state() -> 
     for _ in range(6):
         h = proj(torch.randn(4, 32))
         loss = (h**2).mean()  # saves h
-        history = history + [loss]  # carried (read, then bound), but a list that grows
+        history = history + [loss]  # noqa: RUF005 - carried (read, then bound), a list that grows
         born.append(h.untyped_storage())
     paths = [p for p in _paths(born) if str(p).startswith(f"{__name__}.history[")]
     assert len({str(p).split("]")[0] for p in paths}) > 1, paths  # several of its items sampled
