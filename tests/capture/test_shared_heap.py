@@ -60,3 +60,27 @@ def test_off_the_cpu_nothing_is_shared() -> None:
         ws.leak()
         ws.survivors_report(ws.watcher.steps if ws.watcher else 0, "step", None)
         ws.host_report(None, None, torch.device("cpu"))
+
+
+def test_a_growth_the_device_report_names_costs_no_host_scan(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """On the CPU, once the device watcher names the holders of the heap's growth, the host watcher's scans
+    (seconds in a short run) would name nothing more: its report is the device report's (host_verdict)."""
+    from torchmem.run.session import Session
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 1))
+    kept = []
+    s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False).start()
+    try:
+        for _ in range(60):  # one step = one model call (the session's own boundaries)
+            kept.append(model(torch.randn(512, 256)).mean())  # a graph kept per step: +1.5 MiB/step
+        host = s._watchers._host
+        assert host is not None and host.covered is not None and host.covered()
+        scans = list(host._scan_steps)
+    finally:
+        res = s.finish(0, "exit")
+    assert res.leak is not None and res.leak.leaking and res.leak.culprits
+    assert all(c.holder and "'kept'[" in c.holder for c in res.leak.culprits), res.leak.culprits
+    assert scans == [], scans
+    # the survivors' end-of-run holder search was spared too: the culprits name the holders
+    surv = res.survivors
+    assert surv is None or any("holder search was skipped" in n for n in surv.notes), surv

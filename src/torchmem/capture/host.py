@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from torchmem.capture.host_readings import HostReadings
@@ -267,6 +268,10 @@ class HostWatcher:
         """The sampled counts of live autograd nodes (reachable from live tensors), as ``(step, nodes)``."""
         return tuple(self._nodes.counts)
 
+    covered: Callable[[], bool] | None = None
+    """``torchmem run`` on the CPU: whether the device watcher, reading the same heap, has named the growth's
+    holders already — then a scan (up to seconds in a short run) would name nothing its report does not."""
+
     def own_work(self) -> int | None:
         """What torchmem's own host work means for a reading of the C heap now: ``None`` while its tracing
         or a site window is on (the figure is not the program's: tracemalloc's tables grow with every
@@ -373,7 +378,7 @@ class HostWatcher:
             return
         if self._nodes.due(now):
             self._nodes.sample(n)
-        if scanner.ready(n, now):
+        if scanner.ready(n, now) and not (self.covered is not None and self.covered()):
             # Growth must last a while first (10 steps, 2 readings or more): a warm-up that grows for a few
             # steps is not worth a scan.
             lasted = readings.count - readings.since if readings.since is not None else None

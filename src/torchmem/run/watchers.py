@@ -88,6 +88,11 @@ def new_survivors(device: torch.device, spent_s: float = 0.0, since: float | Non
     )
 
 
+def _named(culprits: Any) -> bool:
+    """Culprits that name the holder of every part of the growth."""
+    return bool(culprits) and all(c.holder for c in culprits)
+
+
 class StepWatchers:
     """The watchers a session feeds at each step: the device watcher (its readings and leak verdict), the
     loop's survivors and the host watcher; made anew on a better step boundary or another device, reported
@@ -132,8 +137,13 @@ class StepWatchers:
         own work (its scans, its tracing) does to it, as the host watcher does (a traced step's figure,
         tracemalloc's tables in it, made a leaking run's last readings 'noisy')."""
         w, host = self._watcher, self._host
+        cpu = device.type == "cpu"
         if w is not None:
-            w._others_work = host.own_work if host is not None and device.type == "cpu" else None
+            w._others_work = host.own_work if host is not None and cpu else None
+        if host is not None:
+            # and the host watcher's scans are spared once the device report names the holders: it covers
+            # this growth (verdicts.host_verdict)
+            host.covered = (lambda: w.leaking and _named(w.culprits)) if w is not None and cpu else None
 
     def fresh(self) -> bool:
         """The watcher is there and counted no step yet."""
@@ -224,7 +234,12 @@ class StepWatchers:
         survivors = None
         try:
             self._survivors.stop()
-            survivors = self._survivors.report(total_steps=steps, boundary=boundary)
+            # The holder search (up to 2 s at the run's end) only where the growth detector's culprits do
+            # not already name every holder: the survivors then are listed for information.
+            named = leak is not None and leak.leaking and _named(leak.culprits)
+            survivors = self._survivors.report(
+                total_steps=steps, boundary=boundary, time_limit=0.0 if named else 2.0
+            )
             survivors = survivors_beside(survivors, leak, steps)
             self._records.record("survivors", report=survivors.to_dict())
         except Exception as e:
