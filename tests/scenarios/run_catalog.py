@@ -245,6 +245,7 @@ def run_program(
 _FORK_SERVER = r"""
 import json, os, signal, sys, time
 import torch  # noqa: F401  (imported once: what every run starts with)
+import torch._dynamo  # noqa: F401  (torch imports it at a program's first optimizer: ~1.5-2.4 s a run)
 from torchmem.cli import run as entry_point  # what python -m torchmem calls
 # The modules every run loads before the program starts (importing torchmem.cli.run rebinds the name
 # torchmem.cli.run to that module: the entry point is taken above).
