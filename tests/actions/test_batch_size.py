@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import torchmem
 from torchmem.actions.batch_size import (
@@ -498,7 +500,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(rank: int, world: int, port: int, caps: list[int], out: dict[int, tuple[int, int, int]]) -> None:
+def _rank(rank: int, world: int, port: int, caps: list[int], out: str) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -510,18 +512,41 @@ def _rank(rank: int, world: int, port: int, caps: list[int], out: dict[int, tupl
             r = find_batch_size(step, device="cpu", margin=0.0)
             # within 5 % of this rank's own maximum: it runs here, and 5 % more does not
             within = _fits(step, r.batch_size) and not _fits(step, int(r.batch_size / 0.95) + 1)
-        out[rank] = (r.batch_size, int(within), r.world_size)
+        Path(f"{out}.{rank}").write_text(f"{r.batch_size} {int(within)} {r.world_size}")
     finally:
         dist.destroy_process_group()
 
 
-def test_ranks_with_different_limits_agree_on_the_smaller_size() -> None:
-    caps = [32 << 20, 16 << 20]
-    with mp.Manager() as manager:
-        out = manager.dict()
-        mp.spawn(_rank, args=(2, _free_port(), caps, out), nprocs=2, join=True)
-        res = dict(out)
-    (b0, within0, w0), (b1, within1, w1) = res[0], res[1]
+# The two ranks are forked from a fresh interpreter that imported torch, torchmem, this file and
+# torch._dynamo (which the first optimizer imports) once: each spawned rank imported them again. That
+# interpreter has started no thread and no process group before the ranks' init_process_group. Each rank
+# writes its answer to a file.
+_RANKS = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import torch._dynamo
+import torch.multiprocessing as mp
+import test_batch_size as t
+mp.start_processes(t._rank, args=(2, t._free_port(), [32 << 20, 16 << 20], sys.argv[2]), nprocs=2,
+                   start_method="fork")
+"""
+
+
+def test_ranks_with_different_limits_agree_on_the_smaller_size(tmp_path: Path) -> None:
+    src = str(Path(torchmem.__file__).resolve().parents[1])
+    env = {"PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+    out = tmp_path / "rank"
+    proc = subprocess.run(
+        [sys.executable, "-c", _RANKS, str(Path(__file__).parent), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = [[int(v) for v in (tmp_path / f"rank.{r}").read_text().split()] for r in (0, 1)]
+    (b0, within0, w0), (b1, within1, w1) = res
     assert w0 == w1 == 2
     assert b0 == b1  # every rank returns the same size
     assert within1 == 1  # ... within 5 % of the maximum of rank 1, which has the smaller limit

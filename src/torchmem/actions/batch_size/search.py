@@ -25,6 +25,7 @@ from torchmem.actions.batch_size.trials import (
     TrialMeter,
     diagnose_oom,
     left_behind,
+    release_after_trial,
     release_memory,
 )
 from torchmem.devices import DeviceLike, resolve
@@ -121,9 +122,10 @@ def run_search(
             note = "closing run" + ("; " + note if note else "")
         trials.append(Trial(size, ok, oom, out.peak, out.seconds, note, out.allocated_peak))
         search.record(size, ok, oom, out.peak, left, out.allocated_peak)
-        live_before = out.allocated_before if out.status == "oom" else None  # this rank's own OOM
+        held_before = out.allocated_before
+        live_before = held_before if out.status == "oom" else None  # this rank's own OOM
         out = Outcome("ok", None, None, None, 0.0)
-        release_memory(dev)
+        release_after_trial(meter, held_before)
         # A call stopped by an out-of-memory error skips the rest of the step, and so the step's own
         # clean-up: gradients already accumulated by a partial backward stay set (and would be added to
         # the next real step's). Measured after its frames are cleared and the cache emptied.
