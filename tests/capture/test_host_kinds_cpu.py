@@ -71,9 +71,10 @@ RUNS = (
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Each program once under ``torchmem run``, two at a time, forked from an interpreter that imported
-    torch and torchmem (the scenario suite's fork server)."""
-    return run_all(RUNS, tmp_path_factory, workers=2, env=CPU_ENV, fork_server=True)
+    """Each program once under ``torchmem run``, one at a time, forked from an interpreter that imported
+    torch and torchmem (the scenario suite's fork server): one server (a second one costs its own import of
+    torch, ~1.9 CPU-s, to save wall time on cores the other test workers use anyway)."""
+    return run_all(RUNS, tmp_path_factory, workers=1, env=CPU_ENV, fork_server=True)
 
 
 def _host(runs: dict[str, Any], name: str) -> LeakReport:
@@ -331,7 +332,8 @@ def test_steps_that_end_inside_backward_leave_no_function_mode_behind() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     shadow = {n: p.detach().clone() for n, p in model.named_parameters()}
     w = HostWatcher(max_stride=1).start()
-    for _ in range(60):
+    # named at the scans of steps ~21-28; a second sequence (the live nodes' rise) would start at twice that
+    for _ in range(40):
         loss = model(torch.randn(8, 16)).square().mean()
         loss.register_hook(lambda g: w.step())  # the step ends inside backward()
         loss.backward()

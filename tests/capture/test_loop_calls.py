@@ -13,8 +13,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import pytest
 import torch
 
+from torchmem.capture import units
 from torchmem.capture.loop_calls import (
     carried_names,
     dotted_loads,
@@ -232,10 +234,15 @@ def load_file(i: int) -> torch.Tensor:
     return torch.zeros(4)
 
 
-def test_a_set_up_loop_s_call_gives_way_to_the_loop_the_program_runs_next(tmp_path: Path) -> None:
+def test_a_set_up_loop_s_call_gives_way_to_the_loop_the_program_runs_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A set-up loop (files loaded one by one) is the first loop seen and its call the first unit; once the
     program has left it, the call of the loop it runs now (the metric never reset) takes over and the leak
     is judged and named per call of that."""
+    # A unit gives way after 1 s without a return (3 s in a run): the same hand-over, with 2 s fewer of a
+    # loop that keeps 256 KiB per call before the new unit counts it
+    monkeypatch.setattr(units, "_STALE_S", 1.0)
     metric = WrappedPerInstance()
     s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False, interval=0.01).start()
     try:
@@ -244,7 +251,7 @@ def test_a_set_up_loop_s_call_gives_way_to_the_loop_the_program_runs_next(tmp_pa
             data.append(load_file(i))
         t0 = time.monotonic()
         i = 0
-        # until the new unit has had 150 calls (the set-up loop's call gives way after 3 s without a return):
+        # until the new unit has had 150 calls (the set-up loop's call gives way after 1 s without a return):
         # a loaded machine's slow calls still leave it the steps of a verdict; 60 s at most
         switched = None
         while time.monotonic() - t0 < 60.0:
@@ -290,11 +297,12 @@ def _sampled(work: Any, every: float = 0.01) -> tuple[list[int], list[str], Unit
     return steps, found, f
 
 
-def test_a_unit_whose_calls_are_long_is_kept_while_it_runs() -> None:
+def test_a_unit_whose_calls_are_long_is_kept_while_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     """An epoch function that runs for longer than the staleness limit stays the unit: it is on the stack."""
+    monkeypatch.setattr(units, "_STALE_S", 1.0)  # 3 s in a run: the same rule, 2.1 s less of sleeping
 
     def work() -> None:
-        for n in (0.02,) * 8 + (3.6, 0.02):
+        for n in (0.02,) * 8 + (1.5, 0.02):
             epoch(n)
 
     steps, found, f = _sampled(work, every=0.02)
@@ -318,7 +326,7 @@ def test_a_call_of_a_few_microseconds_makes_a_step_of_a_run_of_calls() -> None:
 
     def work() -> None:
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 1.0:
+        while time.monotonic() - t0 < 0.5:  # ~50 looks of the sampler (3 find the unit)
             for word in ("a", "b", "c", "d"):
                 vocab.add_word(word)
                 calls[0] += 1
