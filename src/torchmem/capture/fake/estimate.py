@@ -103,9 +103,8 @@ def device_free_estimate(a: EstimateArgs) -> TargetEstimate:
     failed: list[str] = []
     tries = _Tries(tgt, training, name, frag, failed)
     known = {r.batch_size: tries.of_run(r, sh, r.batch_size) for r in per_rank}
-    largest, exact = _largest_batch(
-        known, tgt.total, lambda b: tries.peak(plan, sh, b, f"batch size {b} (the largest that fits)")
-    )
+    with tries.sizes(plan, sh, lambda b: f"batch size {b} (the largest that fits)") as peak_at:
+        largest, exact = _largest_batch(known, tgt.total, peak_at)
     changes: tuple[Change, ...] = ()
     closest: Change | None = None
     if a.suggest and not fits:

@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Any
@@ -63,47 +63,94 @@ class _Twin:
     full_parameters: int  # every parameter unsharded, bytes
 
 
-def _run_plan(plan: _Plan, sizes: Sequence[int]) -> list[_Run]:
+def _run_plan(plan: _Plan, sizes: Sequence[int], infer: bool = True) -> list[_Run]:
     """Build the fake model once and measure every size (under FSDP2 on a fake process group when
     ``plan.fsdp_world > 1``)."""
     if plan.fsdp_world <= 1:
-        return _run_plan_on(plan, sizes, None)
+        return _run_plan_on(plan, sizes, None, infer)
     with _fake_group(plan.fsdp_world) as mesh:
-        return _run_plan_on(plan, sizes, mesh)
+        return _run_plan_on(plan, sizes, mesh, infer)
 
 
-def _run_plan_on(plan: _Plan, sizes: Sequence[int], mesh: Any) -> list[_Run]:
-    """Build the fake model once and measure every size: inference first (weights only), then a warm-up
-    training step and one measured step per size."""
+def _run_plan_on(plan: _Plan, sizes: Sequence[int], mesh: Any, infer: bool = True) -> list[_Run]:
+    """Build the fake model once and measure every size: inference first (weights only; left out with
+    ``infer=False`` in training, where only the training figures are read), then a warm-up training step
+    and one measured step per size."""
     mode, dev = _fake_mode()
     led = _Ledger(plan.rounding)
-    if not isinstance(plan.model, torch.nn.Module):
-        # Built on the meta device (no initialisation runs: weight init may read values, which fake
-        # tensors cannot), then mirrored with fake tensors like a real model.
-        with torch.device("meta"):
-            built = plan.model()
-        if not isinstance(built, torch.nn.Module):
-            raise FitArgumentError(
-                f"The model factory returned {type(built).__name__}, not a torch.nn.Module.", ""
-            )
-        plan = replace(plan, model=built, optimizer=plan.optimizer)
+    plan = _built(plan)
     with ExitStack() as stack:
-        if mode is not None:
-            stack.enter_context(mode)
-        stack.enter_context(_ledger_mode(led, decompose=plan.sm is not None))
-        stack.enter_context(_gpu_kernels(plan.sm))
-        stack.enter_context(torch.random.fork_rng(devices=[]))
-        twin = _build_twin(plan, dev, led, mesh, stack)
-        inference = {bs: _infer(plan, twin, led, bs, dev) for bs in sizes}
+        twin = _enter(plan, mode, dev, led, mesh, stack)
+        none: tuple[int | None, int | None, int, int | None] = (None, None, 0, None)
+        inference = {bs: _infer(plan, twin, led, bs, dev) if infer else none for bs in sizes}
         if not plan.training:
-            runs = []
-            for bs in sizes:
-                ip, ib, kv, gen = inference[bs]
-                m = StepMeasurement(bs, None, None, None, None, None, ip, ib, None)
-                p, w = twin.parameters, twin.weights
-                runs.append(_Run(bs, m, p, 0, 0, w, kv_cache=kv, generate_peak=gen, sharded=twin.sharded))
-            return runs
+            return [_inference_run(twin, bs, inference[bs]) for bs in sizes]
         return _train(plan, twin, led, sizes, dev, inference)
+
+
+def _measure_sizes(plan: _Plan) -> Generator[_Run | None, int, None]:
+    """One fake run that measures the sizes sent to it, one at a time (prime it with ``next()``, then
+    ``run = gen.send(bs)``): what :func:`_run_plan` measures for ``sizes`` in one call, for a search whose
+    next size depends on the last run's figures. The model is built once; in training the warm-up step runs
+    at the first size sent, then one measured step per size (no inference call: only the training figures
+    are read). An exception ends the run (the caller starts another); it is raised as it came, not
+    translated (:func:`_guarded`)."""
+    mesh_cm = _fake_group(plan.fsdp_world) if plan.fsdp_world > 1 else None
+    with ExitStack() as outer:
+        mesh = outer.enter_context(mesh_cm) if mesh_cm is not None else None
+        mode, dev = _fake_mode()
+        led = _Ledger(plan.rounding)
+        plan = _built(plan)
+        with ExitStack() as stack:
+            twin = _enter(plan, mode, dev, led, mesh, stack)
+            bs = yield None
+            if not plan.training:
+                while True:
+                    bs = yield _inference_run(twin, bs, _infer(plan, twin, led, bs, dev))
+            opt, no_cache, hooks = _training_setup(plan, twin, led)
+            try:
+                twin.model.train()
+                _train_step(plan, twin, opt, led, bs, dev, False, no_cache)
+                while True:
+                    f, saved = _train_step(plan, twin, opt, led, bs, dev, True, no_cache)
+                    bs = yield _measured_run(plan, twin, bs, f, saved, (None, None, 0, None))
+            finally:
+                for h in hooks:
+                    h.remove()
+                del opt
+
+
+def _built(plan: _Plan) -> _Plan:
+    """``plan`` with its model built where it is a factory: on the meta device (no initialisation runs:
+    weight init may read values, which fake tensors cannot), then mirrored with fake tensors like a real
+    model."""
+    if isinstance(plan.model, torch.nn.Module):
+        return plan
+    with torch.device("meta"):
+        built = plan.model()
+    if not isinstance(built, torch.nn.Module):
+        raise FitArgumentError(
+            f"The model factory returned {type(built).__name__}, not a torch.nn.Module.", ""
+        )
+    return replace(plan, model=built, optimizer=plan.optimizer)
+
+
+def _enter(plan: _Plan, mode: Any, dev: str, led: _Ledger, mesh: Any, stack: ExitStack) -> _Twin:
+    """The fake, counting and kernel modes entered on ``stack``, and the plan's model under them."""
+    if mode is not None:
+        stack.enter_context(mode)
+    stack.enter_context(_ledger_mode(led, decompose=plan.sm is not None))
+    stack.enter_context(_gpu_kernels(plan.sm))
+    stack.enter_context(torch.random.fork_rng(devices=[]))
+    return _build_twin(plan, dev, led, mesh, stack)
+
+
+def _inference_run(twin: _Twin, bs: int, inf: tuple[int | None, int | None, int, int | None]) -> _Run:
+    """The run of an inference-only plan at ``bs`` from its inference call's figures."""
+    ip, ib, kv, gen = inf
+    m = StepMeasurement(bs, None, None, None, None, None, ip, ib, None)
+    p, w = twin.parameters, twin.weights
+    return _Run(bs, m, p, 0, 0, w, kv_cache=kv, generate_peak=gen, sharded=twin.sharded)
 
 
 def _build_twin(plan: _Plan, dev: str, led: _Ledger, mesh: Any, stack: ExitStack) -> _Twin:
@@ -190,9 +237,28 @@ def _train(
     led: _Ledger,
     sizes: Sequence[int],
     dev: str,
-    inference: dict[int, tuple[int, int, int, int | None]],
+    inference: dict[int, tuple[int | None, int | None, int, int | None]],
 ) -> list[_Run]:
     """A warm-up training step at the first size, then one measured step per size: their runs."""
+    opt, no_cache, hooks = _training_setup(plan, t, led)
+    runs: list[_Run] = []
+    try:
+        t.model.train()
+        for i, bs in enumerate([sizes[0], *sizes]):
+            measured = i > 0
+            f, saved = _train_step(plan, t, opt, led, bs, dev, measured, no_cache)
+            if measured:
+                runs.append(_measured_run(plan, t, bs, f, saved, inference[bs]))
+    finally:
+        for h in hooks:
+            h.remove()
+        del opt
+    return runs
+
+
+def _training_setup(plan: _Plan, t: _Twin, led: _Ledger) -> tuple[Any, bool, list[Any]]:
+    """The optimizer of the fake model, whether its steps run without a KV cache, and the hooks that mark
+    accumulated gradients in the ledger (removed by the caller)."""
     twin = t.model
     opt = _make_optimizer(
         plan.optimizer, plan.model if isinstance(plan.model, torch.nn.Module) else None, twin
@@ -200,57 +266,54 @@ def _train(
     no_cache = bool(plan.checkpoint) and _accepts(twin.forward, "use_cache")
     if plan.sm is not None:
         _foreach_like_cuda(opt)
-    ws = plan.workspace_training
-    runs: list[_Run] = []
     hooks = []
     for p in twin.parameters():
         if p.requires_grad and hasattr(p, "register_post_accumulate_grad_hook"):
             hooks.append(p.register_post_accumulate_grad_hook(lambda q: led.mark_grad(q.grad)))
-    try:
-        twin.train()
-        for i, bs in enumerate([sizes[0], *sizes]):
-            measured = i > 0
-            f, saved = _train_step(plan, t, opt, led, bs, dev, measured, no_cache)
-            if not measured:
-                continue
-            ip, ib, kv, gen = inference[bs]
-            m = StepMeasurement(
-                bs,
-                f["forward_peak"] + ws,
-                f["after_forward"] + ws,
-                f["before_forward"] + ws,
-                f["backward_peak"] + ws,
-                f["step_peak"] + ws if "step_peak" in f else None,
-                ip,
-                ib,
-                f["saved"],
-            )
-            runs.append(
-                _Run(
-                    bs,
-                    m,
-                    t.parameters,
-                    f["grads"],
-                    f["state"],
-                    t.weights,
-                    forward_grads=f["forward_grads"],
-                    backward_grads=f["backward_grads"],
-                    kv_cache=kv,
-                    generate_peak=gen,
-                    block_saved=dict(saved.per_block),
-                    block_input=dict(saved.block_input),
-                    block_params=t.block_params,
-                    sharded=t.sharded,
-                    largest_parameter=t.largest_parameter,
-                    full_parameters=t.full_parameters,
-                    step_temporaries=f["step_peak"] - f["before_step"] if "step_peak" in f else 0,
-                )
-            )
-    finally:
-        for h in hooks:
-            h.remove()
-        del opt
-    return runs
+    return opt, no_cache, hooks
+
+
+def _measured_run(
+    plan: _Plan,
+    t: _Twin,
+    bs: int,
+    f: dict[str, int],
+    saved: _Saved,
+    inf: tuple[int | None, int | None, int, int | None],
+) -> _Run:
+    """The run of one measured training step at ``bs`` (its figures ``f``), with the inference call's."""
+    ws = plan.workspace_training
+    ip, ib, kv, gen = inf
+    m = StepMeasurement(
+        bs,
+        f["forward_peak"] + ws,
+        f["after_forward"] + ws,
+        f["before_forward"] + ws,
+        f["backward_peak"] + ws,
+        f["step_peak"] + ws if "step_peak" in f else None,
+        ip,
+        ib,
+        f["saved"],
+    )
+    return _Run(
+        bs,
+        m,
+        t.parameters,
+        f["grads"],
+        f["state"],
+        t.weights,
+        forward_grads=f["forward_grads"],
+        backward_grads=f["backward_grads"],
+        kv_cache=kv,
+        generate_peak=gen,
+        block_saved=dict(saved.per_block),
+        block_input=dict(saved.block_input),
+        block_params=t.block_params,
+        sharded=t.sharded,
+        largest_parameter=t.largest_parameter,
+        full_parameters=t.full_parameters,
+        step_temporaries=f["step_peak"] - f["before_step"] if "step_peak" in f else 0,
+    )
 
 
 def _train_step(
@@ -350,20 +413,33 @@ def _seq_len(batch: Any) -> int | None:
     return None
 
 
-def _run_guarded(plan: _Plan, sizes: Sequence[int]) -> list[_Run]:
+def _run_guarded(plan: _Plan, sizes: Sequence[int], infer: bool = True) -> list[_Run]:
     try:
-        return _run_plan(plan, sizes)
-    except TorchmemError:
-        raise
+        return _run_plan(plan, sizes, infer)
     except Exception as exc:
-        err = _translate(exc)
-        if err is not None:
-            raise err from exc
-        if plan.checkpoint and type(exc).__module__ == "torch.utils.checkpoint":
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise FitArgumentError(
-                f"Activation checkpointing of {', '.join(plan.checkpoint)} cannot run on this model: {first}",
-                "The checkpointed modules run other ops when recomputed (a cache, a Python-side state): "
-                "checkpoint other modules, or none.",
-            ) from exc
-        raise
+        err = _guarded(plan, exc)
+        if err is exc:
+            raise
+        raise err from exc
+
+
+def _guarded(plan: _Plan, exc: Exception) -> Exception:
+    """The error a fake run of ``plan`` raises for ``exc``: torchmem's own as it is, one the fake tensors
+    caused as a :class:`~torchmem.capture.fake.ledger.FakeTensorError`, a checkpointed module that
+    recomputes other ops as a :class:`FitArgumentError` (``__cause__``: ``exc``), else ``exc``."""
+    if isinstance(exc, TorchmemError):
+        return exc
+    err = _translate(exc)
+    if err is not None:
+        err.__cause__ = exc
+        return err
+    if plan.checkpoint and type(exc).__module__ == "torch.utils.checkpoint":
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        fit = FitArgumentError(
+            f"Activation checkpointing of {', '.join(plan.checkpoint)} cannot run on this model: {first}",
+            "The checkpointed modules run other ops when recomputed (a cache, a Python-side state): "
+            "checkpoint other modules, or none.",
+        )
+        fit.__cause__ = exc
+        return fit
+    return exc

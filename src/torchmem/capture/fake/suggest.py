@@ -15,7 +15,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 from torchmem._format import fmt_bytes
 from torchmem.analysis.targets import Target
 from torchmem.capture.fake.plan import _Plan, _Run
-from torchmem.capture.fake.run import _run_guarded
+from torchmem.capture.fake.run import _guarded, _measure_sizes, _run_guarded
 from torchmem.capture.fake.sharding import _device_peak, _estimate_of, _Sharding
 from torchmem.results.fit import Change
 
@@ -48,14 +49,17 @@ class _Tries:
 
     def run(self, plan: _Plan, b: int, what: str) -> _Run | None:
         """``plan``'s fake run at ``b`` (``None``, said once, where it fails)."""
-        key = (plan.amp, plan.dtype, plan.checkpoint, plan.grad_accum, plan.fsdp_world, b)
+        key = _key(plan, b)
         got = self.runs.get(key)
         if got is None:
             try:
-                got = _run_guarded(plan, [b])[-1]
+                got = _run_guarded(plan, [b], infer=not self.training)[-1]
             except Exception as exc:  # this variant cannot be evaluated: a note, the others go on
                 got = exc
             self.runs[key] = got
+        return self._said(got, what)
+
+    def _said(self, got: _Run | BaseException, what: str) -> _Run | None:
         if isinstance(got, BaseException):
             self.failed.append(_could_not(what, got))
             return None
@@ -65,6 +69,45 @@ class _Tries:
         """The device peak of ``plan`` at ``b`` on one rank of ``sh`` (``None`` where it fails)."""
         r = self.run(plan, b, what)
         return None if r is None else self.of_run(r, sh, b)
+
+    @contextmanager
+    def sizes(
+        self, plan: _Plan, sh: _Sharding, what: Callable[[int], str]
+    ) -> Iterator[Callable[[int], int | None]]:
+        """:meth:`peak` of ``plan`` at the sizes a search asks for, one after another, from one fake run:
+        the model is built and warmed up once, then each size is one measured step (a run per size cost a
+        build, an inference call, a warm-up and the measured step). The same figures; a size that fails is
+        a note as in :meth:`run`, and the next size asked starts a new run."""
+        gen: Generator[_Run | None, int, None] | None = None
+
+        def peak_at(b: int) -> int | None:
+            nonlocal gen
+            key = _key(plan, b)
+            got = self.runs.get(key)
+            if got is None:
+                try:
+                    if gen is None:
+                        gen = _measure_sizes(plan)
+                        next(gen)
+                    got = gen.send(b)
+                    assert got is not None
+                except Exception as exc:  # this size cannot be evaluated: a note (the run is over)
+                    gen = None
+                    got = _guarded(plan, exc)
+                self.runs[key] = got
+            r = self._said(got, what(b))
+            return None if r is None else self.of_run(r, sh, b)
+
+        try:
+            yield peak_at
+        finally:
+            if gen is not None:
+                gen.close()
+
+
+def _key(plan: _Plan, b: int) -> tuple[Any, ...]:
+    """What tells the runs of one estimate's variants apart (the changes :func:`_levers` makes, the size)."""
+    return (plan.amp, plan.dtype, plan.checkpoint, plan.grad_accum, plan.fsdp_world, b)
 
 
 def _largest_batch(
@@ -265,10 +308,13 @@ def _smaller_batch(
     gradient accumulation), in words and its peak. Training keeps the samples per optimizer step with
     gradient accumulation, which holds the gradients through the next micro-batch: evaluated so."""
     accum = replace(plan, grad_accum=max(plan.grad_accum, 2)) if t.training else plan
+    with t.sizes(accum, sh, lambda b: f"batch size {b}") as peak_at:
+        return _smaller_batch_of(t, plan, bs, hint, peak_at)
 
-    def peak_at(b: int) -> int | None:
-        return t.peak(accum, sh, b, f"batch size {b}")
 
+def _smaller_batch_of(
+    t: _Tries, plan: _Plan, bs: int, hint: int | None, peak_at: Callable[[int], int | None]
+) -> tuple[str, int | None]:
     one = peak_at(1)
     if one is None or one > t.tgt.total:
         return _batch_words(t.training, 1, bs, plan.grad_accum), one
