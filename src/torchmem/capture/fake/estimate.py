@@ -11,6 +11,7 @@ figures for one rank, adds what the target's device holds besides tensors
 from __future__ import annotations
 
 import inspect
+from contextlib import ExitStack
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +24,7 @@ from torchmem.capture.fake.kernels import _STAND_IN_ERRORS
 from torchmem.capture.fake.ledger import FakeTensorError, _fake_mode
 from torchmem.capture.fake.options import DEFAULT_TARGET, EstimateArgs, Inputs, ModelArg, takes_estimate_args
 from torchmem.capture.fake.plan import _Plan
-from torchmem.capture.fake.run import _run_guarded
+from torchmem.capture.fake.run import _opened, _run_guarded
 from torchmem.capture.fake.sharding import _device_peak, _estimate_of, _Sharding, _state_dict_note
 from torchmem.capture.fake.step import _batch_of, default_loss
 from torchmem.capture.fake.suggest import _largest_batch, _suggest, _Tries
@@ -72,39 +73,48 @@ def device_free_estimate(a: EstimateArgs) -> TargetEstimate:
     name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(model, "__name__", "model")
     notes = _notes_before(tgt, training, a.optimizer is None)
     errors_before = set(_STAND_IN_ERRORS)
-    runs = _run_guarded(plan, sizes)
-    per_rank = runs
-    if strategy == "fsdp" and world_size > 1 and sharding._FSDP_ON_FAKE_GROUP:
-        fsdp_plan = replace(plan, fsdp_world=world_size)
-        try:
-            per_rank = _run_guarded(fsdp_plan, sizes)
-            plan = fsdp_plan
-            notes.append(
-                f"FSDP2 ran: fully_shard per repeated block and the root on a fake process group of "
-                f"{world_size} ranks (its all-gather buffers and resharding are in the figures)"
-            )
-        except Exception as exc:  # no fake process group here, or FSDP2 failed on this model
-            reason = str(exc.__cause__ or exc) if isinstance(exc, FakeTensorError) else str(exc)
-            notes.append(f"FSDP per rank by arithmetic on one unsharded run ({reason[:200]})")
-    if strategy == "fsdp" and world_size > 1 and runs[-1].full_parameters:
-        notes.append(_state_dict_note(runs[-1].full_parameters, runs[-1].largest_parameter))
-    for err in sorted(_STAND_IN_ERRORS - errors_before)[:1]:
-        notes.append(f"kept the CPU's kernel where the GPU's could not run on fake tensors ({err})")
-    est, nccl = _estimate_of(per_rank, sh, training, name, tuple(notes))
-    mode = "training" if training else "inference"
-    bs = sizes[-1]
-    last = per_rank[-1]
-    alloc = est.peak(bs, mode) or 0
-    if not training and plan.generate_tokens and last.generate_peak is not None:
-        alloc = max(alloc, last.generate_peak)
-    dpeak = _device_peak(alloc, tgt, nccl, frag)
-    fits = dpeak <= tgt.total
+    # The run of the estimate's own sizes stays open for the largest-batch search (a run per size built and
+    # warmed up the model again), and is closed before the changes' runs start.
+    with ExitStack() as kept:
+        opened: Any = None
+        fsdp = strategy == "fsdp" and world_size > 1 and sharding._FSDP_ON_FAKE_GROUP
+        if fsdp:
+            runs = _run_guarded(plan, sizes)
+        else:
+            runs, opened = kept.enter_context(_opened(plan, sizes))
+        per_rank = runs
+        if fsdp:
+            fsdp_plan = replace(plan, fsdp_world=world_size)
+            try:
+                per_rank, opened = kept.enter_context(_opened(fsdp_plan, sizes))
+                plan = fsdp_plan
+                notes.append(
+                    f"FSDP2 ran: fully_shard per repeated block and the root on a fake process group of "
+                    f"{world_size} ranks (its all-gather buffers and resharding are in the figures)"
+                )
+            except Exception as exc:  # no fake process group here, or FSDP2 failed on this model
+                reason = str(exc.__cause__ or exc) if isinstance(exc, FakeTensorError) else str(exc)
+                notes.append(f"FSDP per rank by arithmetic on one unsharded run ({reason[:200]})")
+        if strategy == "fsdp" and world_size > 1 and runs[-1].full_parameters:
+            notes.append(_state_dict_note(runs[-1].full_parameters, runs[-1].largest_parameter))
+        for err in sorted(_STAND_IN_ERRORS - errors_before)[:1]:
+            notes.append(f"kept the CPU's kernel where the GPU's could not run on fake tensors ({err})")
+        est, nccl = _estimate_of(per_rank, sh, training, name, tuple(notes))
+        mode = "training" if training else "inference"
+        bs = sizes[-1]
+        last = per_rank[-1]
+        alloc = est.peak(bs, mode) or 0
+        if not training and plan.generate_tokens and last.generate_peak is not None:
+            alloc = max(alloc, last.generate_peak)
+        dpeak = _device_peak(alloc, tgt, nccl, frag)
+        fits = dpeak <= tgt.total
 
-    failed: list[str] = []
-    tries = _Tries(tgt, training, name, frag, failed)
-    known = {r.batch_size: tries.of_run(r, sh, r.batch_size) for r in per_rank}
-    with tries.sizes(plan, sh, lambda b: f"batch size {b} (the largest that fits)") as peak_at:
-        largest, exact = _largest_batch(known, tgt.total, peak_at)
+        failed: list[str] = []
+        tries = _Tries(tgt, training, name, frag, failed)
+        known = {r.batch_size: tries.of_run(r, sh, r.batch_size) for r in per_rank}
+        what = "batch size {} (the largest that fits)".format
+        with tries.sizes(plan, sh, what, opened) as peak_at:
+            largest, exact = _largest_batch(known, tgt.total, peak_at)
     changes: tuple[Change, ...] = ()
     closest: Change | None = None
     if a.suggest and not fits:

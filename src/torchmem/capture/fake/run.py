@@ -22,8 +22,8 @@ Example:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Generator, Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -65,59 +65,73 @@ class _Twin:
 
 def _run_plan(plan: _Plan, sizes: Sequence[int], infer: bool = True) -> list[_Run]:
     """Build the fake model once and measure every size (under FSDP2 on a fake process group when
-    ``plan.fsdp_world > 1``)."""
-    if plan.fsdp_world <= 1:
-        return _run_plan_on(plan, sizes, None, infer)
-    with _fake_group(plan.fsdp_world) as mesh:
-        return _run_plan_on(plan, sizes, mesh, infer)
+    ``plan.fsdp_world > 1``): inference first (weights only; left out with ``infer=False`` in training,
+    where only the training figures are read), then a warm-up training step and one measured step per
+    size."""
+    gen = _measure(plan, sizes, infer)
+    try:
+        return next(gen)
+    finally:
+        gen.close()
 
 
-def _run_plan_on(plan: _Plan, sizes: Sequence[int], mesh: Any, infer: bool = True) -> list[_Run]:
-    """Build the fake model once and measure every size: inference first (weights only; left out with
-    ``infer=False`` in training, where only the training figures are read), then a warm-up training step
-    and one measured step per size."""
-    mode, dev = _fake_mode()
-    led = _Ledger(plan.rounding)
-    plan = _built(plan)
+def _measure(plan: _Plan, sizes: Sequence[int], infer: bool = True) -> Generator[list[_Run], int, None]:
+    """One fake run: the model built once and ``sizes`` measured as :func:`_run_plan` says, their runs
+    yielded first; then it goes on measuring each size sent to it (``gen.send(bs)``, a list of one run)
+    for a search whose next size depends on the last run's figures: in training one measured step (no
+    inference call: only the training figures are read), the warm-up step first where ``sizes`` is empty.
+    An exception ends the run, raised as it came (:func:`_guarded` translates it)."""
     with ExitStack() as stack:
+        mesh = stack.enter_context(_fake_group(plan.fsdp_world)) if plan.fsdp_world > 1 else None
+        mode, dev = _fake_mode()
+        led = _Ledger(plan.rounding)
+        plan = _built(plan)
         twin = _enter(plan, mode, dev, led, mesh, stack)
         none: tuple[int | None, int | None, int, int | None] = (None, None, 0, None)
         inference = {bs: _infer(plan, twin, led, bs, dev) if infer else none for bs in sizes}
         if not plan.training:
-            return [_inference_run(twin, bs, inference[bs]) for bs in sizes]
-        return _train(plan, twin, led, sizes, dev, inference)
-
-
-def _measure_sizes(plan: _Plan) -> Generator[_Run | None, int, None]:
-    """One fake run that measures the sizes sent to it, one at a time (prime it with ``next()``, then
-    ``run = gen.send(bs)``): what :func:`_run_plan` measures for ``sizes`` in one call, for a search whose
-    next size depends on the last run's figures. The model is built once; in training the warm-up step runs
-    at the first size sent, then one measured step per size (no inference call: only the training figures
-    are read). An exception ends the run (the caller starts another); it is raised as it came, not
-    translated (:func:`_guarded`)."""
-    mesh_cm = _fake_group(plan.fsdp_world) if plan.fsdp_world > 1 else None
-    with ExitStack() as outer:
-        mesh = outer.enter_context(mesh_cm) if mesh_cm is not None else None
-        mode, dev = _fake_mode()
-        led = _Ledger(plan.rounding)
-        plan = _built(plan)
-        with ExitStack() as stack:
-            twin = _enter(plan, mode, dev, led, mesh, stack)
-            bs = yield None
-            if not plan.training:
-                while True:
-                    bs = yield _inference_run(twin, bs, _infer(plan, twin, led, bs, dev))
-            opt, no_cache, hooks = _training_setup(plan, twin, led)
-            try:
-                twin.model.train()
+            bs = yield [_inference_run(twin, b, inference[b]) for b in sizes]
+            while True:
+                bs = yield [_inference_run(twin, bs, _infer(plan, twin, led, bs, dev))]
+        opt, no_cache, hooks = _training_setup(plan, twin, led)
+        try:
+            twin.model.train()
+            runs: list[_Run] = []
+            for i, b in enumerate([sizes[0], *sizes] if sizes else []):
+                f, saved = _train_step(plan, twin, opt, led, b, dev, i > 0, no_cache)
+                if i > 0:
+                    runs.append(_measured_run(plan, twin, b, f, saved, inference[b]))
+            bs = yield runs
+            if not sizes:
                 _train_step(plan, twin, opt, led, bs, dev, False, no_cache)
-                while True:
-                    f, saved = _train_step(plan, twin, opt, led, bs, dev, True, no_cache)
-                    bs = yield _measured_run(plan, twin, bs, f, saved, (None, None, 0, None))
-            finally:
-                for h in hooks:
-                    h.remove()
-                del opt
+            while True:
+                f, saved = _train_step(plan, twin, opt, led, bs, dev, True, no_cache)
+                bs = yield [_measured_run(plan, twin, bs, f, saved, none)]
+        finally:
+            for h in hooks:
+                h.remove()
+            del opt
+
+
+@contextmanager
+def _opened(
+    plan: _Plan, sizes: Sequence[int]
+) -> Iterator[tuple[list[_Run], Generator[list[_Run], int, None]]]:
+    """:func:`_run_guarded`'s runs of ``sizes``, and the run kept open (:func:`_measure`) to measure the
+    sizes a search asks for next without building and warming up the model again; closed on exit. No other
+    fake run may start while it is open (its modes are pushed)."""
+    gen = _measure(plan, sizes)
+    try:
+        try:
+            runs = next(gen)
+        except Exception as exc:
+            err = _guarded(plan, exc)
+            if err is exc:
+                raise
+            raise err from exc
+        yield runs, gen
+    finally:
+        gen.close()
 
 
 def _built(plan: _Plan) -> _Plan:
@@ -229,31 +243,6 @@ def _generate(plan: _Plan, twin: torch.nn.Module, batch: Any, led: _Ledger) -> t
     led.peak = max(led.peak, prefill_peak)
     del out
     return full, gen
-
-
-def _train(
-    plan: _Plan,
-    t: _Twin,
-    led: _Ledger,
-    sizes: Sequence[int],
-    dev: str,
-    inference: dict[int, tuple[int | None, int | None, int, int | None]],
-) -> list[_Run]:
-    """A warm-up training step at the first size, then one measured step per size: their runs."""
-    opt, no_cache, hooks = _training_setup(plan, t, led)
-    runs: list[_Run] = []
-    try:
-        t.model.train()
-        for i, bs in enumerate([sizes[0], *sizes]):
-            measured = i > 0
-            f, saved = _train_step(plan, t, opt, led, bs, dev, measured, no_cache)
-            if measured:
-                runs.append(_measured_run(plan, t, bs, f, saved, inference[bs]))
-    finally:
-        for h in hooks:
-            h.remove()
-        del opt
-    return runs
 
 
 def _training_setup(plan: _Plan, t: _Twin, led: _Ledger) -> tuple[Any, bool, list[Any]]:

@@ -25,7 +25,7 @@ import torch
 from torchmem._format import fmt_bytes
 from torchmem.analysis.targets import Target
 from torchmem.capture.fake.plan import _Plan, _Run
-from torchmem.capture.fake.run import _guarded, _measure_sizes, _run_guarded
+from torchmem.capture.fake.run import _guarded, _measure, _run_guarded
 from torchmem.capture.fake.sharding import _device_peak, _estimate_of, _Sharding
 from torchmem.results.fit import Change
 
@@ -72,13 +72,19 @@ class _Tries:
 
     @contextmanager
     def sizes(
-        self, plan: _Plan, sh: _Sharding, what: Callable[[int], str]
+        self,
+        plan: _Plan,
+        sh: _Sharding,
+        what: Callable[[int], str],
+        opened: Generator[list[_Run], int, None] | None = None,
     ) -> Iterator[Callable[[int], int | None]]:
         """:meth:`peak` of ``plan`` at the sizes a search asks for, one after another, from one fake run:
         the model is built and warmed up once, then each size is one measured step (a run per size cost a
         build, an inference call, a warm-up and the measured step). The same figures; a size that fails is
-        a note as in :meth:`run`, and the next size asked starts a new run."""
-        gen: Generator[_Run | None, int, None] | None = None
+        a note as in :meth:`run`, and the next size asked starts a new run. ``opened``: the plan's run that
+        measured the estimate's own sizes, still open (:func:`~torchmem.capture.fake.run._opened`), to go on
+        with (closed at the end)."""
+        gen = opened
 
         def peak_at(b: int) -> int | None:
             nonlocal gen
@@ -87,10 +93,9 @@ class _Tries:
             if got is None:
                 try:
                     if gen is None:
-                        gen = _measure_sizes(plan)
+                        gen = _measure(plan, (), infer=False)
                         next(gen)
-                    got = gen.send(b)
-                    assert got is not None
+                    got = gen.send(b)[-1]
                 except Exception as exc:  # this size cannot be evaluated: a note (the run is over)
                     gen = None
                     got = _guarded(plan, exc)
