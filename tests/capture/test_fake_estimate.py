@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
@@ -108,17 +109,24 @@ def test_estimate_with_target_takes_the_device_free_path_and_round_trips() -> No
 
 
 def _activation_heavy() -> torch.nn.Module:
-    return _Net(d=256, n=6)
+    return _Net(d=256, n=4)
 
 
 def _long_inputs(bs: int) -> torch.Tensor:
     return torch.randn(bs, 512, 256)
 
 
+@functools.cache
+def _need() -> int:
+    """The device peak of the activation-heavy model at batch 16 on a GPU with room (estimated once)."""
+    return estimate_fake(
+        _activation_heavy, _long_inputs, optimizer="adamw", batch_sizes=[16], target=GPU
+    ).device_peak
+
+
 def _on(fraction: float) -> TargetEstimate:
     """The activation-heavy model at batch 16 on a GPU with ``fraction`` of what it needs (no overhead)."""
-    need = estimate_fake(_activation_heavy, _long_inputs, optimizer="adamw", batch_sizes=[16], target=GPU)
-    small = Target("tiny", int(need.device_peak * fraction), 0, 0, 0, sm=(9, 0))
+    small = Target("tiny", int(_need() * fraction), 0, 0, 0, sm=(9, 0))
     return estimate_fake(_activation_heavy, _long_inputs, optimizer="adamw", batch_sizes=[16], target=small)
 
 
@@ -510,7 +518,7 @@ def test_the_optimizer_step_is_the_foreach_one_on_a_gpu() -> None:
     # torch's default for CUDA parameters: one temporary as large as all the parameters
     # (sqrt(exp_avg_sq)); the CPU's per-parameter loop holds two of the largest parameter's size.
     def net() -> torch.nn.Module:
-        return _Net(d=256, n=8)
+        return _Net(d=256, n=3)
 
     x = torch.randn(4, 16, 256)
     cpu = estimate_fake(net, x, optimizer="adamw", target=BARE)
@@ -704,15 +712,13 @@ class _RNNLM(torch.nn.Module):
 @pytest.mark.parametrize("cell", ["LSTM", "GRU"])
 def test_recurrent_language_models(cell: str) -> None:
     train = estimate_fake(
-        lambda: _RNNLM(cell), _tokens(32), optimizer="adamw", batch_sizes=[4], target="A100-40GB"
+        lambda: _RNNLM(cell), _tokens(8), optimizer="adamw", batch_sizes=[4], target="A100-40GB"
     )
     assert train.fits and (train.peak(4) or 0) > train.parameters * 4
-    inf = estimate_fake(
-        lambda: _RNNLM(cell), _tokens(32, False), batch_sizes=[4], training=False, target="L4"
-    )
+    inf = estimate_fake(lambda: _RNNLM(cell), _tokens(8, False), batch_sizes=[4], training=False, target="L4")
     assert inf.fits
     small = estimate_fake(
-        lambda: _RNNLM(cell), _tokens(32), optimizer="adamw", batch_sizes=[4], target="0.5GiB"
+        lambda: _RNNLM(cell), _tokens(8), optimizer="adamw", batch_sizes=[4], target="0.5GiB"
     )
     assert not small.fits and not any(n.startswith("could not evaluate") for n in small.notes)
 
