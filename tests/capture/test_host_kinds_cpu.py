@@ -332,8 +332,7 @@ def test_steps_that_end_inside_backward_leave_no_function_mode_behind() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     shadow = {n: p.detach().clone() for n, p in model.named_parameters()}
     w = HostWatcher(max_stride=1).start()
-    # named at the scans of steps ~21-28; a second sequence (the live nodes' rise) would start at twice that
-    for _ in range(40):
+    for _ in range(60):
         loss = model(torch.randn(8, 16)).square().mean()
         loss.register_hook(lambda g: w.step())  # the step ends inside backward()
         loss.backward()
