@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,9 +35,21 @@ def llama_config(tmp_path: Path) -> Path:
     return path
 
 
-def test_hf_config_json(llama_config: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["estimate", str(llama_config), "--batch", "2", "--seq", "64", "--target", "T4", "--json"])
-    d = json.loads(capsys.readouterr().out)
+@pytest.fixture(scope="module")
+def llama_on_t4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, dict[str, Any]]:
+    """The Llama config.json, and ``torchmem estimate`` of it at batch 2, seq 64 on a T4 with ``--json``:
+    its exit code and JSON (two tests read the same estimate)."""
+    pytest.importorskip("transformers")
+    path = tmp_path_factory.mktemp("llama") / "config.json"
+    path.write_text(json.dumps(_LLAMA))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        rc = main(["estimate", str(path), "--batch", "2", "--seq", "64", "--target", "T4", "--json"])
+    return path, rc, json.loads(out.getvalue())
+
+
+def test_hf_config_json(llama_on_t4: tuple[Path, int, dict[str, Any]]) -> None:
+    _, rc, d = llama_on_t4
     assert rc == 0 and d["fits"] is True and d["target"] == "T4"
     assert d["verdict"].startswith("fits on T4") and d["batch_size"] == 2
     n = 512 * 64 * 2 + 2 * (4 * 64 * 64 // 4 * 3 + 3 * 64 * 128) + 64 * 5  # embeddings, head, layers, norms
@@ -42,17 +57,20 @@ def test_hf_config_json(llama_config: Path, capsys: pytest.CaptureFixture[str]) 
     assert d["largest_batch_size"] > 2
 
 
-def test_fsdp_and_dtype_options(llama_config: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    main(["estimate", str(llama_config), "--batch", "2", "--seq", "64", "--json"])
-    one = json.loads(capsys.readouterr().out)
+def test_fsdp_and_dtype_options(
+    llama_on_t4: tuple[Path, int, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config, _, one = llama_on_t4
     main(
         [
             "estimate",
-            str(llama_config),
+            str(config),
             "--batch",
             "2",
             "--seq",
             "64",
+            "--target",
+            "T4",
             "--json",
             "--fsdp",
             "4",
