@@ -530,6 +530,10 @@ class HostScanner:
         self._readings.afresh(figure=self._source == "rss")
         if found:
             self._found_on |= self._scanning_for
+            if self.chain_facts:
+                # the live autograd nodes keep rising with the chain just named: not a new kind of growth to
+                # scan for again (a second sequence named the same chain, seconds later)
+                self._found_on.add("nodes")
             return
         # Nothing found: wait longer before the next try, and as long again as the scans took, x200.
         self._attempts += 1
