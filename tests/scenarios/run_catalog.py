@@ -66,7 +66,6 @@ class Expected:
         caught: For ``oom``: whether the program caught the error.
         exit_code: The program's exit code.
         devices: Where it runs: ``"cpu"`` (CI) and/or ``"cuda"`` (the GPU machine).
-        timed: Compare the wall time of ``torchmem run`` with plain ``python`` (the cost scenarios).
         about: One line: what the scenario is.
         fix: A substring of the top culprit's fix, ``None``: not checked.
         folder: The folder ``file`` is in (``programs/`` unless stated).
@@ -82,7 +81,6 @@ class Expected:
     caught: bool | None = None
     exit_code: int = 0
     devices: tuple[str, ...] = ("cpu", "cuda")
-    timed: bool = False
     about: str = ""
     fix: str | None = None
     folder: Path = PROGRAMS
@@ -174,7 +172,7 @@ SCENARIOS: tuple[Expected, ...] = (
       about="the program installs its own sys.setprofile and sys.settrace"),
     E("recursive_forward", "recursive_forward.py", "leak", "module", "outputs",
       about="a module calling itself recursively in forward()"),
-    E("tiny_nested_calls", "tiny_nested_calls.py", "quiet", "module", timed=True,
+    E("tiny_nested_calls", "tiny_nested_calls.py", "quiet", "module",
       about="thousands of tiny nested module calls per second"),
 )  # fmt: skip
 
@@ -407,32 +405,6 @@ def run_all(
     finally:
         while not servers.empty():
             servers.get().close()
-
-
-def paired_runs(
-    s: Expected, workdir: Path, *, env: Mapping[str, str] | None = None, pairs: int = 2
-) -> tuple[str, float, Run]:
-    """Run ``s``'s program plain and under ``torchmem run`` in turns (plain, torchmem, plain, torchmem, ...):
-    the figures in words (best wall time of each, and the loop's own ``loop_seconds=`` when it prints one),
-    the ratio of the best wall times, and the last monitored run."""
-    plain, monitored = [], []
-    for _ in range(pairs):
-        plain.append(run_program(s, workdir, plain=True, env=env))
-        monitored.append(run_program(s, workdir, env=env))
-    for r in plain:
-        assert r.returncode == s.exit_code, r.stderr[-3000:]
-    wall_plain = min(r.seconds for r in plain)
-    wall_run = min(r.seconds for r in monitored)
-    ratio = wall_run / wall_plain
-    figures = f"{s.name}: wall plain {wall_plain:.2f} s, torchmem run {wall_run:.2f} s ({ratio:.2f}x)"
-    loops = [
-        [float(m.group(1)) for r in runs if (m := re.search(r"loop_seconds=([0-9.]+)", r.stdout))]
-        for runs in (plain, monitored)
-    ]
-    if loops[0] and loops[1]:
-        lp, lr = min(loops[0]), min(loops[1])
-        figures += f"; the loop alone: plain {lp:.3f} s, torchmem run {lr:.3f} s ({lr / lp:.2f}x)"
-    return figures, ratio, monitored[-1]
 
 
 def safety_failures(s: Expected, r: Run) -> list[str]:
@@ -725,7 +697,6 @@ __all__ = [
     "Run",
     "check",
     "for_device",
-    "paired_runs",
     "records",
     "run_program",
 ]
