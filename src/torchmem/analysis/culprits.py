@@ -214,11 +214,18 @@ def _autograd_cycle(paths: Sequence[HolderPath]) -> bool:
     return any(p.root == "cycle" and classify_cycle(p)[0] == AUTOGRAD for p in paths)
 
 
+def _variable_at(steps: Sequence[HolderStep]) -> int | None:
+    """The index of the last variable (a module global or a frame local) among a holder's steps."""
+    found = [i for i, s in enumerate(steps) if s.kind in (StepKind.MODULE_GLOBAL, StepKind.FRAME_LOCAL)]
+    return found[-1] if found else None
+
+
 def _carried_root(path: HolderPath, carried: Collection[str]) -> str | None:
     """The variable the loop carries that the path's holder starts at (``past`` of
     ``past.layers[0].keys``), ``None`` where it starts elsewhere."""
-    variables = [s for s in _holder_steps(path) if s.kind in (StepKind.MODULE_GLOBAL, StepKind.FRAME_LOCAL)]
-    return variables[-1].name if variables and variables[-1].name in carried else None
+    steps = _holder_steps(path)
+    at = _variable_at(steps)
+    return steps[at].name if at is not None and steps[at].name in carried else None
 
 
 def _carried_state(paths: Sequence[HolderPath], carried: Collection[str]) -> bool:
@@ -235,8 +242,8 @@ def _carried_state(paths: Sequence[HolderPath], carried: Collection[str]) -> boo
     firsts: list[HolderStep] = []
     for p in paths:
         steps = _holder_steps(p)
-        at = max(i for i, s in enumerate(steps) if s.kind in (StepKind.MODULE_GLOBAL, StepKind.FRAME_LOCAL))
-        if at + 1 < len(steps) and steps[at + 1].kind in _CONTAINER_ITEMS:
+        at = _variable_at(steps)
+        if at is not None and at + 1 < len(steps) and steps[at + 1].kind in _CONTAINER_ITEMS:
             firsts.append(steps[at + 1])
     # (one sampled item of such a list says nothing of the others: a list still)
     grows = (
@@ -397,8 +404,8 @@ def _carried_variable(path: HolderPath, carried: Collection[str]) -> bool:
     """Whether the path's holder is a variable itself (a module global or a frame local, no attribute or
     item after it before the autograd hops) that the loop carries."""
     steps = _holder_steps(path)
-    variables = [s for s in steps if s.kind in (StepKind.MODULE_GLOBAL, StepKind.FRAME_LOCAL)]
-    return bool(variables) and steps[-1] is variables[-1] and variables[-1].name in carried
+    at = _variable_at(steps)
+    return at is not None and at == len(steps) - 1 and steps[at].name in carried
 
 
 def _through_a_sequence(path: HolderPath) -> bool:

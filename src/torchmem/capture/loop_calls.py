@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dis
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import CodeType, FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
 
@@ -177,21 +177,32 @@ def loop_carried(frame: FrameType | None, program: str | None = None) -> frozens
     return frozenset(out)
 
 
-def frame_local(frame: FrameType, name: str, default: Any = None) -> Any:
-    """The value of the function frame's local ``name`` (``default`` where unbound), read without leaving
-    the program's locals alive: before Python 3.13 reading ``f_locals`` leaves a snapshot dict on the frame
-    that keeps every local it had (a model the program deletes next) until the frame reads it again; the
-    snapshot is emptied again where nobody else holds it (:class:`~torchmem.analysis.holders.roots.
-    FrameSnapshots`)."""
+def _read_locals(frame: FrameType, take: Callable[[dict[str, Any]], Any], default: Any) -> Any:
+    """``take`` of the function frame's locals (``default`` where the frame refuses), read without leaving the
+    program's locals alive: before Python 3.13 reading ``f_locals`` leaves a snapshot dict on the frame that
+    keeps every local it had (a model the program deletes next) until the frame reads it again; the snapshot
+    is emptied again where nobody else holds it (:class:`~torchmem.analysis.holders.roots.FrameSnapshots`)."""
     from torchmem.analysis.holders.roots import FrameSnapshots
 
     snaps = FrameSnapshots()
     loc = snaps.read(frame)
     try:
-        return default if loc is None else loc.get(name, default)
+        return default if loc is None else take(loc)
     finally:
         del loc
         snaps.release()
+
+
+def frame_local(frame: FrameType, name: str, default: Any = None) -> Any:
+    """The value of the function frame's local ``name`` (``default`` where unbound), keeping nothing alive
+    (:func:`_read_locals`)."""
+    return _read_locals(frame, lambda loc: loc.get(name, default), default)
+
+
+def frame_locals(frame: FrameType) -> dict[str, Any]:
+    """A copy of the function frame's locals, keeping nothing alive once the copy is dropped
+    (:func:`_read_locals`)."""
+    return _read_locals(frame, dict, {})  # type: ignore[no-any-return]
 
 
 def _lookup(frame: FrameType, name: str) -> Any:

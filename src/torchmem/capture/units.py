@@ -26,6 +26,7 @@ from typing import Any
 from torchmem.capture.loop_calls import (
     _is_user,
     frame_local,
+    frame_locals,
     loop_calls,
     never_a_unit,
     not_the_programs,
@@ -100,24 +101,9 @@ def _instance_owner(callee: FrameType) -> tuple[Any, str, Any, str | None] | Non
     caller = callee.f_back
     if caller is None:
         return None
-    from torchmem.analysis.holders.roots import FrameSnapshots
-
-    snaps = FrameSnapshots()  # the caller's locals snapshot, emptied again when done (frame_local's why)
-    try:
-        return _owner_in(callee, caller, snaps, code)
-    finally:
-        snaps.release()
-
-
-def _owner_in(
-    callee: FrameType, caller: FrameType, snaps: Any, code: CodeType
-) -> tuple[Any, str, Any, str | None] | None:
     spaces = [caller.f_globals]
     if caller.f_code.co_flags & 0x02:  # CO_NEWLOCALS: a function's frame (a module's locals are its globals)
-        loc = snaps.read(caller)
-        if isinstance(loc, dict):
-            spaces.insert(0, loc)
-        del loc
+        spaces.insert(0, frame_locals(caller))  # a copy: the frame's snapshot is emptied again
     seen = 0
     for space in spaces:
         for value in list(space.values()):

@@ -88,7 +88,7 @@ def new_survivors(device: torch.device, spent_s: float = 0.0, since: float | Non
     )
 
 
-def _named(culprits: Any) -> bool:
+def _holders_named(culprits: Any) -> bool:
     """Culprits that name the holder of every part of the growth."""
     return bool(culprits) and all(c.holder for c in culprits)
 
@@ -143,7 +143,8 @@ class StepWatchers:
         if host is not None:
             # and the host watcher's scans are spared once the device report names the holders: it covers
             # this growth (verdicts.host_verdict)
-            host.covered = (lambda: w.leaking and _named(w.culprits)) if w is not None and cpu else None
+            covered = (lambda: w.leaking and _holders_named(w.culprits)) if w is not None and cpu else None
+            host.covered = covered
 
     def fresh(self) -> bool:
         """The watcher is there and counted no step yet."""
@@ -236,7 +237,7 @@ class StepWatchers:
             self._survivors.stop()
             # The holder search (up to 2 s at the run's end) only where the growth detector's culprits do
             # not already name every holder: the survivors then are listed for information.
-            named = leak is not None and leak.leaking and _named(leak.culprits)
+            named = leak is not None and leak.leaking and _holders_named(leak.culprits)
             survivors = self._survivors.report(
                 total_steps=steps, boundary=boundary, time_limit=0.0 if named else 2.0
             )
