@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import traceback
 import warnings
 
 import pytest
@@ -242,3 +244,31 @@ def test_a_frozen_heap_still_names_every_holder() -> None:
     )
     frozen, n, heads = json.loads(out.stdout.strip().splitlines()[-1])
     assert frozen and n == 20 and heads == ["__main__.kept["], out.stdout + out.stderr
+
+
+def test_the_report_is_one_moment_even_when_the_walk_would_trigger_a_collection() -> None:
+    """The allocator's figure and the walk are read with the cyclic collector paused: a collection that the
+    walk's own allocations would trigger cannot free garbage between the two (memory the report counts as
+    held and the allocated figure disagree)."""
+    in_walk: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and any(f.name == "census" for f in traceback.extract_stack()):
+            in_walk.append(info["generation"])
+
+    live = torchmem.live_tensors  # imported (lazily) before the threshold makes every allocation collect
+    old = gc.get_threshold()
+    with torchmem.cpu_tracking() as cpu:
+        node: dict[str, object] = {"t": torch.ones(256 * 1024)}  # 1 MiB only a garbage cycle keeps
+        node["self"] = node
+        del node
+        gc.callbacks.append(seen)
+        gc.set_threshold(1, 1, 1)  # any allocation would start a collection
+        try:
+            report = live("cpu", holders=False)
+        finally:
+            gc.set_threshold(*old)
+            gc.callbacks.remove(seen)
+        assert in_walk == []  # no collection while the report was made
+        assert gc.isenabled()  # and the collector is on again
+        assert report.allocated == cpu.allocated  # the figure and the tensors are of the same moment

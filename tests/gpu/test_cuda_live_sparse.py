@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -17,6 +19,7 @@ MiB = 1 << 20
 
 def test_sparse_gradients_are_counted_on_cuda() -> None:
     torch.cuda.synchronize()
+    gc.collect()  # earlier tests' garbage, which a collection during this test would take out of ``base``
     base = torchmem.live_tensors("cuda:0", holders=False).unexplained or 0  # what earlier tests left
     emb = torch.nn.Embedding(100_000, 256, sparse=True).cuda()
     emb(torch.randint(0, 100_000, (4096,), device="cuda")).sum().backward()

@@ -7,7 +7,6 @@ Run by the lead on a machine with a GPU: ``python -m pytest -q tests/gpu/test_di
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from multi_jobs import job_env  # tests/gpu is on sys.path: a launcher's variables out, src importable
 
 from torchmem.analysis.ranks import merge_captures
 from torchmem.capture.file import read_capture
@@ -56,16 +56,9 @@ CHILD = textwrap.dedent(
 )
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "TORCHMEM_"))}
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
-
-
 def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300
+        [sys.executable, *args], cwd=cwd, env=job_env(), capture_output=True, text=True, timeout=300
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import torch
@@ -94,6 +95,15 @@ def live_tensors(device: DeviceLike = None, *, holders: bool = True) -> LiveTens
         >>> report.by_category["parameter"] >= 256 * 256 * 4
         True
     """
-    dev = resolve(device)
-    allocated = backend(dev).hot().allocated
-    return collect_live(dev, allocated, with_holders=holders)
+    # One moment: the allocator's figure and the walk with the cyclic collector paused, so a collection
+    # the walk's own allocations trigger cannot free garbage between the two (the report would then name
+    # memory the allocated figure no longer has, or the reverse).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        dev = resolve(device)
+        allocated = backend(dev).hot().allocated
+        return collect_live(dev, allocated, with_holders=holders)
+    finally:
+        if was_enabled:
+            gc.enable()
