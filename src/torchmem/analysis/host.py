@@ -279,8 +279,10 @@ def objects_fix(
     contents: Sequence[tuple[str, float]] = (),
     is_tensor: bool = False,
     through_hook: bool = False,
+    graph: bool = False,
 ) -> str:
-    """The fix for ``name`` keeping ``per_step`` new ``type_name`` objects per step.
+    """The fix for ``name`` keeping ``per_step`` new ``type_name`` objects per step (``graph``: tensors that
+    carry their autograd graph).
 
     ``contents`` lists other growing types kept inside them (``("float", 256.0)`` per step).
 
@@ -297,6 +299,11 @@ bounded window (`collections.deque(maxlen=...)`), write them out and clear `hist
         return (
             f"{what}: a hook or callback is registered again at every step; register it once, or call "
             "`handle.remove()` when done"
+        )
+    if graph:
+        return (
+            f"{what}: each carries its autograd graph, whose saved tensors stay alive with it; keep "
+            f"`x.detach()` (or compute it under `torch.no_grad()`), or numbers (`.item()`, `.tolist()`)"
         )
     if is_tensor:
         return (
@@ -338,6 +345,7 @@ class ObjectFact:
         paths: Holder paths of the sampled new instances.
         is_tensor: The type is a tensor type.
         site: Where most sampled instances were created (``"train.py:40"``), ``None`` where unknown.
+        graph: The instances are tensors that carry an autograd graph (``grad_fn``).
     """
 
     type_name: str
@@ -346,6 +354,7 @@ class ObjectFact:
     paths: tuple[HolderPath, ...]
     is_tensor: bool = False
     site: str | None = None
+    graph: bool = False
 
 
 def _rooted(paths: Sequence[HolderPath]) -> list[HolderPath]:
@@ -463,6 +472,7 @@ def object_culprits(
             contents=contents,
             is_tensor=main.is_tensor,
             through_hook=_through_hook(path),
+            graph=main.graph,
         )
         sites: dict[str, float] = {}
         for f, _ in rows:

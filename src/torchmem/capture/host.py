@@ -292,6 +292,17 @@ class HostWatcher:
         self._schedule.short_runs = bool(on)
 
     @property
+    def cpu_tensors(self) -> bool:
+        """Whether CPU tensors kept in a growing container are named as host culprits (a run that watches a
+        GPU, where no device report covers the CPU); off by default: on the CPU they are the device
+        report's. Can be changed while the watch runs."""
+        return self._scanner.cpu_tensors
+
+    @cpu_tensors.setter
+    def cpu_tensors(self, on: bool) -> None:
+        self._scanner.cpu_tensors = bool(on)
+
+    @property
     def _scan_steps(self) -> list[int]:
         """The steps the culprit scans ran at."""
         return self._scanner.scan_steps

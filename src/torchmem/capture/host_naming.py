@@ -45,7 +45,9 @@ class HostKept:
         self.inside = {k: v / len(sizes) for k, v in inside.most_common(3)}  # per entry
 
 
-def kept_items(found: dict[int, Any], lens: dict[int, tuple[int, ...]], steps: int) -> list[HostKept]:
+def kept_items(
+    found: dict[int, Any], lens: dict[int, tuple[int, ...]], steps: int, cpu_tensors: bool = False
+) -> list[HostKept]:
     """The containers that grew at every scan and keep at least 256 B per step (a few, most bytes per step
     first), with their newest entries (numpy arrays, strings, lists, dicts, ...; tensors are the device
     report's): instance counts per type cannot see untracked objects, and mix a type's new instances
@@ -55,7 +57,7 @@ def kept_items(found: dict[int, Any], lens: dict[int, tuple[int, ...]], steps: i
         if len(ls) < 3 or not ls[2] > ls[1] > ls[0]:
             continue
         c = found[i]
-        entries = kept_entries(newest(c, min(ls[-1] - ls[1], SAMPLES_PER_TYPE)))
+        entries = kept_entries(newest(c, min(ls[-1] - ls[1], SAMPLES_PER_TYPE)), cpu_tensors)
         if not entries:
             continue
         exact = [o for _, o in entries if type(o).__module__ != "builtins"]
@@ -130,7 +132,9 @@ def name_facts(
         where = row.site or closest_line(lines, per_step * row.size)
         label = type_label(row.items)
         entry_paths = tuple(_entry_path(p, row.container, row.keys[-1]) for p in found)
-        held.append(ObjectFact(label, per_step, row.size, entry_paths, False, where))
+        tensors = [o for o in row.items if isinstance(o, torch.Tensor)]
+        graph = bool(tensors) and all(_has_graph(t) for t in tensors)
+        held.append(ObjectFact(label, per_step, row.size, entry_paths, False, where, graph))
         # what each entry holds: named in the fix (their bytes are in the entry's size)
         held += [ObjectFact(k, per_step * c, 0.0, entry_paths) for k, c in row.inside.items()]
         kept_lens[row.cid] = (label, row.lens[-1], per_step)
@@ -146,6 +150,13 @@ def name_facts(
         history_by_torchmem=own_history,
     )
     return HostNamed(tuple(chain_facts), tuple(object_facts), kept_lens, evidence)
+
+
+def _has_graph(t: torch.Tensor) -> bool:
+    try:
+        return t.grad_fn is not None
+    except Exception:  # a tensor subclass that refuses
+        return False
 
 
 def _site(site: Site | None) -> str | None:

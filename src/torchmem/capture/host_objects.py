@@ -163,12 +163,24 @@ def newest(container: Any, k: int) -> list[tuple[Any, Any]]:
         return []
 
 
-def kept_entries(entries: Sequence[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
-    """The entries that say what a container keeps: tensors aside (their memory is the device report's),
-    and values the whole interpreter shares (``None``, small ints: nothing keeps them per step)."""
+def kept_entries(entries: Sequence[tuple[Any, Any]], cpu_tensors: bool = False) -> list[tuple[Any, Any]]:
+    """The entries that say what a container keeps: tensors aside (their memory is the device report's; CPU
+    tensors stay where ``cpu_tensors``: a run that watches a GPU does not watch the CPU's), and values the
+    whole interpreter shares (``None``, small ints: nothing keeps them per step)."""
     return [
-        (k, o) for k, o in entries if not isinstance(o, (torch.Tensor, type)) and _shared_value(o) is None
+        (k, o)
+        for k, o in entries
+        if not isinstance(o, type)
+        and (not isinstance(o, torch.Tensor) or (cpu_tensors and _on_cpu(o)))
+        and _shared_value(o) is None
     ]
+
+
+def _on_cpu(t: torch.Tensor) -> bool:
+    try:
+        return t.device.type == "cpu"
+    except Exception:  # a tensor subclass that refuses
+        return False
 
 
 def untracked_items(items: Sequence[Any]) -> list[Any]:

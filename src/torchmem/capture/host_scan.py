@@ -223,6 +223,9 @@ class HostScanner:
         self._kept_lens: dict[int, tuple[str, int, float]] = {}
         self.checked: tuple[ProcessState, HostAccount] | None = None  # the last sequence's, for the notes
         self.state_notes: tuple[str, ...] = ()
+        # CPU tensors kept in a growing container are host memory to name (a run that watches a GPU); on the
+        # CPU they are the device report's.
+        self.cpu_tensors = False
 
     def start(self, source: str) -> None:
         """The watch started with ``source`` as its figure (``"heap"`` or ``"rss"``)."""
@@ -290,7 +293,7 @@ class HostScanner:
             if phase == 2:
                 # The newest entries of the containers that grew at every scan, the running profilers.
                 scan.lens, found = still_growing(objs, second.lens)
-                kept = kept_items(found, scan.lens, n - self._scans[0].step)
+                kept = kept_items(found, scan.lens, n - self._scans[0].step, self.cpu_tensors)
                 if self._states[-1].profiler:
                     profilers = running_profilers(objs)
             counts = count_types(objs)

@@ -65,6 +65,7 @@ def new_host(
             # with 4 readings, "not enough to judge" (CI, session 10). Not on a GPU (the scans above).
             short_runs=device.type == "cpu",
         )
+        host.cpu_tensors = device.type != "cpu"  # no device report watches the CPU's tensors
         return host.start()
     except Exception as exc:
         note(f"host memory is not watched ({type(exc).__name__}: {exc})")
@@ -187,6 +188,7 @@ class StepWatchers:
             self._survivors = new_survivors(device)
         if self._host is not None:
             self._host.short_runs = device.type == "cpu"
+            self._host.cpu_tensors = device.type != "cpu"
         self._share_heap(device)
 
     def step(self, replay: int | None, observe: Callable[[int], None] | None) -> tuple[int, bool, int | None]:
