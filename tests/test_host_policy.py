@@ -2,12 +2,15 @@
 leak only when the report names what keeps it (a holder, an autograd chain, a state of the process); a line
 that tracemalloc saw allocate what stays, with no holder, is said in the reason, not claimed as a leak. The
 whole run of both sides is checked by the scenario programs (`control_predicted_labels` quiet,
-`host_numpy_rows` a leak held by `loss_rows`)."""
+`host_numpy_rows` a leak held by `loss_rows`). On a GPU, a loop that ran no backward gathers its results on
+the host: growth only containers of detached data keep (or nothing named) is said, not called a leak."""
 
 from __future__ import annotations
 
+import torch
+
 from torchmem.results.leaks import Culprit, LeakReport
-from torchmem.run.verdicts import _host_policy
+from torchmem.run.verdicts import _host_policy, host_verdict
 
 KiB = 1024
 
@@ -46,3 +49,32 @@ def test_a_holder_or_a_chain_keeps_the_leak() -> None:
     assert _host_policy(_host(5 * KiB, chain)).leaking
     # a line alone at a device leak's rate stays a leak too
     assert _host_policy(_host(300 * KiB, _line("predict.py:15", 300 * KiB))).leaking
+
+
+MiB = 1024 * KiB
+GPU = torch.device("cuda", 0)  # a device object only: nothing here touches CUDA
+
+
+def _kept(kind: str, holder: str | None = "__main__.predictions[341]") -> Culprit:
+    return Culprit(kind, None, (), holder, 0, 1 * MiB, 0.0, "...")
+
+
+def test_an_inference_loop_gathering_its_outputs_on_the_host_is_not_a_leak() -> None:
+    named = host_verdict(_host(1 * MiB, _kept("python_objects")), None, GPU, backward=False)
+    assert not named.leaking and named.verdict == "below_threshold" and named.culprits == ()
+    assert "ran no backward" in named.reason and "`__main__.predictions[341]` keeps it" in named.reason
+    unnamed = host_verdict(_host(1 * MiB), None, GPU, backward=False, graphs=False)
+    assert not unnamed.leaking and "nothing that keeps it was named" in unnamed.reason
+    assert "1.00 MiB/step" in unnamed.reason
+
+
+def test_training_graphs_states_and_the_cpu_keep_the_host_leak() -> None:
+    rows = _host(1 * MiB, _kept("python_objects"))
+    assert host_verdict(rows, None, GPU, backward=True).leaking  # a training loop keeps per-step data
+    assert host_verdict(rows, None, GPU, backward=None).leaking  # not known: no claim either way
+    assert host_verdict(rows, None, GPU, backward=False, graphs=True).leaking  # autograd nodes rose
+    graph = _host(1 * MiB, _kept("retained_graph", "__main__.calibrated[136]"))
+    assert host_verdict(graph, None, GPU, backward=False).leaking  # outputs kept with their graph
+    state = _host(1 * MiB, _kept("profiler_running", "__main__.prof"))
+    assert host_verdict(state, None, GPU, backward=False).leaking
+    assert host_verdict(rows, None, torch.device("cpu"), backward=False).leaking  # the CPU's own rules

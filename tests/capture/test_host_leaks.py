@@ -31,6 +31,7 @@ from torchmem.analysis.host import (
     object_culprits,
     type_growth,
 )
+from torchmem.analysis.leak_fixes import RETAINED_GRAPH
 from torchmem.capture.host import DEFAULT_MIN_BYTES_PER_STEP, HostWatcher
 from torchmem.results.holders import HolderPath, HolderStep, StepKind
 from torchmem.results.leaks import LeakReport
@@ -530,7 +531,7 @@ def test_cpu_tensors_with_their_graph_kept_on_a_gpu_run_are_named_with_the_detac
     r, kept = _cpu_tensors_kept(60, cpu_tensors=True, graph=True)
     _clean_after(r)
     assert r.leaking, str(r)
-    named = [c for c in r.culprits if c.kind == PYTHON_OBJECTS and "'kept'" in str(c.holder)]
+    named = [c for c in r.culprits if c.kind == RETAINED_GRAPH and "'kept'" in str(c.holder)]
     assert named, str(r)
     assert "autograd graph" in named[0].fix and "x.detach()" in named[0].fix, named[0].fix
     assert named[0].bytes_per_step >= 256 * 1024, named[0]

@@ -27,6 +27,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from torchmem._format import fmt_bytes
+from torchmem.analysis.leak_fixes import RETAINED_GRAPH
 from torchmem.analysis.leaks import holder_name, holder_pattern
 from torchmem.results.holders import HolderPath, StepKind
 from torchmem.results.leaks import Culprit
@@ -481,7 +482,8 @@ def object_culprits(
         site_list = tuple(sorted(sites.items(), key=lambda kv: -kv[1]))
         out.append(
             Culprit(
-                kind=PYTHON_OBJECTS,
+                # tensors kept with their autograd graphs are a retained graph, whatever keeps them
+                kind=RETAINED_GRAPH if main.graph else PYTHON_OBJECTS,
                 site=main.site or (site_list[0][0] if site_list else None),
                 sites=site_list,
                 holder=str(path),

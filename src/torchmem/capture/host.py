@@ -292,6 +292,11 @@ class HostWatcher:
         self._schedule.short_runs = bool(on)
 
     @property
+    def graphs_rising(self) -> bool | None:
+        """Whether the live autograd nodes counted so far rise (``None``: not counted twice yet)."""
+        return self._nodes.rising() if self._nodes.trend() is not None else None
+
+    @property
     def cpu_tensors(self) -> bool:
         """Whether CPU tensors kept in a growing container are named as host culprits (a run that watches a
         GPU, where no device report covers the CPU); off by default: on the CPU they are the device

@@ -504,7 +504,7 @@ class Session:
             self._observer.detach()
         marker = f"return of {self.step_marker}()" if self.step_marker else None
         label = marker or (self._source.label or None)
-        host = self._watchers.host_report(label, leak, self.device)
+        host = self._watchers.host_report(label, leak, self.device, backward=self._source.backward_ran)
         if self._source.kind is not None:
             self._records.record(
                 "boundary", kind=self._source.kind, label=self._source.label, count=self._steps

@@ -104,9 +104,20 @@ def survivors_beside(survivors: Any, leak: LeakReport | None, steps: int) -> Any
     return survivors
 
 
-def host_verdict(host: LeakReport, leak: LeakReport | None, device: torch.device) -> LeakReport:
-    """The host watcher's report as the run's host verdict, beside the device's ``leak``."""
+def host_verdict(
+    host: LeakReport,
+    leak: LeakReport | None,
+    device: torch.device,
+    *,
+    backward: bool | None = None,
+    graphs: bool | None = None,
+) -> LeakReport:
+    """The host watcher's report as the run's host verdict, beside the device's ``leak`` (``backward``:
+    whether the program ran a backward; ``graphs``: whether the live autograd nodes rose; ``None``: not
+    known)."""
     host = _host_policy(host)
+    if device.type != "cpu" and backward is False and graphs is not True:
+        host = _gathered_results(host)
     inner = leak is not None and leak.verdict == "inner_growth"
     if (
         host.leaking
@@ -146,6 +157,39 @@ def _host_inner(host: LeakReport) -> LeakReport:
             f"host memory climbs by {fmt_bytes(int(rate))}/step for about {length} steps and falls back at "
             f"the end ({ramps} times, {fmt_bytes(height)} at its peak): growth inside each call, nothing "
             "kept across calls"
+        ),
+    )
+
+
+def _gathered_results(host: LeakReport) -> LeakReport:
+    """Host growth of a GPU program that ran no backward (inference), where nothing but containers of
+    detached data was named (or nothing at all) and no autograd graph grew: what the loop gathers on the host
+    is its results (`preds.append(out.cpu())`, concatenated at the end), not a leak. Said in the reason, with
+    the holders; a retained graph, an autograd chain or a state of the process keeps the leak."""
+    from torchmem.analysis.host import PYTHON_OBJECTS
+
+    if not host.leaking or any(c.kind != PYTHON_OBJECTS for c in host.culprits):
+        return host
+    rate = max(host.bytes_per_step, host.trend_per_step)
+    holders = [str(c.holder) for c in host.culprits if c.holder]
+    what = (
+        f"`{'`, `'.join(holders[:2])}` keep{'s' if len(holders) == 1 else ''} it"
+        if holders
+        else "nothing that keeps it was named"
+    )
+    return dataclasses.replace(
+        host,
+        leaking=False,
+        verdict="below_threshold",
+        detected_at=None,
+        stopped_at=None,
+        trend_per_step=rate,
+        bytes_per_step=0.0,
+        culprits=(),
+        reason=(
+            f"host memory grew by {fmt_bytes(int(rate))}/step in a loop that ran no backward ({what}, "
+            "with no autograd graph): the results an inference loop gathers on the host, not called a "
+            "leak; write them out as they come if the loop has no end"
         ),
     )
 

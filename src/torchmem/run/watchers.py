@@ -250,9 +250,14 @@ class StepWatchers:
         return survivors
 
     def host_report(
-        self, label: str | None, leak: LeakReport | None, device: torch.device
+        self,
+        label: str | None,
+        leak: LeakReport | None,
+        device: torch.device,
+        backward: bool | None = None,
     ) -> LeakReport | None:
-        """The host-memory verdict at the end (``label``: the step boundary, if any), written."""
+        """The host-memory verdict at the end (``label``: the step boundary, if any; ``backward``: whether
+        the program ran a backward, ``None``: not known), written."""
         if self._host is None:
             return None
         host = None
@@ -261,7 +266,7 @@ class StepWatchers:
             host = self._host.report()
             if label is not None:
                 host = labelled(host, label)
-            host = host_verdict(host, leak, device)
+            host = host_verdict(host, leak, device, backward=backward, graphs=self._host.graphs_rising)
             self._records.record("host_leak", report=host.to_dict(), final=True)
         except Exception as e:
             self._records.note(f"the host memory verdict could not be made ({type(e).__name__}: {e})")
