@@ -205,9 +205,14 @@ def _unexplained_note(v: HostView) -> str:
             containers=scanner.containers_seen,
         )
     if scanner.scan_steps:
+        tensors = (
+            "tensor storages on the CPU that no growing container keeps"
+            if scanner.cpu_tensors  # a GPU run: no device report watches the CPU
+            else "tensor storages on the CPU (see the device report)"
+        )
         return (
-            "no growing autograd chain or Python objects explain it: tensor storages on the "
-            "CPU (see the device report), or C/C++ allocations of a library"
+            f"no growing autograd chain or Python objects explain it: {tensors}, or C/C++ allocations of a "
+            "library"
         )
     where = (
         "steps came from another thread than the one that started the watch"
