@@ -59,22 +59,28 @@ def _kept(kind: str, holder: str | None = "__main__.predictions[341]") -> Culpri
     return Culprit(kind, None, (), holder, 0, 1 * MiB, 0.0, "...")
 
 
+PREDS = "__main__.predictions[341]"
+
+
 def test_an_inference_loop_gathering_its_outputs_on_the_host_is_not_a_leak() -> None:
-    named = host_verdict(_host(1 * MiB, _kept("python_objects")), None, GPU, backward=False)
-    assert not named.leaking and named.verdict == "below_threshold" and named.culprits == ()
-    assert "ran no backward" in named.reason and "`__main__.predictions[341]` keeps it" in named.reason
-    unnamed = host_verdict(_host(1 * MiB), None, GPU, backward=False, graphs=False)
-    assert not unnamed.leaking and "nothing that keeps it was named" in unnamed.reason
-    assert "1.00 MiB/step" in unnamed.reason
+    r = host_verdict(_host(1 * MiB, _kept("python_objects")), None, GPU, backward=False, data={PREDS})
+    assert not r.leaking and r.verdict == "gathered" and r.detected_at is None
+    assert r.culprits and r.culprits[0].holder == PREDS  # still said where
+    assert "ran no backward" in r.reason and f"`{PREDS}` keeps it" in r.reason
+    assert str(r).startswith("no leak on host, results gathered")
 
 
-def test_training_graphs_states_and_the_cpu_keep_the_host_leak() -> None:
+def test_training_graphs_states_hooks_unnamed_growth_and_the_cpu_keep_the_host_leak() -> None:
     rows = _host(1 * MiB, _kept("python_objects"))
-    assert host_verdict(rows, None, GPU, backward=True).leaking  # a training loop keeps per-step data
-    assert host_verdict(rows, None, GPU, backward=None).leaking  # not known: no claim either way
-    assert host_verdict(rows, None, GPU, backward=False, graphs=True).leaking  # autograd nodes rose
+    data = {PREDS}
+    assert host_verdict(rows, None, GPU, backward=True, data=data).leaking  # training keeps per-step data
+    assert host_verdict(rows, None, GPU, backward=None, data=data).leaking  # not known: no claim either way
+    assert host_verdict(rows, None, GPU, backward=False, graphs=True, data=data).leaking  # nodes rose
+    assert host_verdict(rows, None, GPU, backward=False).leaking  # not a container of plain data (a hook's)
+    unnamed = _host(1 * MiB)
+    assert host_verdict(unnamed, None, GPU, backward=False, data=data).leaking  # nothing named: C-level
     graph = _host(1 * MiB, _kept("retained_graph", "__main__.calibrated[136]"))
-    assert host_verdict(graph, None, GPU, backward=False).leaking  # outputs kept with their graph
+    assert host_verdict(graph, None, GPU, backward=False, data=data).leaking  # outputs kept with their graph
     state = _host(1 * MiB, _kept("profiler_running", "__main__.prof"))
-    assert host_verdict(state, None, GPU, backward=False).leaking
-    assert host_verdict(rows, None, torch.device("cpu"), backward=False).leaking  # the CPU's own rules
+    assert host_verdict(state, None, GPU, backward=False, data=data).leaking
+    assert host_verdict(rows, None, torch.device("cpu"), backward=False, data=data).leaking  # the CPU's rules

@@ -85,6 +85,21 @@ def test_whether_a_backward_ran_is_known_while_counting(rec: Recorder) -> None:
     assert b.backward_ran  # the finished count still says it
 
 
+def test_a_backward_on_another_thread_is_known_and_is_not_a_boundary(rec: Recorder) -> None:
+    import threading
+
+    model = _model()
+    b = _boundaries(rec)
+    try:
+        model(torch.randn(4, 8))
+        t = threading.Thread(target=lambda: model(torch.randn(4, 8)).sum().backward())
+        t.start()
+        t.join()
+        assert b.backward_ran and b.counts["backward"] == 0  # known, but no step of the session's thread
+    finally:
+        b.stop()
+
+
 def test_eval_loop_counts_the_top_level_forward_once(rec: Recorder) -> None:
     model = _model()  # 4 module calls per forward: only the outermost counts
     b = _boundaries(rec)

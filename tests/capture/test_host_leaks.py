@@ -510,7 +510,9 @@ def test_object_culprits_skip_unnamed_holders_and_small_groups() -> None:
 
 
 # -- CPU tensors kept, on a run that watches a GPU ---------------------------------------------------------
-def _cpu_tensors_kept(steps: int, *, cpu_tensors: bool, graph: bool) -> tuple[LeakReport, list[torch.Tensor]]:
+def _cpu_tensors_kept(
+    steps: int, *, cpu_tensors: bool, graph: bool
+) -> tuple[LeakReport, list[torch.Tensor], HostWatcher]:
     """A post-processing layer on the CPU whose outputs (256 KiB each) are kept every step: with their CPU
     autograd graph (``graph``), or detached. ``cpu_tensors``: the watcher names CPU tensors (a GPU run)."""
     torch.manual_seed(0)
@@ -524,11 +526,11 @@ def _cpu_tensors_kept(steps: int, *, cpu_tensors: bool, graph: bool) -> tuple[Le
         kept.append(out if graph else out.detach())
         w.step()
     w.stop()
-    return w.report(), kept
+    return w.report(), kept, w
 
 
 def test_cpu_tensors_with_their_graph_kept_on_a_gpu_run_are_named_with_the_detach_fix() -> None:
-    r, kept = _cpu_tensors_kept(60, cpu_tensors=True, graph=True)
+    r, kept, w = _cpu_tensors_kept(60, cpu_tensors=True, graph=True)
     _clean_after(r)
     assert r.leaking, str(r)
     named = [c for c in r.culprits if c.kind == RETAINED_GRAPH and "'kept'" in str(c.holder)]
@@ -536,15 +538,17 @@ def test_cpu_tensors_with_their_graph_kept_on_a_gpu_run_are_named_with_the_detac
     assert "autograd graph" in named[0].fix and "x.detach()" in named[0].fix, named[0].fix
     assert named[0].bytes_per_step >= 256 * 1024, named[0]
     assert kept[-1].grad_fn is not None  # nothing changed in the program's tensors
+    assert named[0].holder not in w.data_holders  # not plain data: the run keeps it a leak in inference too
 
 
 def test_detached_cpu_tensors_kept_are_named_without_a_graph_claim_and_not_on_a_cpu_run() -> None:
-    r, _ = _cpu_tensors_kept(60, cpu_tensors=True, graph=False)
+    r, _, w = _cpu_tensors_kept(60, cpu_tensors=True, graph=False)
     _clean_after(r)
     named = [c for c in r.culprits if c.kind == PYTHON_OBJECTS and "'kept'" in str(c.holder)]
     assert r.leaking and named, str(r)
+    assert named[0].holder in w.data_holders  # plain data: an inference run calls it gathered results
     assert "autograd graph" not in named[0].fix and "bounded window" in named[0].fix, named[0].fix
     # On the CPU (the default) the device report names CPU tensors: the host watcher does not.
-    r, _ = _cpu_tensors_kept(60, cpu_tensors=False, graph=False)
+    r, _, _ = _cpu_tensors_kept(60, cpu_tensors=False, graph=False)
     _clean_after(r)
     assert not [c for c in r.culprits if c.kind == PYTHON_OBJECTS and "'kept'" in str(c.holder)], str(r)

@@ -364,7 +364,13 @@ class StepBoundaries:
 
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if threading.get_ident() != boundaries.thread or (skip_compiling and boundaries._compiling()):
+            if threading.get_ident() != boundaries.thread:
+                if kind == "backward":
+                    boundaries.other_thread[kind] += (
+                        1  # a backward ran (``backward_ran``), not a boundary here
+                    )
+                return original(*args, **kwargs)
+            if skip_compiling and boundaries._compiling():
                 return original(*args, **kwargs)
             setattr(boundaries, depth, getattr(boundaries, depth) + 1)
             entered = engine_call and led.active and led.wants_sites

@@ -292,9 +292,17 @@ class HostWatcher:
         self._schedule.short_runs = bool(on)
 
     @property
-    def graphs_rising(self) -> bool | None:
-        """Whether the live autograd nodes counted so far rise (``None``: not counted twice yet)."""
-        return self._nodes.rising() if self._nodes.trend() is not None else None
+    def graphs_rising(self) -> bool:
+        """Whether the live autograd nodes counted so far rise steadily (``False`` also when they were not
+        counted often enough to say)."""
+        return self._nodes.rising()
+
+    @property
+    def data_holders(self) -> frozenset[str]:
+        """The holder paths (as the culprits write them) of the growing containers the last scans found
+        keeping plain data: tensors with no autograd graph, arrays, numbers, strings and tuples, lists or
+        dicts of them, reached through no hook."""
+        return self._scanner.data_paths
 
     @property
     def cpu_tensors(self) -> bool:

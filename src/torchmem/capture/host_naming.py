@@ -22,6 +22,8 @@ from torchmem.capture.host_windows import HostSiteWindow
 from torchmem.devices._ledger import Site
 from torchmem.results.holders import HolderPath, HolderStep, StepKind
 
+# What a loop's results are made of (the entries of a container that gathers them)
+_DATA = frozenset({"Tensor", "ndarray", "tuple", "list", "dict", "float", "int", "str", "bytes", "bool"})
 MAX_TYPES = 6  # growing types whose new instances are sampled, most new instances per step first
 
 
@@ -50,8 +52,8 @@ def kept_items(
 ) -> list[HostKept]:
     """The containers that grew at every scan and keep at least 256 B per step (a few, most bytes per step
     first), with their newest entries (numpy arrays, strings, lists, dicts, ...; tensors are the device
-    report's): instance counts per type cannot see untracked objects, and mix a type's new instances
-    of every holder."""
+    report's, CPU tensors too unless ``cpu_tensors``: a run that watches a GPU): instance counts per type
+    cannot see untracked objects, and mix a type's new instances of every holder."""
     rows: list[HostKept] = []
     for i, ls in lens.items():
         if len(ls) < 3 or not ls[2] > ls[1] > ls[0]:
@@ -77,6 +79,9 @@ class HostNamed(NamedTuple):
     objects: tuple[ObjectFact, ...]
     kept_lens: dict[int, tuple[str, int, float]]
     evidence: StateEvidence
+    # the holder paths (as written) of the containers whose entries are plain data (tensors with no graph,
+    # arrays, numbers, strings, tuples/lists/dicts of them), reached through no hook
+    data_paths: frozenset[str] = frozenset()
 
 
 def name_facts(
@@ -127,14 +132,18 @@ def name_facts(
         object_facts.append(ObjectFact(short(k), grew[k], size, ps, is_tensor[k], where))
     kept_lens: dict[int, tuple[str, int, float]] = {}
     held: list[ObjectFact] = []
+    data_paths: set[str] = set()
     for row, found in zip(kept, each(len(kept))):
         per_step = (row.lens[-1] - row.lens[0]) / max(1, third - first)
         where = row.site or closest_line(lines, per_step * row.size)
         label = type_label(row.items)
         entry_paths = tuple(_entry_path(p, row.container, row.keys[-1]) for p in found)
-        tensors = [o for o in row.items if isinstance(o, torch.Tensor)]
-        graph = bool(tensors) and all(_has_graph(t) for t in tensors)
+        graph = any(_has_graph(t) for t in _tensors_in_entries(row.items))
         held.append(ObjectFact(label, per_step, row.size, entry_paths, False, where, graph))
+        if not graph and label in _DATA and all(k in _DATA for k in row.inside):
+            data_paths.update(
+                str(p) for p in entry_paths if not any(s.kind is StepKind.HOOK for s in p.typed_steps)
+            )
         # what each entry holds: named in the fix (their bytes are in the entry's size)
         held += [ObjectFact(k, per_step * c, 0.0, entry_paths) for k, c in row.inside.items()]
         kept_lens[row.cid] = (label, row.lens[-1], per_step)
@@ -149,7 +158,19 @@ def name_facts(
         new_shapes=new_shapes,
         history_by_torchmem=own_history,
     )
-    return HostNamed(tuple(chain_facts), tuple(object_facts), kept_lens, evidence)
+    return HostNamed(tuple(chain_facts), tuple(object_facts), kept_lens, evidence, frozenset(data_paths))
+
+
+def _tensors_in_entries(items: Sequence[Any]) -> list[torch.Tensor]:
+    """The tensors among ``items`` and one level inside them (``(out, y)``, ``{"logits": out}``)."""
+    out: list[torch.Tensor] = []
+    for o in items:
+        inner = o.values() if isinstance(o, dict) else o if isinstance(o, (tuple, list)) else (o,)
+        try:
+            out.extend(x for x in list(inner)[:64] if isinstance(x, torch.Tensor))
+        except Exception:  # changed while read
+            continue
+    return out
 
 
 def _has_graph(t: torch.Tensor) -> bool:

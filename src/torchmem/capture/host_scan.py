@@ -226,6 +226,7 @@ class HostScanner:
         # CPU tensors kept in a growing container are host memory to name (a run that watches a GPU); on the
         # CPU they are the device report's.
         self.cpu_tensors = False
+        self.data_paths: frozenset[str] = frozenset()  # the last naming's containers of plain data
 
     def start(self, source: str) -> None:
         """The watch started with ``source`` as its figure (``"heap"`` or ``"rss"``)."""
@@ -467,6 +468,7 @@ class HostScanner:
             self._instruments.release_window(window)
         self._state_facts = (state_through(self._states), named.evidence, self._account)
         self.chain_facts, self.object_facts, self.facts_at = named.chains, named.objects, n
+        self.data_paths = named.data_paths
         culprits = self.culprits(n)
         self._end_sequence(n, found=bool(culprits))
         if not culprits:

@@ -356,6 +356,8 @@ def _leaks_of(cap: Capture, leak: LeakReport | None) -> str:
             f'<p class="verdict">Growth seen at step {_e(leak.detected_at)} stopped at step '
             f"{_e(leak.stopped_at)} ({leak.steps} steps).</p>"
         )
+    elif leak.verdict == "gathered":
+        head = f'<p class="verdict">Results gathered over {leak.steps} steps: {_e(leak.reason)}</p>'
     elif leak.verdict == "below_threshold":
         head = (
             f'<p class="verdict">Growth below the leak threshold over {leak.steps} steps: '

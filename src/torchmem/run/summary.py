@@ -48,7 +48,7 @@ def print_summary(result: Any, err: TextIO) -> None:
     if survivors is not None and survivors.leaking and not (leak is not None and leak.leaking):
         lines.append(str(survivors))  # a loop too short for a verdict, whose leak is still named
     host = getattr(result, "host_leak", None)
-    if host is not None and (host.leaking or host.stopped_at is not None):
+    if host is not None and (host.leaking or host.stopped_at is not None or host.verdict == "gathered"):
         lines.append(str(host))
     unused = _device_unused(result)
     if unused:

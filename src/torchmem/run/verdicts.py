@@ -5,6 +5,7 @@ the memory runs out at the leak's rate."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -110,14 +111,15 @@ def host_verdict(
     device: torch.device,
     *,
     backward: bool | None = None,
-    graphs: bool | None = None,
+    graphs: bool = False,
+    data: Collection[str] = (),
 ) -> LeakReport:
     """The host watcher's report as the run's host verdict, beside the device's ``leak`` (``backward``:
-    whether the program ran a backward; ``graphs``: whether the live autograd nodes rose; ``None``: not
-    known)."""
+    whether the program ran a backward, ``None``: not known; ``graphs``: whether the live autograd nodes
+    rose; ``data``: the holder paths of the growing containers of plain data the host scans found)."""
     host = _host_policy(host)
-    if device.type != "cpu" and backward is False and graphs is not True:
-        host = _gathered_results(host)
+    if device.type != "cpu" and backward is False and not graphs:
+        host = _gathered_results(host, data)
     inner = leak is not None and leak.verdict == "inner_growth"
     if (
         host.leaking
@@ -161,35 +163,35 @@ def _host_inner(host: LeakReport) -> LeakReport:
     )
 
 
-def _gathered_results(host: LeakReport) -> LeakReport:
-    """Host growth of a GPU program that ran no backward (inference), where nothing but containers of
-    detached data was named (or nothing at all) and no autograd graph grew: what the loop gathers on the host
-    is its results (`preds.append(out.cpu())`, concatenated at the end), not a leak. Said in the reason, with
-    the holders; a retained graph, an autograd chain or a state of the process keeps the leak."""
+def _gathered_results(host: LeakReport, data: Collection[str]) -> LeakReport:
+    """Host growth of a GPU program that ran no backward (inference) whose every culprit is a container of
+    plain data (``data``: tensors with no autograd graph, arrays, numbers, strings) while no autograd graph
+    grew: what the loop gathers on the host is its results (`preds.append(out.cpu())`, concatenated at the
+    end), not a leak: verdict ``gathered``, with the holders and the rate (and its culprits, for the
+    report). Growth nothing names, a retained graph, an autograd chain, a hook or a state of the process
+    keeps the leak."""
     from torchmem.analysis.host import PYTHON_OBJECTS
 
-    if not host.leaking or any(c.kind != PYTHON_OBJECTS for c in host.culprits):
+    named = host.culprits
+    if not host.leaking or not named:
+        return host
+    if any(c.kind != PYTHON_OBJECTS or c.holder is None or c.holder not in data for c in named):
         return host
     rate = max(host.bytes_per_step, host.trend_per_step)
-    holders = [str(c.holder) for c in host.culprits if c.holder]
-    what = (
-        f"`{'`, `'.join(holders[:2])}` keep{'s' if len(holders) == 1 else ''} it"
-        if holders
-        else "nothing that keeps it was named"
-    )
+    holders = [str(c.holder) for c in named]
+    what = f"`{'`, `'.join(holders[:2])}` keep{'s' if len(holders) == 1 else ''} it"
     return dataclasses.replace(
         host,
         leaking=False,
-        verdict="below_threshold",
+        verdict="gathered",
         detected_at=None,
         stopped_at=None,
         trend_per_step=rate,
         bytes_per_step=0.0,
-        culprits=(),
         reason=(
-            f"host memory grew by {fmt_bytes(int(rate))}/step in a loop that ran no backward ({what}, "
-            "with no autograd graph): the results an inference loop gathers on the host, not called a "
-            "leak; write them out as they come if the loop has no end"
+            f"host memory grew by {fmt_bytes(int(rate))}/step in a loop that ran no backward ({what}: "
+            "tensors with no autograd graph, arrays or numbers): the results an inference loop gathers on "
+            "the host, not called a leak; write them out as they come if the loop has no end"
         ),
     )
 

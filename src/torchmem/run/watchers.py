@@ -266,7 +266,14 @@ class StepWatchers:
             host = self._host.report()
             if label is not None:
                 host = labelled(host, label)
-            host = host_verdict(host, leak, device, backward=backward, graphs=self._host.graphs_rising)
+            host = host_verdict(
+                host,
+                leak,
+                device,
+                backward=backward,
+                graphs=self._host.graphs_rising,
+                data=self._host.data_holders,
+            )
             self._records.record("host_leak", report=host.to_dict(), final=True)
         except Exception as e:
             self._records.note(f"the host memory verdict could not be made ({type(e).__name__}: {e})")
