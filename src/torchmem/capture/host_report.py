@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from torchmem._format import fmt_bytes
 from torchmem.analysis.host import PYTHON_OBJECTS
 from torchmem.analysis.host_state import ANOMALY, CUDNN_BENCHMARK, MEMORY_HISTORY, PROFILER, checked_note
+from torchmem.analysis.leak_fixes import RETAINED_GRAPH
 from torchmem.analysis.leaks import detect_growth, detect_run_growth
 from torchmem.capture.host_readings import STEADY_READINGS, HostReadings
 from torchmem.capture.host_scan import NODE_BYTES, HostNodeCounts, HostScanner
@@ -117,7 +118,7 @@ def build_report(v: HostView) -> LeakReport:
                 )
         if not leaking and scanner.object_facts:
             growing = scanner.objects_still_growing(v.steps)
-            objs = [c for c in scanner.culprits(v.steps) if c.kind == PYTHON_OBJECTS]
+            objs = [c for c in scanner.culprits(v.steps) if c.kind in (PYTHON_OBJECTS, RETAINED_GRAPH)]
             if growing and objs and scanner.grew is not None:
                 leaking, verdict = True, "leak"
                 per_step = sum(c.bytes_per_step for c in objs)
