@@ -180,19 +180,28 @@ def _gathered_results(host: LeakReport, data: Collection[str]) -> LeakReport:
     rate = max(host.bytes_per_step, host.trend_per_step)
     holders = [str(c.holder) for c in named]
     what = f"`{'`, `'.join(holders[:2])}` keep{'s' if len(holders) == 1 else ''} it"
+    return _not_a_leak(
+        host,
+        "gathered",
+        rate,
+        f"host memory grew by {fmt_bytes(int(rate))}/step in a loop that ran no backward ({what}: "
+        "tensors with no autograd graph, arrays or numbers): the results an inference loop gathers on "
+        "the host, not called a leak; write them out as they come if the loop has no end",
+    )
+
+
+def _not_a_leak(host: LeakReport, verdict: str, rate: float, reason: str, **more: Any) -> LeakReport:
+    """``host`` as a report that does not call its growth (``rate`` per step) a leak, and why."""
     return dataclasses.replace(
         host,
         leaking=False,
-        verdict="gathered",
+        verdict=verdict,
         detected_at=None,
         stopped_at=None,
         trend_per_step=rate,
         bytes_per_step=0.0,
-        reason=(
-            f"host memory grew by {fmt_bytes(int(rate))}/step in a loop that ran no backward ({what}: "
-            "tensors with no autograd graph, arrays or numbers): the results an inference loop gathers on "
-            "the host, not called a leak; write them out as they come if the loop has no end"
-        ),
+        reason=reason,
+        **more,
     )
 
 
@@ -217,20 +226,14 @@ def _host_policy(host: LeakReport) -> LeakReport:
         if lines
         else ""
     )
-    return dataclasses.replace(
+    return _not_a_leak(
         host,
-        leaking=False,
-        verdict="below_threshold",
-        detected_at=None,
-        stopped_at=None,
-        trend_per_step=rate,
-        bytes_per_step=0.0,
+        "below_threshold",
+        rate,
+        f"host memory grew by {fmt_bytes(int(rate))}/step and nothing that keeps it was named (the "
+        f"notes say what was looked at);{where} data the program keeps is reported as a leak from "
+        f"{fmt_bytes(_HOST_UNEXPLAINED_MIN)}/step",
         culprits=(),
-        reason=(
-            f"host memory grew by {fmt_bytes(int(rate))}/step and nothing that keeps it was named (the "
-            f"notes say what was looked at);{where} data the program keeps is reported as a leak from "
-            f"{fmt_bytes(_HOST_UNEXPLAINED_MIN)}/step"
-        ),
     )
 
 
