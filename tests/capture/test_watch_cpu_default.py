@@ -20,7 +20,7 @@ import torch
 import torchmem
 from torchmem.capture import watch as watch_mod
 from torchmem.capture import watch_window
-from torchmem.capture.watch_stride import EARLY_READINGS
+from torchmem.capture.watch_stride import EARLY_MIN, EARLY_READINGS
 from torchmem.devices import ledger
 
 MiB = 1 << 20
@@ -193,3 +193,32 @@ def _excluded_mib(note: str) -> float:
     amount, unit = note.rsplit("changed, ", 1)[1].split(",", 1)[0].split()
     scale: dict[str, Any] = {"B": 1 / MiB, "KiB": 1 / 1024, "MiB": 1.0, "GiB": 1024.0}
     return float(amount) * float(scale[unit])
+
+
+def test_readings_dear_for_all_early_ones_still_read_a_short_loop_every_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 3 ms reading on a 12 ms step (a loaded machine's fragmented heap) is 25 % of it: too dear for 32
+    early readings (96 ms), so the budget's 50 ms pays for 16 of them at every step, enough to judge a short
+    loop within 10 steps of the warm-up; then the chosen stride."""
+    real = watch_mod._heap_reading
+
+    def slow() -> int:  # 3 ms in all, whatever the real reading took of it
+        t0 = time.perf_counter()
+        value = real()
+        _busy(3e-3 - (time.perf_counter() - t0))
+        return value
+
+    monkeypatch.setattr(watch_mod, "_heap_reading", slow)
+    kept = []
+    w = torchmem.watch(range(3 + 16 + 12), device="cpu", warn=False)
+    for _ in w:
+        _busy(12e-3)
+        kept.append(torch.ones(256 * 1024))  # 1 MiB a step
+    r = w.report()
+    read = [n for n, _ in r.series]
+    # every step while the budget pays (16 readings here; a loaded machine's dearer readings pay for fewer,
+    # never fewer than EARLY_MIN), then strided
+    assert read[: 3 + EARLY_MIN] == list(range(1, 4 + EARLY_MIN)), read
+    assert w._stride > 1 and len(read) < 3 + 16 + 12, read
+    assert r.leaking and r.detected_at is not None and r.detected_at - 3 <= 10, str(r)

@@ -6,7 +6,8 @@ opens: the exact storage ledger records each new storage's allocation site for a
 whose live bytes keep rising are joined to the objects that hold them (:func:`torchmem.holders`), to the
 autograd graphs they belong to and to reference cycles. Deep mode opens such windows periodically even
 without growth. On the CPU (no allocator statistics) the figure is the C heap in use (glibc ``mallinfo2``: a
-few µs per reading, the first 32 readings after the warm-up at every step, then strided as an allocator's),
+few µs per reading, the first 32 readings after the warm-up at every step — fewer where they cost 10-50 % of a
+step, at least 12 — then strided as an allocator's),
 and the ledger runs only in attribution windows, as with an allocator (issue 29: a CPU loop under the ledger
 for the whole watch took ~3x its time). ``source="ledger"`` asks for the exact accounting as the figure, on
 for the whole watch; it is the figure where the C heap cannot be read (no glibc >= 2.33).

@@ -37,8 +37,10 @@ PUBLIC_RELAXED_FACTOR = 8
 # warm-up, as with the exact ledger that read every step; a run pays it once (at most 50 ms, or 3.2 steps'
 # time). A reading that costs more than both (2 ms on a 1 ms step) is strided from the start.
 EARLY_READINGS = 32
+EARLY_MIN = 12  # the fewest early readings worth taking: a verdict and its attribution within 10 steps
 EARLY_BUDGET = 0.05
 EARLY_SHARE = 0.1
+EARLY_SHARE_MAX = 0.5  # a reading dearer than this share of a step is strided from the start
 
 
 class ReadingSchedule:
@@ -174,6 +176,13 @@ class ReadingSchedule:
             if k > 1
             else None
         )
+        if self.readings < self.early and EARLY_SHARE * step_time < cost <= EARLY_SHARE_MAX * step_time:
+            # Readings too costly for all the early ones, but not dearer than half a step: as many as the
+            # budget pays for, where they are still enough to judge a short loop within 10 steps of the
+            # warm-up (a loaded machine's pytest worker: ~4 ms a reading on a 16 ms step, 12 in 50 ms).
+            affordable = int(EARLY_BUDGET / cost) if cost > 0 else self.early
+            if affordable < self.early:
+                self.early = max(self.readings + 1, affordable) if affordable >= EARLY_MIN else 0
         if self.readings < self.early and (
             cost * self.early <= EARLY_BUDGET or cost <= EARLY_SHARE * step_time
         ):  # every step until the early readings end, then this stride
