@@ -5,8 +5,6 @@ from __future__ import annotations
 import gc
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import torchmem
+from fresh_python import run_fresh
 from torchmem.actions.batch_size import (
     BatchSizeError,
     BatchSizeResult,
@@ -546,17 +545,8 @@ mp.start_processes(t._rank, args=(2, t._free_port(), [32 << 20, 16 << 20], sys.a
 
 
 def test_ranks_with_different_limits_agree_on_the_smaller_size(tmp_path: Path) -> None:
-    src = str(Path(torchmem.__file__).resolve().parents[1])
-    env = {"PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     out = tmp_path / "rank"
-    proc = subprocess.run(
-        [sys.executable, "-c", _RANKS, str(Path(__file__).parent), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    proc = run_fresh("-c", _RANKS, str(Path(__file__).parent), str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = [[int(v) for v in (tmp_path / f"rank.{r}").read_text().split()] for r in (0, 1)]
     (b0, within0, w0), (b1, within1, w1) = res

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -13,6 +11,7 @@ import pytest
 import torch
 
 import torchmem
+from fresh_python import run_fresh
 from torchmem._format import fmt_bytes
 from torchmem.analysis.estimate import FitArgumentError
 
@@ -386,16 +385,7 @@ def test_fsdp_per_rank_estimate_against_two_gloo_ranks(
     script = tmp_path / "ranks.py"
     script.write_text(textwrap.dedent(_RANKS))
     out = tmp_path / "peak"
-    src = str(Path(torchmem.__file__).resolve().parents[1])
-    env = {"PYTHONPATH": src, "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    proc = subprocess.run(
-        [sys.executable, str(script), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    proc = run_fresh(str(script), str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     ranks = [[int(v) for v in (tmp_path / f"peak.{r}").read_text().split()] for r in (0, 1)]
     measured = [count for count, _ in ranks]
