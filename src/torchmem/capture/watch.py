@@ -333,10 +333,8 @@ class Watcher(Generic[T]):
         self._attribution.start(str(dev), self.source, self._read)
         # What one reading costs, to choose a sampling stride that keeps light mode under 1 % of a step.
         self._schedule.start(self.source, self._read)
-        if self._host_figure and self._schedule.fixed is None:
-            # a short loop judged within 10 steps, as with the ledger; `torchmem run`'s watcher too (a 24-step
-            # CPU run read every 2nd step had 15 readings, one short of the noise-robust test)
-            self._schedule.early = EARLY_READINGS
+        if self._exclusive and self._host_figure and self._schedule.fixed is None:
+            self._schedule.early = EARLY_READINGS  # a short loop judged within 10 steps, as with the ledger
         if self._want_survivors:
             from torchmem.capture.survivors import LoopSurvivors
 
