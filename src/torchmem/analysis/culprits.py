@@ -182,7 +182,7 @@ def _through_exception(path: HolderPath) -> bool:
     return path.root in ("traceback", "exception") or StepKind.TRACEBACK in path.kinds
 
 
-def _through_hook(path: HolderPath) -> bool:
+def through_hook(path: HolderPath) -> bool:
     """The path goes through a hook dict's entry (``model._forward_hooks[3] -> closure 'acts'``). A variable a
     plain function closes over (a ``nonlocal`` total, a collector's list) is not a hook: its kind is what it
     keeps (a graph chain, a container of tensors)."""
@@ -261,7 +261,7 @@ def _kind(g: SiteGrowth, main: Sequence[HolderPath] = (), carried: Collection[st
     if any(_through_exception(p) for p in paths):
         return EXCEPTION
     graph = g.saved_bytes > 0 or any(_GRAPH_HOPS.intersection(p.kinds) for p in paths)
-    if any(_through_hook(p) for p in paths):
+    if any(through_hook(p) for p in paths):
         return HOOK
     if graph:
         # One variable whose graph grows (no container item before the grad_fn hop), or a container.

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from torchmem._format import fmt_bytes
 from torchmem.analysis.leak_fixes import RETAINED_GRAPH
-from torchmem.analysis.leaks import holder_name, holder_pattern
-from torchmem.results.holders import HolderPath, StepKind
+from torchmem.analysis.leaks import holder_name, holder_pattern, through_hook
+from torchmem.results.holders import HolderPath
 from torchmem.results.leaks import Culprit
 
 AUTOGRAD_CHAIN = "autograd_chain"
@@ -424,10 +424,6 @@ def chain_culprits(
     return tuple(out)
 
 
-def _through_hook(path: HolderPath) -> bool:
-    return any(s.kind is StepKind.HOOK for s in path.typed_steps)
-
-
 def object_culprits(
     facts: Sequence[ObjectFact], *, min_bytes_per_step: float = 256.0, steps: int = 0
 ) -> tuple[Culprit, ...]:
@@ -472,7 +468,7 @@ def object_culprits(
             per_step,
             contents=contents,
             is_tensor=main.is_tensor,
-            through_hook=_through_hook(path),
+            through_hook=through_hook(path),
             graph=main.graph,
         )
         sites: dict[str, float] = {}

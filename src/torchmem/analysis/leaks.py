@@ -24,7 +24,7 @@ The result types (:class:`Growth`, :class:`SiteGrowth`, :class:`Culprit`, :class
 
 from __future__ import annotations
 
-from torchmem.analysis.culprits import attribute, holder_name, holder_pattern, site_growth
+from torchmem.analysis.culprits import attribute, holder_name, holder_pattern, site_growth, through_hook
 from torchmem.analysis.growth import (
     ROBUST_EVERY,
     ROBUST_SAMPLES,
@@ -110,6 +110,7 @@ __all__ = [
     "short_run_growth",
     "site_growth",
     "suggested_threshold",
+    "through_hook",
     "timeline_growth",
     "timeline_report",
     "total_words",

@@ -15,7 +15,7 @@ import torch
 
 from torchmem.analysis.host import ChainFact, ChainGrowth, ObjectFact
 from torchmem.analysis.host_state import LineGrowth, StateEvidence, closest_line
-from torchmem.analysis.leaks import holder_name, holder_pattern
+from torchmem.analysis.leaks import holder_name, holder_pattern, through_hook
 from torchmem.capture.host_objects import creation_line, kept_entries, measure, newest, type_label
 from torchmem.capture.host_walk import SAMPLES_PER_TYPE, mean_size, short
 from torchmem.capture.host_windows import HostSiteWindow
@@ -141,9 +141,7 @@ def name_facts(
         graph = any(_has_graph(t) for t in _tensors_in_entries(row.items))
         held.append(ObjectFact(label, per_step, row.size, entry_paths, False, where, graph))
         if not graph and label in _DATA and all(k in _DATA for k in row.inside):
-            data_paths.update(
-                str(p) for p in entry_paths if not any(s.kind is StepKind.HOOK for s in p.typed_steps)
-            )
+            data_paths.update(str(p) for p in entry_paths if not through_hook(p))
         # what each entry holds: named in the fix (their bytes are in the entry's size)
         held += [ObjectFact(k, per_step * c, 0.0, entry_paths) for k, c in row.inside.items()]
         kept_lens[row.cid] = (label, row.lens[-1], per_step)
