@@ -157,31 +157,14 @@ KNOWN_WRONG: dict[tuple[str, str], str] = {
         if sys.version_info < (3, 12)
         else {}
     ),
-    # -- CUDA (the H100 runs of 2026-11-26 and 2026-11-27, session 13) --
-    ("cpu_graphs_kept_cuda", "cuda"): (
-        "host_leak too_few: '29 step(s), 1 reading(s) after the 3-step warm-up: not enough to judge; the "
-        "first verdict needs 238 steps' (a 1.9 ms step: on a GPU the host figures are read every 47 steps, "
-        "with no short-run floor), and the host scans leave CPU tensors to the device report"
-    ),
-    ("cpu_tensor_dict_per_step_cuda", "cuda"): (
-        "host_leak too_few: '30 step(s), 4 reading(s) after the 3-step warm-up ... needs 43 steps' (the "
-        "C heap read every 40 steps), and the host scans leave CPU tensors to the device report"
-    ),
 }
 
 
 #: Verdicts that come out right on some runs and wrong on others of the same code (non-strict xfails on
-#: that device; the CPU runs of the same programs stay strict). On the H100 the host figures of a
-#: fast-stepping CUDA program are read every ~49 steps: growth found late in a 300-step run is not looked at
-#: ("the growth was found too late in the run"). Each of these passed and failed on the same code on
-#: 2026-11-27.
-FLAKY: dict[tuple[str, str], str] = {
-    (name, "cuda"): (
-        "host growth on a fast-stepping CUDA run is found late on some runs ('what grows was not looked "
-        "for: the growth was found too late in the run')"
-    )
-    for name in ("host_log_dicts", "host_anomaly_mode_losses", "host_profiler_left_on")
-}
+#: that device). Empty since the host watcher of a GPU run keeps the readings a short run's verdict needs
+#: (session 14): `host_log_dicts`, `host_anomaly_mode_losses` and `host_profiler_left_on`, found too late on
+#: some H100 runs before, were right on the two H100 corpus runs after it.
+FLAKY: dict[tuple[str, str], str] = {}
 
 
 def for_device(device: str) -> list[Expected]:

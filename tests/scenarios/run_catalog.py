@@ -505,6 +505,8 @@ def _claims(recs: Sequence[Mapping[str, Any]]) -> list[str]:
     claims = []
     for kind in ("leak", "host_leak"):
         rep = _final(recs, kind)
+        if rep is not None and rep.get("verdict") == "gathered" and not rep.get("leaking"):
+            continue  # "no leak: results gathered" names its holders without claiming a problem
         if rep is not None and (
             rep.get("leaking") or rep.get("detected_at") is not None or rep.get("culprits")
         ):

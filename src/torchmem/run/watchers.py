@@ -40,8 +40,9 @@ def new_host(
     warmup: int, boundary: str, own_history: bool, note: Callable[[str], None], device: torch.device
 ) -> Any:
     """The host-memory watcher (RSS and C heap per step; autograd chains and Python objects), started;
-    ``None`` when it cannot run (said in a note). On the CPU (the host is the device) a short run keeps the
-    readings of a verdict (``short_runs``); on a GPU only the budget's stride."""
+    ``None`` when it cannot run (said in a note). A short run keeps the readings of a verdict
+    (``short_runs``) on every device: on a GPU the host is where a loop's CPU tensors, arrays and Python
+    objects grow, and a 30-step loop read every 47 steps was never judged."""
     try:
         from torchmem.capture.host import HostWatcher
 
@@ -61,9 +62,12 @@ def new_host(
             # session 8: a 24-step run took 37.8 s; an inference control that keeps its outputs on the
             # host was called a leak).
             ramp=False,
-            # On the CPU the host is the device: a 150-step loop of 2 ms steps read every 44 steps ended
-            # with 4 readings, "not enough to judge" (CI, session 10). Not on a GPU (the scans above).
-            short_runs=device.type == "cpu",
+            # A 150-step CPU loop of 2 ms steps read every 44 steps ended with 4 readings, "not enough to
+            # judge" (CI, session 10); a 30-step GPU loop keeping 1 MiB of CPU tensors a step, read every
+            # 47, "the first verdict needs 238 steps" (H100, session 13). Session 8 left GPU runs out for
+            # the scans' cost and for results gathered on the host being called a leak: the scans name
+            # CPU tensors now and an inference loop's gathered results get their own verdict (run/verdicts).
+            short_runs=True,
         )
         host.cpu_tensors = device.type != "cpu"  # no device report watches the CPU's tensors
         return host.start()
@@ -187,7 +191,6 @@ class StepWatchers:
             self._survivors.stop()
             self._survivors = new_survivors(device)
         if self._host is not None:
-            self._host.short_runs = device.type == "cpu"
             self._host.cpu_tensors = device.type != "cpu"
         self._share_heap(device)
 
