@@ -288,15 +288,16 @@ class HostScanner:
                 if second.ids:
                     samples = new_instances(objs, second.ids, second.ids, self._own_ids)
                     created = tracer.creation_sites(samples)
+                # The newest entries of the containers that grew at every scan, and the line that made them
+                # (tracemalloc knows only while it traces: a CPU tensor's storage is not a Python
+                # allocation, so its line is known from the tensor object's trace alone).
+                scan.lens, found = still_growing(objs, second.lens)
+                kept = kept_items(found, scan.lens, n - self._scans[0].step, self.cpu_tensors)
                 tracer.stop()
                 self._own_ids = set()
             own = own_objects(self._owner)
-            if phase == 2:
-                # The newest entries of the containers that grew at every scan, the running profilers.
-                scan.lens, found = still_growing(objs, second.lens)
-                kept = kept_items(found, scan.lens, n - self._scans[0].step, self.cpu_tensors)
-                if self._states[-1].profiler:
-                    profilers = running_profilers(objs)
+            if phase == 2 and self._states[-1].profiler:
+                profilers = running_profilers(objs)
             counts = count_types(objs)
             tensors = tensors_in(objs, counts)
             scan.cpu_bytes = cpu_storage_bytes(tensors)
