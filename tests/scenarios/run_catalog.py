@@ -525,6 +525,10 @@ def _oom_brief(r: Mapping[str, Any]) -> str:
     return f"step={r.get('step')} caught={r.get('caught')} site={r.get('site')} causes={kinds}"
 
 
+#: Host culprit kinds whose memory the program's own line made: their site must be named (Python 3.12+:
+#: before it tracemalloc cannot find a tensor object's trace).
+_SITED = ("python_objects", "retained_graph", "autograd_chain", "graph_chain")
+
 _INTERNAL_ERROR = re.compile(r"\b(?!OutOfMemoryError|MemoryError)\w*(Error|Exception): ")
 
 
@@ -607,6 +611,9 @@ def check(capture_path: str | os.PathLike[str], expected: Expected) -> list[str]
                     failures.append(
                         f"the host culprit's sites {_culprit_sites(c)} miss {site}: {_brief(rep)}"
                     )
+                elif not _culprit_sites(c) and c.get("kind") in _SITED and sys.version_info >= (3, 12):
+                    # what the program made (objects, tensors, chains) has a line; a process state does not
+                    failures.append(f"the host culprit names no site (expected {site}): {_brief(rep)}")
         dev = _final(recs, "leak")
         if dev is not None and dev.get("leaking"):
             failures.append(f"the device leak report is leaking, but device memory is flat: {_brief(dev)}")
