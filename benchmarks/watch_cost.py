@@ -34,6 +34,12 @@ On an H100 host (issue 29's GPU loops: 60 pairs of ~0.4 s blocks, ~55-70 s a mod
     python3 benchmarks/watch_cost.py --device cuda --steady --seconds .4 --pairs 60 --budget 120 \
         --model resnet18        # and --model mlp, --model gpt2
     python3 benchmarks/watch_cost.py --device cuda --model tiny --steps 1000,10000 --budget 130
+
+Many short blocks narrow the interval further where the host's speed drifts from block to block (session 14:
+1,000+ pairs of ~20 ms blocks, no collection between them):
+
+    python3 benchmarks/watch_cost.py --device cuda --steady --seconds .02 --pairs 1500 --no-collect \
+        --budget 150 --model mlp
 """
 
 from __future__ import annotations
@@ -141,7 +147,7 @@ def bench_model(
                 return True
             return False
 
-        p = measure_pairs(plain, watched, args.pairs, stop=stop)
+        p = measure_pairs(plain, watched, args.pairs, stop=stop, collect=not args.no_collect)
         readings, kept, source, verdict, stride = p.extra[-1][1]
         if steady is not None:
             readings, n_read = steady.readings_in_blocks, steady.steps_in_blocks
@@ -236,6 +242,12 @@ def main() -> int:
     ap.add_argument("--stride", type=int, default=None, help="watch()'s stride (default: chosen by it)")
     ap.add_argument("--cpus", default=None, help="CPUs to pin to (default: the last one)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--no-collect",
+        action="store_true",
+        help="no gc.collect() before each block (many short --steady blocks: a collection each would cost "
+        "more than the blocks)",
+    )
     ap.add_argument(
         "--clock",
         default="wall",

@@ -113,8 +113,10 @@ def _serve(devices: list[Any], args: argparse.Namespace) -> int:
             f"cannot serve on {_url_host(host)}:{args.serve} ({exc.strerror or exc}).",
             "choose another --serve port (0: any free one) or --host.",
         ) from None
-    print("\n".join(serving_what(devices, host, server.server_port)), flush=True)
     try:
+        # Printed inside the try: a Ctrl-C that comes as soon as the lines are read (a loaded machine may run
+        # a scrape before this thread gets back) still ends the monitor cleanly, with 0 (a CI run got 130).
+        print("\n".join(serving_what(devices, host, server.server_port)), flush=True)
         while True:
             time.sleep(1.0)
     except KeyboardInterrupt:
