@@ -570,7 +570,8 @@ def watch(
         max_stride: The most steps between readings when the stride is chosen automatically. The default,
             2, keeps detection of a steady leak within 10 steps after the warm-up; ``None`` lets very short
             steps be read rarely enough to stay under 0.5 % (detection then takes 5 readings). After 256
-            readings (a long run) the stride may widen to keep the readings under 0.5 % of the steps, up to
+            readings (a long run) the stride may widen to keep the readings' timed cost under 0.2 % of the
+            steps (in the loop a reading costs 3-5x its timed cost: the step after it refills caches), up to
             8 x ``max_stride`` (a leak that starts then is found within 5 x 16 steps); ``max_stride=1``
             reads every step throughout.
         source: The figure read at each step. ``"auto"``: the allocator's counters where the device has
