@@ -586,3 +586,32 @@ def test_a_short_gpu_run_keeps_the_readings_its_host_verdict_needs() -> None:
         assert named[0].site == f"test_host_leaks.py:{line}", str(r)
     else:
         assert named[0].site in (None, f"test_host_leaks.py:{line}"), str(r)
+
+
+def _small_cpu_tensors_kept(cpu_tensors: bool) -> tuple[LeakReport, HostWatcher, list[torch.Tensor]]:
+    """A loop keeping a 16 KiB CPU tensor a step (predicted scores, say), watched by a host watcher of a CPU
+    run (``cpu_tensors`` off: the device report watches them) or of a GPU run."""
+    kept: list[torch.Tensor] = []
+    w = HostWatcher(max_stride=1)
+    w.cpu_tensors = cpu_tensors
+    w.start()
+    x = torch.randn(64, 64)
+    for _ in range(40):
+        kept.append((x @ x).flatten()[:4096].clone())
+        w.step()
+    w.stop()
+    return w.report(), w, kept
+
+
+def test_on_a_cpu_run_growth_made_of_cpu_tensor_storages_ends_the_scans_at_the_second() -> None:
+    r, w, _ = _small_cpu_tensors_kept(cpu_tensors=False)
+    _clean_after(r)
+    said = [x for x in r.notes if "is CPU tensor storages" in x]
+    assert said and "the device report's on the CPU" in said[0], r.notes
+    assert len(w._scanner.scan_steps) == 2, w._scanner.scan_steps  # the third scan is spared
+    # On a GPU run the same tensors are the host's to name: the sequence goes on, nothing is said of it.
+    r, w, _ = _small_cpu_tensors_kept(cpu_tensors=True)
+    _clean_after(r)
+    assert not [x for x in r.notes if "is CPU tensor storages" in x], r.notes
+    assert len(w._scanner.scan_steps) >= 3, w._scanner.scan_steps
+    assert any("'kept'" in str(c.holder) for c in r.culprits), str(r)

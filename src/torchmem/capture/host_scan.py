@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from torchmem._format import fmt_bytes
 from torchmem.analysis.holders import find_holders
 from torchmem.analysis.host import (
     ChainFact,
@@ -227,6 +228,7 @@ class HostScanner:
         # CPU they are the device report's.
         self.cpu_tensors = False
         self.data_paths: frozenset[str] = frozenset()  # the last naming's containers of plain data
+        self._tensors_noted = False  # said once: the growth was CPU tensor storages (see _tensors_explain)
 
     def start(self, source: str) -> None:
         """The watch started with ``source`` as its figure (``"heap"`` or ``"rss"``)."""
@@ -343,6 +345,9 @@ class HostScanner:
                 self.containers_seen = len(scan.lens)
         finally:
             del objs
+        if phase == 1 and self._tensors_explain(prev, scan):
+            self._end_sequence(n, found=False)
+            return
         if phase == 0:
             tracer.begin(n, lines=True, step_time=self._schedule.step_time())
         elif phase == 1:
@@ -383,6 +388,29 @@ class HostScanner:
         self._name_culprits(
             n, confirmed, chain_tensors, grew, samples, created, window, kept, profilers, graphs, evidence
         )
+
+    def _tensors_explain(self, first: HostScan | None, second: HostScan) -> bool:
+        """On a run whose device report watches the CPU (``cpu_tensors`` off), C-heap growth that the CPU
+        tensor storages kept between the first two scans account for (three quarters of it or more), with no
+        autograd chain growing and no other figure rising, is the device report's: the third scan, which would
+        only leave those tensors to it, is spared (a quiet inference loop keeping its predicted labels paid
+        three scans for nothing), and the note says what the growth is."""
+        if self.cpu_tensors or first is None or second.step <= first.step or second.chains:
+            return False
+        if not self._scanning_for or not self._scanning_for <= {"heap"}:
+            return False
+        rise = (second.cpu_bytes - first.cpu_bytes) / (second.step - first.step)
+        heap = self._readings.heap_rate()
+        if not (rise > 0 and heap > 0 and rise >= 0.75 * heap):
+            return False
+        if not self._tensors_noted:
+            self._tensors_noted = True
+            self._notes.add(
+                f"host growth of {fmt_bytes(int(heap))}/step is CPU tensor storages "
+                f"(+{fmt_bytes(int(rise))}/step between the scans at steps {first.step} and {second.step}): "
+                "the device report's on the CPU, not scanned further"
+            )
+        return True
 
     def _account_scans(self, first: HostScan, second: HostScan, third: HostScan) -> None:
         """What the host growth is made of during the sequence."""
