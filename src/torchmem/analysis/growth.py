@@ -340,13 +340,19 @@ def inner_growth(
     return rate, length, height, len(used)
 
 
+#: Readings after the warm-up that the steady test needs (:func:`detect_growth`'s ``steady_samples``), and the
+#: readings the detector judges (its ``window``): one definition for the device and the host watchers.
+STEADY_READINGS = 5
+WINDOW_READINGS = 32
+
+
 def detect_growth(
     steps: Sequence[int],
     values: Sequence[int],
     *,
     min_bytes_per_step: float = 256 * 1024,
-    steady_samples: int = 5,
-    window: int = 32,
+    steady_samples: int = STEADY_READINGS,
+    window: int = WINDOW_READINGS,
     explain: bool = True,
 ) -> Growth:
     """Decide whether ``values`` (a memory figure read at step boundaries, after warm-up) grows steadily.
@@ -644,6 +650,8 @@ __all__ = [
     "SMALL_GROWTH",
     "STAIR_SAMPLES",
     "STEADY_EVIDENCE",
+    "STEADY_READINGS",
+    "WINDOW_READINGS",
     "GrowthStream",
     "detect_growth",
     "inner_growth",

@@ -9,11 +9,10 @@ import collections
 import sys
 from collections.abc import Sequence
 
+from torchmem.analysis.growth import WINDOW_READINGS as WINDOW
 from torchmem.analysis.leaks import detect_growth
 from torchmem.results.leaks import Growth
 
-STEADY_READINGS = 5  # readings after the warm-up that detect_growth's steady test needs
-WINDOW = 32  # the detector's window
 _QUICK = 12  # readings the steady test looks at on a rising reading between two verdicts
 _SERIES_MAX = 4096
 _BYTES_PER_BLOCK = 1024  # Python's largest small object (512 B), doubled for pools and arenas

@@ -11,6 +11,7 @@ the threshold (with the value that would report it), stopped, or growth inside e
 from __future__ import annotations
 
 from torchmem._format import fmt_bytes
+from torchmem.analysis.growth import STEADY_READINGS, WINDOW_READINGS
 from torchmem.analysis.leaks import (
     STEADY_EVIDENCE,
     GrowthStream,
@@ -22,11 +23,6 @@ from torchmem.analysis.leaks import (
     with_total,
 )
 from torchmem.results.leaks import Culprit, Growth, LeakReport
-
-# Readings after the warm-up that the steady test needs (detect_growth's steady_samples).
-STEADY_READINGS = 5
-# Readings the detector judges (detect_growth's window).
-WINDOW_READINGS = 32
 
 
 class GrowthTrack:
