@@ -29,6 +29,9 @@ if TYPE_CHECKING:
     from torchmem.lint._flow import DataFlow
     from torchmem.lint._walk import ModuleFacts, Walker
 
+# Classes whose ``add`` is a set's (a store), whatever file they come from.
+_SET_CLASSES = frozenset({"WeakSet", "OrderedSet", "SortedSet", "SortedList", "MutableSet"})
+
 # What grows, by the shape found (the figures: a step's autograd nodes are tens of KB of host memory; a
 # forward's saved activations are the size of its intermediate tensors, MiB to GiB per batch).
 AFTER_BACKWARD = (
@@ -235,17 +238,29 @@ class KeptChecks:
 
     def _own_method(self, scope: Scope, key: str, node: ast.AST) -> bool:
         """``key.add(x)`` where ``key`` is made by a class of this file that defines ``add``: a method of
-        that class (mmagic's ``ImagePool.add`` keeps ``images.data``), not a list's or a set's."""
+        that class (mmagic's ``ImagePool.add`` keeps ``images.data``), not a list's or a set's. A class
+        of another file (``Averager()`` imported from the project's utils) whose ``add`` cannot be read
+        here is not taken for a set either (EasyOCR's ``Averager.add`` keeps ``v.data.sum()``, round M)."""
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             return False
         places = self._binding_places(scope, key)
         for bound in places:
             for b in bound:
                 value = b.value
+                if not isinstance(value, ast.Call):
+                    continue
                 if (
-                    isinstance(value, ast.Call)
-                    and isinstance(value.func, ast.Name)
+                    isinstance(value.func, ast.Name)
                     and f"{value.func.id}.{node.func.attr}" in self.w.functions
+                ):
+                    return True
+                made_by = last_name(value.func) or ""
+                if (
+                    node.func.attr == "add"
+                    and made_by[:1].isupper()
+                    and not made_by.isupper()  # a class name (CamelCase), not a constant
+                    and made_by not in self.facts.classes
+                    and made_by not in _SET_CLASSES
                 ):
                     return True
         return False

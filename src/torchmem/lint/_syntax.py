@@ -185,7 +185,9 @@ def is_model_callee(func: ast.AST) -> bool:
     if not name or name == "self" or _MODEL_NAMES.match(name) is None:
         return False
     words = _words(name)
-    if len(words) > 1 and (words[0] in _VERBS or "to" in words or "from" in words):
+    head = name.split("_", 1)[0]
+    acronym = len(head) > 1 and head.isupper()  # `ADD_model` (qlib's ADD network, round M): a name, no verb
+    if len(words) > 1 and ((words[0] in _VERBS and not acronym) or "to" in words or "from" in words):
         # a verb first (`get_model`), or a conversion (`ir_model_to_olive_model`, `model_abbr_from_cfg`)
         return False
     if isinstance(func, ast.Attribute):  # self.generator(z), model.encoder(x); not writer.generator(...)
