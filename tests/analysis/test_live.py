@@ -272,3 +272,21 @@ def test_the_report_is_one_moment_even_when_the_walk_would_trigger_a_collection(
         assert in_walk == []  # no collection while the report was made
         assert gc.isenabled()  # and the collector is on again
         assert report.allocated == cpu.allocated  # the figure and the tensors are of the same moment
+
+
+def test_objects_frozen_by_gc_freeze_are_said_to_be_out_of_the_walk_s_reach() -> None:
+    """``gc.get_objects()`` lists no frozen object: after ``gc.freeze()`` the program's tensors vanish from
+    the walk. The report says how many objects it cannot see, and why, rather than a silent empty list."""
+    kept = [torch.zeros(4096)]  # made before the freeze: frozen with everything else
+    assert gc.get_freeze_count() == 0
+    r = torchmem.live_tensors("cpu")
+    assert r.frozen == 0 and "gc.freeze()" not in str(r)
+    assert any(t.bytes == kept[0].nbytes for t in r.tensors)
+    gc.freeze()
+    try:
+        r = torchmem.live_tensors("cpu")
+    finally:
+        gc.unfreeze()
+    assert r.frozen > 0, r.frozen
+    assert "frozen by gc.freeze()" in str(r) and "gc.unfreeze()" in str(r), str(r)
+    assert type(r).from_dict(r.to_dict()).frozen == r.frozen

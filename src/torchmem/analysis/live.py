@@ -692,6 +692,7 @@ def census(
         cycles=tuple(sorted(found_cycles, key=lambda c: -c.bytes)),
         rounding=rounding if device.type == "cuda" else None,
         truncated=truncated,
+        frozen=gc.get_freeze_count(),
         unreadable=tuple(
             f"{len(ids)} {layout} {'tensor' if len(ids) == 1 else 'tensors'}: memory not readable, "
             "not counted in total"

@@ -155,6 +155,9 @@ class LiveTensorReport:
             storage it knows, e.g. MKL-DNN), one line per layout with a count. They are not in ``total``:
             their bytes stay in ``unexplained``.
         cycles: Tensors only a reference cycle keeps alive, by kind of cycle, with the fix.
+        frozen: Objects the program moved out of the collector's reach with ``gc.freeze()`` when the report
+            was made: the heap walk cannot see them (CPython lists no frozen object), so tensors among them
+            are missing from ``tensors`` (on a GPU their memory is in ``unexplained``); ``str()`` says so.
         owners: The tensors grouped by the object that owns them, most bytes first (what ``str()`` shows
             before the largest tensors).
 
@@ -176,6 +179,7 @@ class LiveTensorReport:
     excess: int = 0
     aliased: int = 0
     owners: tuple[OwnerGroup, ...] = ()
+    frozen: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -207,6 +211,13 @@ def render_live(r: LiveTensorReport, top: int = 10, owners: int = 8) -> str:
     if r.aliased:
         lines.append(
             f"  note: {fmt_bytes(r.aliased)} are shared by several storages (counted once in the total)"
+        )
+    if r.frozen:
+        lines.append(
+            f"  note: {r.frozen:,} objects were frozen by gc.freeze(): the walk cannot see them, so tensors "
+            "among them are not listed"
+            + (" (their memory is in 'not a live tensor')" if r.allocated is not None else "")
+            + "; call gc.unfreeze() before asking, or ask before gc.freeze()"
         )
     for m, n in sorted(r.by_module.items(), key=lambda kv: -kv[1]):
         lines.append(f"  module {m}: {fmt_bytes(n)}")
