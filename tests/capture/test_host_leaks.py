@@ -4,6 +4,7 @@ controls that stay quiet, and the pure analysis (analysis/host.py) on plain data
 from __future__ import annotations
 
 import collections
+import gc
 import json
 import os
 import subprocess
@@ -564,13 +565,14 @@ def test_a_short_gpu_run_keeps_the_readings_its_host_verdict_needs() -> None:
     notes: list[str] = []
     torch.manual_seed(0)
     layer = torch.nn.Linear(256, 256)
-    x = torch.randn(512, 256)
+    x = torch.randn(1024, 256)
     calibrated: list[torch.Tensor] = []
+    gc.collect()  # earlier tests' garbage freed during the loop would move the heap figure
     host = new_host(3, "step", False, notes.append, torch.device("cuda"))
     assert host is not None, notes
     try:
         for _ in range(30):
-            calibrated.append(layer(x).softmax(-1))  # 512 KiB a step, with its graph
+            calibrated.append(layer(x).softmax(-1))  # 1 MiB a step, with its graph (as the corpus program)
             line = sys._getframe().f_lineno - 1
             host.step()
     finally:

@@ -282,16 +282,6 @@ class HostWatcher:
         return self._tracer.offset if self.source == "heap" else 0
 
     @property
-    def short_runs(self) -> bool:
-        """Whether the run so far keeps 8 readings per doubling of its length (see the argument); can be
-        changed while the watch runs (a program that moved to a GPU)."""
-        return self._schedule.short_runs
-
-    @short_runs.setter
-    def short_runs(self, on: bool) -> None:
-        self._schedule.short_runs = bool(on)
-
-    @property
     def graphs_rising(self) -> bool:
         """Whether the live autograd nodes counted so far rise steadily (``False`` also when they were not
         counted often enough to say)."""

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from torchmem.lint._walk import ModuleFacts, Walker
 
 # Classes whose ``add`` is a set's (a store), whatever file they come from.
-_SET_CLASSES = frozenset({"WeakSet", "OrderedSet", "SortedSet", "SortedList", "MutableSet"})
+_SET_CLASSES = frozenset({"WeakSet", "OrderedSet", "SortedSet", "SortedList"})
 
 # What grows, by the shape found (the figures: a step's autograd nodes are tens of KB of host memory; a
 # forward's saved activations are the size of its intermediate tensors, MiB to GiB per batch).
