@@ -173,6 +173,11 @@ class Walker(CallEvents):
         for lp in loop.chain():
             if cut:
                 lp.detached.add(key)
+            elif key in lp.targets:
+                # the loop binds it afresh at each iteration, before its body reads it: nothing goes into
+                # this loop's next iteration, nor out to the loops around it (StyleTTS2's `batch = [...
+                # for b in batch[1:]]` and `_s2s_pred = _s2s_pred[:n]` inside their own loops, round N)
+                break
             else:
                 lp.carried.setdefault(key, line)
 

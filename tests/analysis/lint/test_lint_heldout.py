@@ -776,3 +776,55 @@ def test_an_acronym_before_model_is_the_model_s_name_not_a_verb() -> None:
 def test_a_verb_before_model_still_names_a_function_that_uses_one() -> None:
     assert codes(QLIB_EVAL.format(name="add_model"), "pytorch_add.py") == []
     assert codes(QLIB_EVAL.format(name="get_model"), "pytorch_add.py") == []
+
+
+# == round N of docs/lint_corpus.md (measured once, then its TM004 false positives) =======================
+# StyleTTS2's train_second.py: `for epoch ...: for i, batch in enumerate(loader): batch = [...]` and a
+# needless `retain_graph=True`: the inner loop rebinds `batch` at every iteration, so the epoch loop carries
+# nothing into the next epoch's graph (flagged twice before, this file and its fine-tuning copy).
+EPOCHS = """
+def train(model, loader, opt, epochs, h0):
+    {outer}
+        {state}
+        for i, batch in enumerate(loader):
+            batch = [b.cuda() for b in batch[1:]]
+            x, y = batch
+            {step}
+            opt.zero_grad()
+            loss.backward(retain_graph=True)
+            opt.step()
+"""
+
+
+def test_an_inner_loop_s_own_target_is_not_carried_by_the_epoch_loop() -> None:
+    src = EPOCHS.format(outer="for epoch in range(epochs):", state="pass", step="loss = model(x).sum()")
+    assert codes(src) == []
+
+
+def test_state_carried_across_the_inner_loop_is_still_flagged() -> None:
+    # the hidden state goes from one batch's graph into the next: every iteration's graph stays alive
+    src = EPOCHS.format(
+        outer="for epoch in range(epochs):",
+        state="h = h0",
+        step="out, h = model(x, h)\n            loss = out.sum()",
+    )
+    assert codes(src) == ["TM004"]
+
+
+def test_a_per_sample_loop_that_trims_its_own_target_carries_nothing() -> None:
+    """StyleTTS2's `for _s2s_pred, ... in zip(d, ...): _s2s_pred = _s2s_pred[:n]` inside the batch loop: the
+    per-sample loop binds the name afresh at each iteration, so no loop around it carries the graph."""
+    src = """
+    def train(model, loader, opt, lengths):
+        for epoch in range(3):
+            for x in loader:
+                d = model(x)
+                loss_ce = 0
+                for pred, n in zip(d, lengths):
+                    pred = pred[:n]
+                    loss_ce += pred.sum()
+                opt.zero_grad()
+                loss_ce.backward(retain_graph=True)
+                opt.step()
+    """
+    assert codes(src) == []
