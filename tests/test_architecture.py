@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "torchmem._outputs",
             "torchmem._decorate",
             "torchmem._patch",
+            "torchmem._gc",
         ),
     ),
     ("lint", ("torchmem.lint",)),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from torchmem import _gc as _gc  # the objects frozen before torchmem (one counter read; see _gc)
 from torchmem._version import __version__ as __version__
 
 # The public surface, written once: each module and the public names it defines. ``__all__`` and the lazy

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from torchmem._gc import frozen_since_import
 from torchmem.analysis.holders.autograd import grad_cycles
 from torchmem.analysis.holders.cycles import (
     AUTOGRAD,
@@ -692,7 +693,7 @@ def census(
         cycles=tuple(sorted(found_cycles, key=lambda c: -c.bytes)),
         rounding=rounding if device.type == "cuda" else None,
         truncated=truncated,
-        frozen=gc.get_freeze_count(),
+        frozen=frozen_since_import(),
         unreadable=tuple(
             f"{len(ids)} {layout} {'tensor' if len(ids) == 1 else 'tensors'}: memory not readable, "
             "not counted in total"

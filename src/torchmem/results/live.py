@@ -155,9 +155,10 @@ class LiveTensorReport:
             storage it knows, e.g. MKL-DNN), one line per layout with a count. They are not in ``total``:
             their bytes stay in ``unexplained``.
         cycles: Tensors only a reference cycle keeps alive, by kind of cycle, with the fix.
-        frozen: Objects the program moved out of the collector's reach with ``gc.freeze()`` when the report
-            was made: the heap walk cannot see them (CPython lists no frozen object), so tensors among them
-            are missing from ``tensors`` (on a GPU their memory is in ``unexplained``); ``str()`` says so.
+        frozen: Objects the program moved out of the collector's reach with ``gc.freeze()`` since torchmem
+            was imported (the interpreter's own frozen objects left out): the heap walk cannot see them
+            (CPython lists no frozen object), so tensors among them are missing from ``tensors`` (on a
+            GPU their memory is in ``unexplained``); ``str()`` says so.
         owners: The tensors grouped by the object that owns them, most bytes first (what ``str()`` shows
             before the largest tensors).
 
