@@ -105,7 +105,7 @@ class Rules(ForwardChecks, WorkerChecks):
             (line, key)
             for lp in loop.chain()
             for key, line in lp.carried.items()
-            if key not in lp.detached and key not in lp.targets and key in feeding
+            if key not in lp.detached and key in feeding
         )
         if not carried:
             # nothing links one iteration's graph to the next: wasteful at most, not a leak (a for target

@@ -288,8 +288,8 @@ class KeptChecks:
     def _decodes(self, loop: Loop, key: str, scope: Scope) -> bool:
         """Whether the loop carries graph-carrying state from one iteration to the next (``out, h =
         model(x, h)``, or ``step["h"] = h; out = policy(step); h = out["h"]``: one forward spread over
-        steps), other than the kept container itself and the loop's own targets."""
-        if any(k != key and k not in loop.detached and k not in loop.targets for k in loop.carried):
+        steps), other than the kept container itself (a loop's own targets are never carried: _walk)."""
+        if any(k != key and k not in loop.detached for k in loop.carried):
             return True
         loads: dict[str, int] = {}
         stores: dict[str, int] = {}

@@ -24,7 +24,8 @@ class Loop:
     model_call: ast.Call | None = None  # the first model call not under no_grad
     model_calls: list[ast.Call] = field(default_factory=list)  # every model call not under no_grad
     backwards: list[tuple[tuple[int, int], bool]] = field(default_factory=list)  # (position, retains)
-    carried: dict[str, int] = field(default_factory=dict)  # name -> line: bound from its own previous value
+    # name -> line: bound from its own previous value (never one of this loop's or an inner loop's targets)
+    carried: dict[str, int] = field(default_factory=dict)
     detached: set[str] = field(default_factory=set)  # names cut from their graph in the loop
     targets: set[str] = field(default_factory=set)  # names the for statement binds each iteration
     branch: Branch = ()  # the arms of the `if` statements the loop is written in
