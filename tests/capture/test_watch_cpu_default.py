@@ -20,7 +20,7 @@ import torch
 import torchmem
 from torchmem.capture import watch as watch_mod
 from torchmem.capture import watch_window
-from torchmem.capture.watch_stride import EARLY_MIN, EARLY_READINGS
+from torchmem.capture.watch_stride import EARLY_MIN, EARLY_READINGS, ReadingSchedule
 from torchmem.devices import ledger
 
 MiB = 1 << 20
@@ -125,6 +125,59 @@ def test_a_short_loop_is_read_at_every_step_where_its_readings_are_cheap(
     else:
         assert first != list(range(1, 4 + EARLY_READINGS)), read
         assert len(read) < 3 + EARLY_READINGS, read
+
+
+def test_a_short_run_keeps_the_readings_of_the_noise_robust_test_where_they_are_cheap() -> None:
+    """A reading at 0.6 % of a step (141 µs on 24 ms: a clean-clone CI's loaded worker) is strided to every
+    2nd step, but a run so far of n steps is read at least every n // 16 steps: a 24-step run keeps 24
+    readings, not 15 (the noise-robust test needs 16). A reading that costs 2x a step, or a stride the user
+    fixed, is never narrowed."""
+    cheap = ReadingSchedule(warmup=3, stride=None, max_stride=None)
+    cheap.start("heap", lambda: 0)
+    cheap.set_stride(0.024, 141e-6)
+    assert cheap.stride == 2
+    kept = [n for n in range(1, 25) if n % cheap.stride_at(n) == 0]
+    assert kept == list(range(1, 25))
+    assert [cheap.stride_at(n) for n in (31, 32, 64)] == [1, 2, 2]
+    costly = ReadingSchedule(warmup=3, stride=None, max_stride=None)
+    costly.start("heap", lambda: 0)
+    costly.set_stride(1e-3, 2e-3)
+    assert costly.stride > 2 and costly.stride_at(10) == costly.stride
+    fixed = ReadingSchedule(warmup=3, stride=3, max_stride=None)
+    fixed.start("heap", lambda: 0)
+    assert fixed.stride_at(10) == 3
+
+
+def test_torchmem_runs_watcher_reads_a_short_run_enough_for_a_verdict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The run's own watcher (relaxed, not the user's) on a 24-step loop whose heap readings cost ~1 % of a
+    step (200 µs, plus the heap's own reading: up to ~300 µs in a loaded worker, on 30 ms steps): strided,
+    yet it keeps a reading at every step of the short run and finds the leak."""
+    from torchmem.run.watchers import new_watcher
+
+    real = watch_mod._heap_reading
+
+    def slow() -> int:
+        _busy(200e-6)
+        return real()
+
+    monkeypatch.setattr(watch_mod, "_heap_reading", slow)
+    gc.collect()
+    kept: list[torch.Tensor] = []
+    w = new_watcher(torch.device("cpu"), 3, lambda _note: None)
+    try:
+        for _ in range(24):
+            _busy(30e-3)
+            kept.append(torch.ones(256 * 1024))  # 1 MiB a step
+            w.step()
+    finally:
+        w.__exit__(None, None, None)
+    r = w.report()
+    # The reading's cost chose a stride (on an idle machine: 2; a preempted step may make it 1), which the
+    # short run's floor narrowed: a reading at every step either way (16 without the floor, at stride 2).
+    assert len(r.series) >= 20, (w._stride, r.series)
+    assert r.leaking, str(r)
 
 
 def test_a_deep_window_on_the_heap_figure_names_growth_below_the_threshold() -> None:

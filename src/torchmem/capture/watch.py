@@ -413,7 +413,7 @@ class Watcher(Generic[T]):
         win = attribution.window
         if win is not None:
             win.record()
-        elif n % schedule.stride:
+        elif n % (schedule.stride if schedule.stride == 1 else schedule.stride_at(n)):
             return
         track = self._track
         if n <= self.warmup:

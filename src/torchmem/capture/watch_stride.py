@@ -8,7 +8,11 @@ every :data:`RETUNE_EVERY` readings and read rarely enough to stay under 2 % of 
 ``max_stride`` says; a *relaxed* schedule (``torchmem run``'s watcher, after ``relax_after`` readings) keeps
 its readings under :data:`RELAXED_SHARE` of the run the same way. A user's watcher on a host figure takes
 its first :data:`EARLY_READINGS` readings after the warm-up at every step (``early``), the chosen stride
-after them. The ledger as the figure is read at every step (a reading is a dictionary look-up).
+after them. The ledger as the figure is read at every step (a reading is a dictionary look-up). Where a
+reading costs at most :data:`FLOOR_SHARE` of a step, a run so far of ``n`` steps is read at least every
+``n // ROBUST_SAMPLES`` steps whatever stride is chosen (:meth:`ReadingSchedule.stride_at`): a short run
+keeps the readings the noise-robust test needs (a 24-step run read every 2nd step had 15 of its 16), at a
+cost that grows with the log of the run's length.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import collections
 import math
 import time
 from collections.abc import Callable
+
+from torchmem.analysis.growth import ROBUST_SAMPLES
 
 # A host figure's reading is timed every this many readings, and the stride chosen again.
 RETUNE_EVERY = 64
@@ -45,6 +51,10 @@ EARLY_MIN = 12  # the fewest early readings worth taking: a verdict and its attr
 EARLY_BUDGET = 0.05
 EARLY_SHARE = 0.1
 EARLY_SHARE_MAX = 0.5  # a reading dearer than this share of a step is strided from the start
+# A short run is read at least ROBUST_SAMPLES times per doubling of its length (ReadingSchedule.stride_at)
+# where a reading costs at most this share of a step: the floor's readings, ~16 in the first 32 steps and 16
+# per doubling after, then cost under 2 % of the steps they fall on.
+FLOOR_SHARE = 0.02
 
 
 class ReadingSchedule:
@@ -70,6 +80,7 @@ class ReadingSchedule:
         self.early = 0  # readings after the warm-up taken at every step, whatever stride is chosen
         self._deferred: tuple[int, str | None] | None = None  # (stride, note) chosen in the early readings
         self._every_step = False  # the ledger is the figure: no stride is chosen
+        self._floor = False  # a short run's floor applies (see stride_at): readings are cheap enough
         self._host_figure = False  # the C heap or RSS: costly readings, timed again now and then
         self._tune_cost: float | None = None
         self._tune_at: tuple[int, float] | None = None  # (step, time) of the last timed reading
@@ -120,6 +131,16 @@ class ReadingSchedule:
         if n == self.warmup + 1 and self.fixed is None and self._durations:
             self._choose()
 
+    def stride_at(self, n: int) -> int:
+        """The stride at step ``n``: the chosen one, or narrower while the run is short — never so wide that
+        the run so far would have fewer than :data:`ROBUST_SAMPLES` readings per doubling of its length (a
+        24-step CPU run of 141 µs readings on 24 ms steps, read every 2nd step from the start, ended with 15
+        readings, one short of the noise-robust test: "noisy"). A stride the user fixed is kept."""
+        k = self.stride
+        if k > 1 and n < k * ROBUST_SAMPLES and self._floor and self.fixed is None:
+            return max(1, n // ROBUST_SAMPLES)
+        return k
+
     def warmup_reading(self, reader: Callable[[], int]) -> int:
         """A reading in the warm-up, timed (the stride is chosen from the readings' cost in the loop too)."""
         t0 = time.perf_counter()
@@ -162,6 +183,7 @@ class ReadingSchedule:
         tens of µs) is read rarely enough to stay under 2 % of the run whatever ``max_stride`` says."""
         if self._every_step or step_time <= 0:
             return
+        self._floor = cost <= FLOOR_SHARE * step_time
         relaxed = self.relax_after is not None and self.readings >= self.relax_after
         if relaxed:  # a long run: the readings' share of it, whatever max_stride says
             k = min(self.relaxed_max, max(1, math.ceil(cost / (self.relaxed_share * step_time))))
@@ -211,6 +233,7 @@ __all__ = [
     "EARLY_BUDGET",
     "EARLY_READINGS",
     "EARLY_SHARE",
+    "FLOOR_SHARE",
     "PUBLIC_RELAXED_FACTOR",
     "PUBLIC_RELAXED_SHARE",
     "PUBLIC_RELAX_AFTER",
