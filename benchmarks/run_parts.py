@@ -32,6 +32,8 @@ _PATCHES = {
     "no_reading": "import torchmem.capture.watch as m; m.Watcher._step = lambda self: None",
 }
 _PATCHES["bare"] = "; ".join(_PATCHES.values())
+# ... and the session's step bookkeeping too: what is left is the boundaries' hooks (their events counted)
+_PATCHES["hooks_only"] = _PATCHES["bare"] + "; import torchmem.run.session as s; s.Session.step = lambda self: None"
 # The program run as ``__main__`` by runpy (as ``torchmem run`` runs it) in a process without torchmem, and
 # in one that imported what ``torchmem run`` imports: what is left of ``bare`` is the session's own.
 _RUNPY = {
@@ -61,6 +63,9 @@ def _one(variant: str, program: str, device: str, steps: int) -> dict[str, float
     with tempfile.TemporaryDirectory() as d:
         times = os.path.join(d, "steps.txt")
         env = dict(os.environ, TORCHMEM_BENCH_STEP_TIMES=times, OMP_NUM_THREADS="1")
+        path = env.get("PYTHONPATH")  # the runs start in a folder of their own: PYTHONPATH=src made absolute
+        if path:
+            env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in path.split(os.pathsep) if p)
         cmd = _command(variant, program, os.path.join(d, "run.jsonl"), device, steps)
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=d, check=False)
         if out.returncode != 0:

@@ -63,6 +63,9 @@ class CallEvents:
     def _call(self, call: ast.Call, scope: Scope, ctx: Ctx) -> None:
         func = call.func
         name = last_name(func)
+        grad_names = self.facts.grad_names
+        if grad_names and isinstance(func, ast.Name) and func.id in grad_names:
+            name = "grad"  # `from torch.autograd import grad [as g]`: torch.autograd.grad
         loop = ctx.loop
         for k in call.keywords:
             if k.arg in ("collate_fn", "worker_init_fn"):
@@ -102,7 +105,10 @@ class CallEvents:
                     create = any(k.arg == "create_graph" and is_const(k.value, True) for k in call.keywords)
                     if not create:
                         scope.events.append(("retain", call, ctx, None))
-            elif name == "grad" and isinstance(func, ast.Attribute) and last_name(func.value) == "autograd":
+            elif name == "grad" and (
+                (isinstance(func, ast.Name) and func.id in grad_names)
+                or (isinstance(func, ast.Attribute) and last_name(func.value) == "autograd")
+            ):
                 for part in (*call.args[:1], *(k.value for k in call.keywords if k.arg == "outputs")):
                     scope.backward_roots.update(names_in(part))
                 retains = any(

@@ -111,3 +111,5 @@ class ModuleFacts:
     called_under_no_grad: set[str] = field(default_factory=set)
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
     foreign_names: set[str] = field(default_factory=set)  # names imported from a non-torch runtime
+    # names bound to torch.autograd.grad (`from torch.autograd import grad [as g]`): a bare `grad(...)` is it
+    grad_names: set[str] = field(default_factory=set)

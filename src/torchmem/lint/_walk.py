@@ -287,6 +287,8 @@ class Walker(CallEvents):
             mods = [a.name for a in s.names] if isinstance(s, ast.Import) else [s.module or ""]
             if any(m.split(".", 1)[0] in TORCH_WORLD for m in mods):
                 self.facts.torch_imported = True
+            if isinstance(s, ast.ImportFrom) and s.module == "torch.autograd" and not s.level:
+                self.facts.grad_names.update(a.asname or a.name for a in s.names if a.name == "grad")
             for a in s.names:  # `import openvino as ov`, `from onnxruntime import InferenceSession`
                 root = (a.name if isinstance(s, ast.Import) else s.module or "").split(".", 1)[0]
                 if root in FOREIGN_RUNTIMES and not getattr(s, "level", 0):

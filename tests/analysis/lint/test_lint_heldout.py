@@ -828,3 +828,74 @@ def test_a_per_sample_loop_that_trims_its_own_target_carries_nothing() -> None:
                 opt.step()
     """
     assert codes(src) == []
+
+
+# == round O of docs/lint_corpus.md (measured once, then its debatable TM002) ==============================
+# DIG's threedgraph `val()`: `from torch.autograd import grad`, then `grad(outputs=out, inputs=batch.pos,
+# create_graph=True)` on the evaluated model's output: the loop differentiates what it computes (forces from
+# an energy), so `no_grad` would break it. The module form `torch.autograd.grad` was known; the bare name not.
+FORCES = """
+{imports}
+
+def val(model, loader):
+    model.eval()
+    preds = []
+    for batch in loader:
+        out = model(batch)
+        force = -grad(outputs=out, inputs=batch.pos, grad_outputs=torch.ones_like(out), create_graph=True)[0]
+        preds.append(force.detach_())
+    return preds
+"""
+
+
+def test_a_bare_grad_imported_from_torch_autograd_is_a_gradient_call() -> None:
+    for imports in ("from torch.autograd import grad", "from torch.autograd import grad as grad"):
+        assert codes(FORCES.format(imports=imports)) == [], imports
+
+
+def test_a_grad_of_the_file_s_own_is_not_torch_s() -> None:
+    # the same loop where `grad` is a helper of the file (a finite difference, no autograd): still flagged
+    own = "def grad(outputs, inputs, grad_outputs, create_graph):\n    return [outputs * 0]"
+    assert codes(FORCES.format(imports=own)) == ["TM002"]
+
+
+# hi-ml's DeepMIL: `get_features` puts the frozen encoder in eval() and runs it chunk by chunk; `forward`
+# calls it, and Lightning's training_step calls `forward`: a step of the forward pass, not an evaluation
+# (flagged as TM002 and TM010 before). The same loop in a method no forward runs is still an evaluation.
+MIL = """
+class MIL(torch.nn.Module):
+    def __init__(self, encoder, tune=False):
+        super().__init__()
+        self.encoder, self.tune = encoder, tune
+        self.head = torch.nn.Linear(512, 1)
+
+    def {name}(self, instances):
+        if not self.tune:
+            self.encoder.eval()
+        feats = []
+        for chunk in torch.split(instances, 64):
+            feats.append(self.encoder(chunk))
+        return torch.cat(feats)
+
+    def forward(self, instances):
+        return self.head({body}.mean(0))
+"""
+
+
+def shown(src: str) -> list[str]:
+    """The codes of the default output (TM010's forms without a precise form are shown by `--all` only)."""
+    return [f.code for f in lint_source(HEAD + textwrap.dedent(src), "model.py") if f.severity == "warning"]
+
+
+def test_a_loop_a_module_s_forward_runs_is_not_an_evaluation() -> None:
+    assert shown(MIL.format(name="get_features", body="self.get_features(instances)")) == []
+    # through another method of the class
+    src = MIL.format(name="get_features", body="self._features(instances)") + (
+        "\n    def _features(self, x):\n        return self.get_features(x)\n"
+    )
+    assert shown(src) == []
+
+
+def test_the_same_loop_outside_the_forward_pass_is_still_flagged() -> None:
+    src = MIL.format(name="embed_all", body="self.encoder(instances)")
+    assert shown(src) == ["TM002", "TM010"]
