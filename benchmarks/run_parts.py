@@ -11,7 +11,7 @@ and the session around the program). For each: the loop's time and the median an
 median step back to ``plain`` costs every step (a hook); one that moves only the mean costs now and then.
 
     PYTHONPATH=src python3 benchmarks/run_parts.py --rounds 6 --steps 4000 [--device cuda]
-        [--variants plain,run,no_sampler,...] [--program benchmarks/programs/hostbound_mlp.py]
+        [--variants plain,run,no_sampler,...] [--program benchmarks/programs/hostbound_mlp.py] [--pin 5]
 """
 
 from __future__ import annotations
@@ -33,12 +33,21 @@ _PATCHES = {
 }
 _PATCHES["bare"] = "; ".join(_PATCHES.values())
 # ... and the session's step bookkeeping too: what is left is the boundaries' hooks (their events counted)
-_PATCHES["hooks_only"] = _PATCHES["bare"] + "; import torchmem.run.session as s; s.Session.step = lambda self: None"
+_PATCHES["hooks_only"] = (
+    _PATCHES["bare"] + "; import torchmem.run.session as s; s.Session.step = lambda self: None"
+)
 # The program run as ``__main__`` by runpy (as ``torchmem run`` runs it) in a process without torchmem, and
 # in one that imported what ``torchmem run`` imports: what is left of ``bare`` is the session's own.
 _RUNPY = {
     "runpy": "import runpy, sys",
     "runpy_imports": "import runpy, sys, torchmem.cli, torchmem.run.session, torchmem.run.launcher",
+    # CUDA initialised, the allocator's statistics and NVML read before the program starts (as a session
+    # does), and nothing else of torchmem
+    "early_cuda": (
+        "import runpy, sys, torch; torch.cuda.init(); torch.cuda.memory_stats(0); "
+        "import pynvml; pynvml.nvmlInit(); "
+        "pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0))"
+    ),
 }
 VARIANTS = ("plain", "run", *_PATCHES, *_RUNPY)
 
@@ -59,7 +68,7 @@ def _command(variant: str, program: str, capture: str, device: str, steps: int) 
     return [sys.executable, "-c", code]
 
 
-def _one(variant: str, program: str, device: str, steps: int) -> dict[str, float]:
+def _one(variant: str, program: str, device: str, steps: int, pin: str | None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         times = os.path.join(d, "steps.txt")
         env = dict(os.environ, TORCHMEM_BENCH_STEP_TIMES=times, OMP_NUM_THREADS="1")
@@ -67,6 +76,8 @@ def _one(variant: str, program: str, device: str, steps: int) -> dict[str, float
         if path:
             env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in path.split(os.pathsep) if p)
         cmd = _command(variant, program, os.path.join(d, "run.jsonl"), device, steps)
+        if pin:  # every thread of the process on these CPUs (the sampler's with the loop's)
+            cmd = ["taskset", "-c", pin, *cmd]
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=d, check=False)
         if out.returncode != 0:
             raise SystemExit(f"{variant} failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -94,6 +105,7 @@ def main() -> int:
         "--program", default=os.path.join(os.path.dirname(__file__), "programs", "hostbound_mlp.py")
     )
     ap.add_argument("--out", default=None)
+    ap.add_argument("--pin", default=None, help="CPU list for every run (taskset -c), e.g. 5")
     a = ap.parse_args()
     variants = [v for v in a.variants.split(",") if v]
     if "plain" not in variants:
@@ -104,7 +116,7 @@ def main() -> int:
         order = variants[:]
         rng.shuffle(order)
         for v in order:
-            rows[v].append(_one(v, os.path.abspath(a.program), a.device, a.steps))
+            rows[v].append(_one(v, os.path.abspath(a.program), a.device, a.steps, a.pin))
         print(
             f"round {r + 1}: " + ", ".join(f"{v} {rows[v][-1]['median'] * 1e6:.0f} µs" for v in variants),
             flush=True,
