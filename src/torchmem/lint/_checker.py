@@ -101,12 +101,17 @@ class Rules(ForwardChecks, WorkerChecks):
         pos = (getattr(node, "lineno", 0), getattr(node, "col_offset", 0))
         if any(p > pos and not retains for p, retains in loop.backwards):
             return  # a later backward in the same iteration frees the graph
+        if self.facts.other_world:
+            return  # a file of another framework (MXNet's `autograd.record()`): no torch graph
         feeding = self.feeding_backward(scope)
+        # A name the loop calls as a model is a module (`model = DDP(model)` rebound once in the epoch loop,
+        # round P's AutoTinyBERT): its parameters are leaves, it carries no graph from one step to the next.
+        called = {container_key(c.func) for lp in loop.chain() for c in lp.model_calls}
         carried = sorted(
             (line, key)
             for lp in loop.chain()
             for key, line in lp.carried.items()
-            if key not in lp.detached and key in feeding
+            if key not in lp.detached and key in feeding and key not in called
         )
         if not carried:
             # nothing links one iteration's graph to the next: wasteful at most, not a leak (a for target

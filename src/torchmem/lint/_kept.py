@@ -143,8 +143,8 @@ class KeptChecks:
 
     # -- TM001 and TM010: a container or total kept across iterations
     def kept(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object, verb: str) -> None:
-        if ctx.loop is None:
-            return
+        if ctx.loop is None or self.facts.other_world:
+            return  # (another framework's file: its graphs and tensors are not torch's)
         assert isinstance(extra, tuple)
         key: str = extra[0]
         value: ast.expr = extra[1]

@@ -100,6 +100,8 @@ class Scope:
 
 @dataclass
 class ModuleFacts:
+    """What the walk learns of a whole file."""
+
     rank_setup: bool = False
     torch_imported: bool = False  # the file imports torch or a framework built on it
     cuda_graphs: bool = False
@@ -111,5 +113,12 @@ class ModuleFacts:
     called_under_no_grad: set[str] = field(default_factory=set)
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
     foreign_names: set[str] = field(default_factory=set)  # names imported from a non-torch runtime
+    other_framework: bool = False  # the file imports another deep-learning framework (MXNet, TensorFlow, ...)
     # names bound to torch.autograd.grad (`from torch.autograd import grad [as g]`): a bare `grad(...)` is it
     grad_names: set[str] = field(default_factory=set)
+
+    @property
+    def other_world(self) -> bool:
+        """The file works with another framework and imports nothing of torch's: its `autograd`, `backward()`
+        and arrays are not torch's (round P: FedML's MXNet trainer, `mxnet.autograd.record()`)."""
+        return self.other_framework and not self.torch_imported

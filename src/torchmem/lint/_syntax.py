@@ -94,6 +94,11 @@ _ABOUT_LOSS = frozenset(
 _NOT_EVAL_WORDS = frozenset({"step", "train", "training", "fit", "loss", "split", "data", "dataset", "set"})
 DATASET_METHODS = frozenset({"__getitem__", "__getitems__", "__iter__"})
 _BACKWARD_BY_ARG = frozenset({"accelerator", "autograd", "engine", "model_engine", "fabric", "self"})
+# Deep-learning frameworks other than torch: a file that imports one and nothing of torch's world has graphs,
+# `autograd` and `backward()` of its own.
+OTHER_FRAMEWORKS = frozenset(
+    {"mxnet", "tensorflow", "keras", "tf_keras", "jax", "flax", "paddle", "mindspore", "oneflow", "chainer"}
+)
 TORCH_WORLD = frozenset(
     {
         "torch", "torchvision", "torchaudio", "torchtext", "lightning", "pytorch_lightning",

@@ -17,6 +17,7 @@ from torchmem.lint._scopes import Binding, Branch, Ctx, Loop, ModuleFacts, Scope
 from torchmem.lint._syntax import (
     ARGS_NAMES,
     FOREIGN_RUNTIMES,
+    OTHER_FRAMEWORKS,
     RANK_VARS,
     TORCH_WORLD,
     container_key,
@@ -287,6 +288,8 @@ class Walker(CallEvents):
             mods = [a.name for a in s.names] if isinstance(s, ast.Import) else [s.module or ""]
             if any(m.split(".", 1)[0] in TORCH_WORLD for m in mods):
                 self.facts.torch_imported = True
+            if any(m.split(".", 1)[0] in OTHER_FRAMEWORKS for m in mods) and not getattr(s, "level", 0):
+                self.facts.other_framework = True
             if isinstance(s, ast.ImportFrom) and s.module == "torch.autograd" and not s.level:
                 self.facts.grad_names.update(a.asname or a.name for a in s.names if a.name == "grad")
             for a in s.names:  # `import openvino as ov`, `from onnxruntime import InferenceSession`

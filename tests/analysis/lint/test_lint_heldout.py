@@ -899,3 +899,69 @@ def test_a_loop_a_module_s_forward_runs_is_not_an_evaluation() -> None:
 def test_the_same_loop_outside_the_forward_pass_is_still_flagged() -> None:
     src = MIL.format(name="embed_all", body="self.encoder(instances)")
     assert shown(src) == ["TM002", "TM010"]
+
+
+# == round P of docs/lint_corpus.md (measured once, then its false positives) ===============================
+# FedML's MXNet trainer: `from mxnet import autograd`, `total_loss += loss.mean()` after `loss.backward()`
+# inside `autograd.record()`: MXNet's arrays, no torch graph (TM001 before).
+MXNET = """
+import mxnet as mx
+from mxnet import autograd, gluon
+{torch}
+
+def train(model, train_data, epochs):
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    trainer = gluon.Trainer(model.collect_params(), "sgd", {{"learning_rate": 0.1}})
+    for epoch in range(epochs):
+        total_loss = 0.0
+        for x, labels in train_data:
+            with autograd.record():
+                output = model(x)
+                loss = loss_fn(output, labels)
+                loss.backward()
+                total_loss += loss.mean()
+            trainer.step(x.shape[0])
+        print(epoch, total_loss / len(train_data))
+"""
+
+
+def _bare(src: str) -> list[str]:
+    return [f.code for f in lint_source(textwrap.dedent(src), "trainer.py")]
+
+
+def test_a_file_of_another_framework_keeps_no_torch_graph() -> None:
+    assert _bare(MXNET.format(torch="")) == []
+
+
+def test_the_same_loop_in_a_torch_file_is_still_flagged() -> None:
+    assert _bare(MXNET.format(torch="import torch")) == ["TM001"]
+
+
+# AutoTinyBERT's pre-training: `student_model = DDP(student_model)` once in the epoch loop, a
+# `retain_graph=True` per sample: the "carried" name is the model, a module whose parameters are leaves.
+DISTIL = """
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+def train(student_model, optimizer, loader, epochs, wrap, h0):
+    {state}
+    for epoch in range(epochs):
+        if epoch == 0 and wrap:
+            student_model = DDP(student_model)
+        student_model.train()
+        for input_ids, labels in loader:
+            for sample in range(2):
+                {step}
+                loss.backward(retain_graph=True)
+            optimizer.step()
+            optimizer.zero_grad()
+"""
+
+
+def test_a_model_rebound_by_its_wrapper_carries_no_graph() -> None:
+    step = "loss = F.cross_entropy(student_model(input_ids), labels)"
+    assert codes(DISTIL.format(state="pass", step=step)) == []
+
+
+def test_a_hidden_state_carried_beside_the_rebound_model_is_still_flagged() -> None:
+    step = "out, h = student_model(input_ids, h)\n                loss = F.cross_entropy(out, labels)"
+    assert codes(DISTIL.format(state="h = h0", step=step)) == ["TM004"]
