@@ -12,7 +12,7 @@ import ast
 from dataclasses import dataclass
 
 from torchmem.lint._flow import DataFlow
-from torchmem.lint._forward import ForwardChecks
+from torchmem.lint._forward import ForwardChecks, in_forward
 from torchmem.lint._kept import fixed_handful
 from torchmem.lint._syntax import (
     METER_NAMES,
@@ -64,7 +64,6 @@ class Rules(ForwardChecks, WorkerChecks):
         self.flow.module_frozen = walker.module.frozen
         self._feeding: dict[int, set[str]] = {}
         self._grad_helpers: set[str] | None = None  # functions that differentiate a parameter
-        self._forward_methods: dict[int, set[str]] = {}  # a class's methods its forward() runs (by id)
         self._reset_attrs: dict[int, set[str]] = {}
 
     def add(self, node: ast.AST, code: str, message: str, form: str = "") -> None:
@@ -384,7 +383,7 @@ class Rules(ForwardChecks, WorkerChecks):
             return
         if scope.kind == "function" and scope.name in self.facts.called_under_no_grad:
             return
-        if self._in_forward(scope):
+        if in_forward(scope):
             return  # part of a module's forward pass (hi-ml's frozen encoder): its caller decides on autograd
         if scope.name.endswith("_step") or scope.name.startswith("on_"):
             return  # framework hooks (Lightning's validation_step) run under no_grad already
@@ -473,7 +472,7 @@ class Rules(ForwardChecks, WorkerChecks):
             if lp.trains:
                 break
             loops.append(lp)
-        if any(self._helper_takes_grads(lp) for lp in loops) or self._in_forward(scope):
+        if any(self._helper_takes_grads(lp) for lp in loops) or in_forward(scope):
             return ""
         found = [self.eval_mode_calls(scope, lp) for lp in loops]
         if any(in_eval for _calls, in_eval in found):
@@ -482,19 +481,6 @@ class Rules(ForwardChecks, WorkerChecks):
         if any(self._called_on(c, trained) for calls, _in_eval in found for c in calls):
             return "trained-model"
         return ""
-
-    def _in_forward(self, scope: Scope) -> bool:
-        """The scope is a module's ``forward`` or a method of its class that ``forward`` runs through
-        ``self.<method>(...)`` (at any depth): a loop there is part of the forward pass, whose graph the
-        caller's loss uses (round O: hi-ml's MIL model chunks its frozen encoder in `get_features`, called
-        by `forward` from `training_step`), not an evaluation."""
-        cls = scope.cls
-        if cls is None or scope.kind != "function":
-            return False
-        reached = self._forward_methods.get(id(cls))
-        if reached is None:
-            reached = self._forward_methods[id(cls)] = _run_by_forward(cls)
-        return scope.name in reached
 
     def _trained_names(self, scope: Scope) -> set[str]:
         """The names whose values reach what a backward of the scope runs on through bindings made with
@@ -604,30 +590,6 @@ def _eval_before(call: ast.Call, scope: Scope, bound_eval: set[str]) -> bool:
     if before:
         return max(before)[1] == "eval"
     return Rules._called_on(call, bound_eval)
-
-
-def _run_by_forward(cls: ast.ClassDef) -> set[str]:
-    """The methods of ``cls`` that its ``forward`` runs: itself and what it calls as ``self.<name>(...)``,
-    at any depth (empty without a ``forward``)."""
-    methods = {f.name: f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    if "forward" not in methods:
-        return set()
-    reached, todo = set(), ["forward"]
-    while todo:
-        name = todo.pop()
-        if name in reached:
-            continue
-        reached.add(name)
-        for node in ast.walk(methods[name]):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name)
-                and node.func.value.id == "self"
-                and node.func.attr in methods
-            ):
-                todo.append(node.func.attr)
-    return reached
 
 
 def _grad_helpers(scopes: list[Scope]) -> set[str]:

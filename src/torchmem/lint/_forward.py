@@ -23,6 +23,46 @@ _EMPTIES = frozenset({"clear", "pop", "popleft", "popitem", "remove"})
 _COPIES = frozenset({"clone", "to", "cpu", "cuda", "contiguous", "float", "half", "double", "bfloat16"})
 
 
+def in_forward(scope: Scope) -> bool:
+    """The scope is a module's ``forward`` or a method of its class that ``forward`` runs through
+    ``self.<method>(...)`` (at any depth): a loop there is part of the forward pass, whose graph the caller's
+    loss uses (round O: hi-ml's MIL model chunks its frozen encoder in `get_features`, called by `forward`
+    from `training_step`), not an evaluation (TM002, TM010)."""
+    cls = scope.cls
+    if cls is None or scope.kind != "function":
+        return False
+    reached: set[str] | None = getattr(cls, "_tm_forward_runs", None)
+    if reached is None:
+        reached = _run_by_forward(cls)
+        cls._tm_forward_runs = reached  # type: ignore[attr-defined]  # (the file's own tree)
+    return scope.name in reached
+
+
+def _run_by_forward(cls: ast.ClassDef) -> set[str]:
+    """The methods of ``cls`` that its ``forward`` runs: itself and what it calls as ``self.<name>(...)``,
+    at any depth (empty without a ``forward``)."""
+    methods = {f.name: f for f in cls.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if "forward" not in methods:
+        return set()
+    reached: set[str] = set()
+    todo = ["forward"]
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        for node in ast.walk(methods[name]):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "self"
+                and node.func.attr in methods
+            ):
+                todo.append(node.func.attr)
+    return reached
+
+
 class ForwardChecks(KeptChecks):
     """TM013; mixed into :class:`torchmem.lint._checker.Rules`."""
 
