@@ -522,8 +522,11 @@ class HostScanner:
                 rate, estimated = nodes * NODE_BYTES, True
             chains = chain_culprits(self.chain_facts, bytes_per_step=rate, steps=steps, estimated=estimated)
             culprits += chains
-        # 2 %: the RSS moves with the scans
-        floor = max(256.0, 0.02 * max(heap, self._readings.rss_series.rate()))
+        # 2 % of the growth (the RSS moves with the scans): of the smaller of the two figures that grow. The
+        # scans' own allocations raise the RSS of a large heap by far more than the program's growth (a
+        # 52,000-container heap: a 16 KiB/step list of CPU tensors was dropped under a floor made of it).
+        rates = [r for r in (heap, self._readings.rss_series.rate()) if r > 0]
+        floor = max(256.0, 0.02 * min(rates)) if rates else 256.0
         objects: tuple[Culprit, ...] = ()
         if self.object_facts:
             objects = object_culprits(self.object_facts, min_bytes_per_step=floor, steps=steps)
