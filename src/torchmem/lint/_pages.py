@@ -67,7 +67,9 @@ numbers (`train_step(...)` returning `loss.item()`); the container or total is r
 accumulation); the loop has no `.backward()` and no optimizer `.step()`; the value's origin is unknown to
 the local data flow (a call to a function of another file that is not a model or a loss, a class call,
 `get_model(...)`, `compute_loss_scale(...)`: names that make or describe, not compute, are not taken for a
-forward or a loss; of `a, b, c = criterion(...)` only the first element is taken for the loss).
+forward or a loss; of `a, b, c = criterion(...)` only the first element is taken for the loss); the file
+imports another framework (MXNet, TensorFlow, JAX, ...) and nothing of torch's world (its `autograd` and
+`backward()` are that framework's).
 
 Shown by default: the "backward-ran" form, and the "output-kept" form when the container outlives an
 optimizer step. Outputs kept by a list made afresh for each step (its micro-batches, "output-in-step")
@@ -124,8 +126,10 @@ def evaluate(model, loader):
 
 The function (or a caller in the same file) uses `torch.no_grad()`, `torch.inference_mode()` or
 `torch.set_grad_enabled(...)`; the function calls `.backward()` or an optimizer step (it trains, e.g.
-test-time adaptation) or takes `torch.autograd.grad` of what it computes (influence functions); the
-model is not called inside a loop; the loop calls something other than the model put in eval mode (a
+test-time adaptation) or takes `torch.autograd.grad` of what it computes (influence functions; a bare
+`grad(...)` imported from `torch.autograd` counts); the loop is in a module's `forward` or in a method of its
+class that `forward` runs (part of a forward pass, whose graph the caller's loss uses); the model is not
+called inside a loop; the loop calls something other than the model put in eval mode (a
 function of the same file such as a `@torch.no_grad()` `validate_network(...)`, a parameterless helper
 module, `get_model(...)` or `accelerator.prepare_model(...)`, which make or wrap a model); the file
 imports nothing of torch's world (torch, lightning, transformers, accelerate, ...); framework hooks such
@@ -222,7 +226,9 @@ A later backward in the same iteration runs without `retain_graph=True` (the gra
 `create_graph=True` (higher-order gradients, done on purpose); the flag is a variable; no loop; nothing
 carried from one iteration to the next reaches what the backward runs on (a loop's own target rebound in
 place, `output = output.reshape(-1)`, is bound afresh each iteration: a Jacobian built row by row with
-`retain_graph=True` over one graph is not flagged).
+`retain_graph=True` over one graph is not flagged); the only carried name is one the loop calls as a model
+(`model = DDP(model)` in the epoch loop: a module, whose parameters are leaves); the file imports another
+framework (MXNet, TensorFlow, JAX, ...) and nothing of torch's world.
 
 Suppress with `# noqa: TM004`.
 """,
