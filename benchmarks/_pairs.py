@@ -21,6 +21,7 @@ A cost of 2 % cannot be shown by one run against another on a host whose run-to-
 from __future__ import annotations
 
 import gc
+import json
 import math
 import os
 import statistics
@@ -28,6 +29,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -175,6 +177,33 @@ def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a measured child process that runs in a folder of its own: this one's, one intra-op
+    thread, ``PYTHONPATH`` made absolute (``PYTHONPATH=src`` names the checkout's source from the repository
+    root only), and ``extra``."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+    path = env.get("PYTHONPATH")
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in path.split(os.pathsep) if p)
+    return env
+
+
+def overhead_record(folder: Path, pattern: str = "torchmem-*.jsonl") -> dict[str, Any] | None:
+    """The ``overhead`` record of the capture ``torchmem run`` wrote in ``folder`` (its own estimate of its
+    cost), ``None`` when there is none."""
+    for path in sorted(folder.glob(pattern)):
+        try:
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    if '"overhead"' in line:
+                        rec = json.loads(line)
+                        if rec.get("type") == "overhead":
+                            return dict(rec)
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def fmt_interval(ci: tuple[float, float] | None, spec: str = ".3f") -> str:

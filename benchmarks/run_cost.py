@@ -84,7 +84,7 @@ from pathlib import Path
 from typing import Any
 
 from _machine import cpu_name
-from _pairs import Pairs, fmt_interval, measure_pairs, pin
+from _pairs import Pairs, fmt_interval, measure_pairs, overhead_record, pin
 
 HERE = Path(__file__).resolve().parent
 PROGRAMS_DIR = HERE / "programs"
@@ -183,22 +183,6 @@ def _verdict(summary: list[str]) -> str:
     return "quiet"
 
 
-def _overhead_record(folder: Path) -> dict[str, Any] | None:
-    """The ``overhead`` record of the capture ``torchmem run`` wrote in ``folder`` (its own estimate of its
-    cost), ``None`` when there is none."""
-    for path in sorted(folder.glob("torchmem-*.jsonl")):
-        try:
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    if '"overhead"' in line:
-                        rec = json.loads(line)
-                        if rec.get("type") == "overhead":
-                            return dict(rec)
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 def _run_once(mode: str, pair: int, cmd: list[str], env: dict[str, str], keep: Path | None, tag: str) -> Run:
     if keep is not None:
         cwd = keep / tag
@@ -215,7 +199,7 @@ def _run_once(mode: str, pair: int, cmd: list[str], env: dict[str, str], keep: P
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - t0
         after = os.times()
-        overhead = _overhead_record(cwd) if mode == "torchmem" else None
+        overhead = overhead_record(cwd) if mode == "torchmem" else None
     finally:
         if tmp is not None:
             tmp.cleanup()

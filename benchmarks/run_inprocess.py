@@ -24,8 +24,9 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
-from _pairs import Pairs
+from _pairs import Pairs, child_env, overhead_record
 
 PROGRAM = r"""
 import gc, json, os, sys, time
@@ -120,10 +121,7 @@ def main() -> int:
         prog = os.path.join(d, "inprocess_mlp.py")
         with open(prog, "w") as f:
             f.write(PROGRAM)
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        path = env.get("PYTHONPATH")
-        if path:
-            env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in path.split(os.pathsep) if p)
+        env = child_env()
         args = [prog, device, str(a.pairs), str(a.block), str(a.warmup_steps)]
         code = (
             "import sys\nfrom torchmem.cli import main\n"
@@ -137,11 +135,8 @@ def main() -> int:
             return 1
         line = next(ln for ln in out.stdout.splitlines() if ln.startswith("PAIRS="))
         data = json.loads(line[len("PAIRS=") :])
-        overhead = None
-        with open(os.path.join(d, "run.jsonl")) as f:
-            for rec in map(json.loads, f):
-                if rec.get("type") == "overhead":
-                    overhead = rec.get("ratio")
+        own = overhead_record(Path(d), "run.jsonl")
+        overhead = own.get("ratio") if own is not None else None
     pairs = Pairs(a=[off for _on, off in data["pairs"]], b=[on for on, _off in data["pairs"]])
     s = pairs.summary()
     on_us = sorted(pairs.b)[pairs.n // 2] * 1e6

@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 
+from _pairs import child_env
+
 _PATCHES = {
     "no_sampler": "import torchmem.run.sampler as m; m.Sampler.start = lambda self: None",
     "no_host": "import torchmem.run.watchers as m; m.new_host = lambda *a, **k: None",
@@ -71,10 +73,7 @@ def _command(variant: str, program: str, capture: str, device: str, steps: int) 
 def _one(variant: str, program: str, device: str, steps: int, pin: str | None) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         times = os.path.join(d, "steps.txt")
-        env = dict(os.environ, TORCHMEM_BENCH_STEP_TIMES=times, OMP_NUM_THREADS="1")
-        path = env.get("PYTHONPATH")  # the runs start in a folder of their own: PYTHONPATH=src made absolute
-        if path:
-            env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in path.split(os.pathsep) if p)
+        env = child_env(TORCHMEM_BENCH_STEP_TIMES=times)
         cmd = _command(variant, program, os.path.join(d, "run.jsonl"), device, steps)
         if pin:  # every thread of the process on these CPUs (the sampler's with the loop's)
             cmd = ["taskset", "-c", pin, *cmd]
