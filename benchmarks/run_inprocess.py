@@ -12,7 +12,8 @@ steps' survivors, scans once growth is found, the end summary), said by the run'
 The switching reaches into torchmem's private objects from the program (the session is found with
 ``gc.get_objects()``); it is for this measurement only.
 
-    PYTHONPATH=src python3 benchmarks/run_inprocess.py [--device cuda] [--pairs 200] [--block 50]
+    PYTHONPATH=src python3 benchmarks/run_inprocess.py [--device cuda] [--model mlp|tiny|resnet18|gpt2]
+        [--pairs 200] [--block 50] [--cpus 3]
         [--warmup-steps 600]
 """
 
@@ -26,7 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _pairs import Pairs, child_env, overhead_record
+from _models import MODELS
+from _pairs import Pairs, child_env, overhead_record, pin
 
 PROGRAM = r"""
 import gc, json, os, sys, time
@@ -34,16 +36,12 @@ import torch
 from torch import nn
 
 device = torch.device(sys.argv[1])
-pairs, block, warm = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-torch.manual_seed(0)
-layers = []
-for _ in range(4):
-    layers += [nn.Linear(64, 64), nn.ReLU()]
-model = nn.Sequential(*layers).to(device)
-opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-x = torch.randn(16, 64, device=device)
-y = torch.randn(16, 64, device=device)
-loss_fn = nn.MSELoss()
+pairs, block, warm, name = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+sys.path.insert(0, sys.argv[6])
+part, profile_steps = sys.argv[7], int(sys.argv[8])
+from _models import make_step
+
+step, what = make_step(name, device)
 cuda = device.type == "cuda"
 
 
@@ -52,9 +50,7 @@ def run(n):
         torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     for _ in range(n):
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
+        step()
     if cuda:
         torch.cuda.synchronize(device)
     return (time.perf_counter() - t0) / n
@@ -75,33 +71,81 @@ saved = {}
 state = [True]
 
 
+source = session._source
+bookkeeping = source._step
+
+
 def switch(on):
+    # Turn `part` of the per-step work on or off: all (the boundaries' hooks and the sampler's ticks),
+    # hooks (the hooks alone), bookkeeping (the session's step work, the hooks still running), sampler.
     if on == state[0]:
         return
     state[0] = on
+    hooks = part in ("all", "hooks")
+    ticks = part in ("all", "sampler")
     if on:
-        torch.autograd.backward = wrapped
-        post.update(saved)
-        sampler._tick = tick
+        if hooks:
+            torch.autograd.backward = wrapped
+            post.update(saved)
+        if ticks:
+            sampler._tick = tick
+        if part == "bookkeeping":
+            source._step = bookkeeping
     else:
-        torch.autograd.backward = wrapped.__wrapped__
-        saved.clear()
-        saved.update(post)
-        post.clear()
-        sampler._tick = lambda: None
+        if hooks:
+            torch.autograd.backward = wrapped.__wrapped__
+            saved.clear()
+            saved.update(post)
+            post.clear()
+        if ticks:
+            sampler._tick = lambda: None
+        if part == "bookkeeping":
+            source._step = lambda: None
 
 
 steps_before = session._steps
 out = []
+# The garbage collector's passes in the on and off blocks, by generation: torchmem's allocations at the
+# step boundaries bring the collections sooner (a full pass walks every object of a framework's heap).
+collections = {True: [0, 0, 0], False: [0, 0, 0]}
+phase = [True]
+
+
+def on_gc(event, info):
+    if event == "start":
+        collections[phase[0]][info["generation"]] += 1
+
+
+gc.callbacks.append(on_gc)
 for i in range(pairs):
     order = (True, False) if i % 2 == 0 else (False, True)
     got = {}
     for on in order:
         switch(on)
+        phase[0] = on
         got[on] = run(block)
     out.append((got[True], got[False]))
+gc.callbacks.remove(on_gc)
 switch(True)
-print("PAIRS=" + json.dumps({"pairs": out, "steps_counted": session._steps - steps_before}))
+profile = []
+if profile_steps:
+    # Where an "on" step's torchmem time goes: cProfile over that many steps, torchmem's own functions
+    # by their cumulative time per step (cProfile slows every call: compare the entries, not the totals).
+    import cProfile, pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    run(profile_steps)
+    prof.disable()
+    st = pstats.Stats(prof)
+    for (file, line, fn), (cc, nc, tt, ct, callers) in st.stats.items():
+        if "torchmem" in file and "benchmarks" not in file:
+            profile.append((ct / profile_steps * 1e6, tt / profile_steps * 1e6, nc / profile_steps,
+                            f"{file.rsplit('torchmem/', 1)[-1]}:{line}:{fn}"))
+    profile.sort(reverse=True)
+counted = session._steps - steps_before
+print("PAIRS=" + json.dumps({"pairs": out, "steps_counted": counted, "what": what, "profile": profile[:30],
+                             "gc": [collections[True], collections[False]]}))
 """
 
 
@@ -111,18 +155,43 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=200)
     ap.add_argument("--block", type=int, default=50, help="steps in each block")
     ap.add_argument("--warmup-steps", type=int, default=600)
+    ap.add_argument("--model", default="mlp", help=f"one of {', '.join(MODELS)} (benchmarks/_models.py)")
+    ap.add_argument(
+        "--part",
+        default="all",
+        choices=("all", "hooks", "bookkeeping", "sampler"),
+        help="what is switched off in the 'off' blocks (default: all: the hooks and the sampler's ticks)",
+    )
+    ap.add_argument(
+        "--profile", type=int, default=0, help="then cProfile this many 'on' steps: torchmem's share"
+    )
+    ap.add_argument("--cpus", default=None, help="CPUs to pin to (default: the last one; 4 on CUDA)")
     a = ap.parse_args()
+    if a.model not in MODELS:
+        ap.error(f"unknown --model {a.model!r}; known: {', '.join(MODELS)}")
     device = a.device
     if device is None:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    pinned = pin(a.cpus, threads=1, count=4 if device.startswith("cuda") else 1)
     with tempfile.TemporaryDirectory() as d:
         prog = os.path.join(d, "inprocess_mlp.py")
         with open(prog, "w") as f:
             f.write(PROGRAM)
         env = child_env()
-        args = [prog, device, str(a.pairs), str(a.block), str(a.warmup_steps)]
+        here = os.path.dirname(os.path.abspath(__file__))
+        args = [
+            prog,
+            device,
+            str(a.pairs),
+            str(a.block),
+            str(a.warmup_steps),
+            a.model,
+            here,
+            a.part,
+            str(a.profile),
+        ]
         code = (
             "import sys\nfrom torchmem.cli import main\n"
             f"sys.exit(main(['run', '--no-status', '-o', {os.path.join(d, 'run.jsonl')!r}, *{args!r}]))"
@@ -142,11 +211,21 @@ def main() -> int:
     on_us = sorted(pairs.b)[pairs.n // 2] * 1e6
     off_us = sorted(pairs.a)[pairs.n // 2] * 1e6
     print(
-        f"device {device}; {pairs.n} pairs of {a.block}-step blocks; steps counted while on: "
-        f"{data['steps_counted']}"
+        f"device {device}; {data['what']}; off: {a.part}; {pairs.n} pairs of {a.block}-step blocks; "
+        f"{pinned}; steps counted while on: {data['steps_counted']}"
     )
     print(f"{'step on (median)':<22}{'step off (median)':<22}{'ratio on/off [95 %]':<30}run's own overhead")
     print(f"{on_us:<22.1f}{off_us:<22.1f}{s:<30}{overhead}")
+    gc_on, gc_off = data["gc"]
+    print(f"garbage collections (generations 0/1/2) in the on blocks {gc_on}, in the off blocks {gc_off}")
+    if data["profile"]:
+        print(
+            f"\ncProfile of {a.profile} 'on' steps, torchmem's functions "
+            "(per step; cProfile's own cost included)"
+        )
+        print(f"{'cumulative µs':>14}{'own µs':>10}{'calls':>8}  function")
+        for cum, own_us, calls, fn in data["profile"]:
+            print(f"{cum:>14.1f}{own_us:>10.1f}{calls:>8.2f}  {fn}")
     return 0
 
 

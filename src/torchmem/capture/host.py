@@ -327,6 +327,16 @@ class HostWatcher:
         # What readings cost, all included but the scans and node counts (they keep to their own budgets).
         self._schedule.charge(time.perf_counter() - t0 - (self._work_seconds() - work))
 
+    def quiet_steps(self) -> int:
+        """How many of the next steps need nothing of :meth:`step` but their count (``0``: the next one
+        does): the steps before the next reading, none while a scan is due. A caller that skips them adds
+        them to :attr:`steps`; valid until the next call of :meth:`step`."""
+        instruments = self._instruments
+        if not self._running or self._scanner.due is not None or instruments.open or instruments.stale:
+            return 0
+        k = self._schedule.stride
+        return k - 1 - self.steps % k if k > 1 else 0
+
     def _work_seconds(self) -> float:
         """Time in torchmem's own work so far: scans, node counts, snapshots."""
         return self._scanner.seconds + self._nodes.seconds + self._tracer.seconds

@@ -180,6 +180,12 @@ class LoopSurvivors:
         """The steps whose births were recorded so far."""
         return tuple(self._covered)
 
+    @property
+    def quiet(self) -> bool:
+        """Whether a boundary has nothing left to do (the window is complete and its after-steps timed):
+        a caller may skip :meth:`boundary` from now on (the last boundary's step is then not kept)."""
+        return self._state == _DONE and not self._after_left and self._stack is None
+
     def boundary(self, step: int) -> None:
         """A step ended (``step``: its number; the first call is the end of step 1). Never raises."""
         self._seen = step

@@ -394,6 +394,24 @@ class Watcher(Generic[T]):
         except Exception as exc:  # never break the user's loop
             self._report_error("step", exc)
 
+    def quiet_steps(self) -> int:
+        """How many of the next steps need nothing of :meth:`step` but their count (``0``: the next one
+        does): none in the warm-up, while an attribution window records every step, while a short run's
+        stride is still narrowed (:meth:`ReadingSchedule.stride_at`), or with per-step helpers (workers,
+        survivors); else the steps before the next reading. A caller that skips them adds them to
+        :attr:`steps` (``torchmem run``'s per-step fast path); computed after a step, valid until the
+        next call of :meth:`step`."""
+        if self._stopped or self._workers is not None or self._survivors is not None:
+            return 0
+        n = self.steps
+        if n <= self.warmup or self._attribution.window is not None:
+            return 0
+        schedule = self._schedule
+        k = schedule.stride
+        if k <= 1 or schedule.stride_at(n + 1) != k:
+            return 0
+        return k - 1 - n % k
+
     def step_at(self, value: int) -> None:
         """:meth:`step` with the figure read earlier (``value``, as the reader returns it): a step whose end
         is known only afterwards (a boundary recognised at its second occurrence ended its first step too)."""

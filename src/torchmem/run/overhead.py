@@ -30,10 +30,11 @@ class Overhead:
         self._ledger_banked = (0.0, 0, True)
         self._parts = [0.0, 0.0, 0.0]  # the steps' readings, loop survivors, host watcher (seconds)
 
-    def step_began(self, t0: float) -> None:
-        """A step's bookkeeping begins at ``t0``: the program's own step ran since the last one ended."""
+    def step_began(self, t0: float, steps: int = 1) -> None:
+        """A step's bookkeeping begins at ``t0``: the program's own ``steps`` steps ran since the last one
+        ended (more than one where the session counted quiet steps in between, untimed)."""
         if self._step_end_t is not None:
-            d = t0 - self._step_end_t  # the program's own step (without this bookkeeping)
+            d = (t0 - self._step_end_t) / steps  # the program's own step (without this bookkeeping)
             if self._instrumented:
                 self._instr_sum += d
                 self._instr_n += 1

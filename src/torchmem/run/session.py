@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -29,7 +30,6 @@ from torchmem.capture.current import clear_current, set_current
 from torchmem.devices import DeviceLike, ledger, resolve
 from torchmem.results.leaks import LeakReport
 from torchmem.run import verdicts
-from torchmem.run.advice import why_no_steps
 from torchmem.run.followers import Followers
 from torchmem.run.modules import ModuleProfile
 from torchmem.run.ooms import OOMLog
@@ -41,6 +41,10 @@ from torchmem.run.status import StatusLine
 from torchmem.run.steps import StepSource
 from torchmem.run.timeline import Timeline, live_storage_keys, timeline_report
 from torchmem.run.watchers import StepWatchers
+
+# The first steps each write a step record (the capture's plot of a short run); later ones only where the
+# watcher read. Those steps always take the full bookkeeping (Session.step).
+_EVERY_STEP_RECORDS = 1000
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,8 @@ class Session:
         self._t0 = 0.0
         self._pid = os.getpid()
         self._steps = 0
+        self._quiet = 0  # steps still to count on the fast path (Session.step)
+        self._quiet_run = 0  # quiet steps since the last full one
         self._leak_written = False
         self._last_step_write = 0.0
         self._worker_checks: Any = None  # the DataLoader/worker checks (capture/workers.py)
@@ -272,15 +278,23 @@ class Session:
         counted = old.steps
         self._overhead.bank()
         self._watchers.restart(self.device, label)
-        self._steps = 0
+        self._steps = self._quiet = self._quiet_run = 0
         self._leak_written = False
         return int(counted)
 
     # -- steps -----------------------------------------------------------------------------------
     def step(self) -> None:
-        """One step ended: the watcher's reading, a step marker in the capture, the leak record once."""
+        """One step ended: the watcher's reading, a step marker in the capture, the leak record once. The
+        steps no watcher works at (*quiet*: :meth:`_quiet_after`) are only counted, untimed."""
+        if self._quiet and not self._ooms.pending:
+            self._quiet -= 1
+            self._quiet_run += 1
+            self._steps = self._watchers.count()
+            return
         t0 = time.perf_counter()
-        self._overhead.step_began(t0)
+        self._overhead.step_began(t0, self._quiet_run + 1)
+        self._quiet_run = 0
+        instrumented = False
         try:
             self._step_work()
         finally:
@@ -290,6 +304,20 @@ class Session:
             except Exception:
                 instrumented = False
             self._overhead.step_ended(t0, t1, instrumented)
+        self._quiet = 0 if instrumented else self._quiet_after()
+
+    def _quiet_after(self) -> int:
+        """The quiet steps after this one: none in the first :data:`_EVERY_STEP_RECORDS` steps, until the
+        program's GPU is settled, while the module profile runs, or where a watcher wants the next step."""
+        if self._steps <= _EVERY_STEP_RECORDS or not self._device_settled:
+            return 0
+        if self.modules and not self._modules.done:
+            return 0
+        try:
+            return self._watchers.quiet_steps()
+        except Exception as exc:  # every step then takes the full path
+            self._records.note(f"step bookkeeping: the quiet steps could not be counted ({exc})")
+            return 0
 
     def _settle_device(self) -> None:
         """While the first steps run (or, without steps, while nothing was judged): watch the GPU the program
@@ -321,7 +349,7 @@ class Session:
         if self._worker_checks is not None:
             self._worker_checks.device = dev
         self._watchers.move_to(dev)
-        self._steps = 0
+        self._steps = self._quiet = self._quiet_run = 0
         self._leak_written = False
         self._timeline.clear()
         why = ""
@@ -360,9 +388,9 @@ class Session:
             self._overhead.add_parts(*self._watchers.times)
             # One step record per reading the watcher took, at most one per 10 ms (a loop of thousands of
             # steps per second must not pay a JSON line per step); the sampler keeps the timeline.
-            if n <= 1000 or read_now:
+            if n <= _EVERY_STEP_RECORDS or read_now:
                 now = time.perf_counter()
-                if n <= 1000 or now - self._last_step_write >= 0.01:
+                if n <= _EVERY_STEP_RECORDS or now - self._last_step_write >= 0.01:
                     self._last_step_write = now
                     self._records.keep_step(n, value)
             if w.leaking and not self._leak_written and w.culprits:
@@ -467,11 +495,7 @@ class Session:
         self._records.stats(self.device, "end")
         gpus = self._finish_gpus()
         if self.memory_viz is not None:
-            from torchmem.devices import _ops
-
-            problem = _ops.dump_history_snapshot(self.memory_viz)
-            _ops.record_history(False)
-            note(f"--memory-viz: {problem}" if problem else f"allocator history snapshot: {self.memory_viz}")
+            _end_memory_viz(self.memory_viz, note)
         leak = self._watchers.leak()
         if leak is not None:
             leak = self._labelled(leak)
@@ -505,25 +529,10 @@ class Session:
         marker = f"return of {self.step_marker}()" if self.step_marker else None
         label = marker or (self._source.label or None)
         host = self._watchers.host_report(label, leak, self.device, backward=self._source.backward_ran)
-        if self._source.kind is not None:
-            self._records.record(
-                "boundary", kind=self._source.kind, label=self._source.label, count=self._steps
-            )
-        elif not self.step_marker:
-            self._records.record(
-                "boundary", kind="timeline" if self._timeline else "none", label="second", count=0
-            )
+        self._source.write_boundary(self._steps, bool(self._timeline))
         no_steps = None
         if self._steps == 0:
-            f = self._followers
-            no_steps = why_no_steps(
-                self.capture,
-                f.followed,
-                f.children,
-                self.step_marker,
-                self._source.optimizer_steps(),
-                self._source.boundaries,
-            )
+            no_steps = self._source.why_no_steps(self.capture, self._followers)
             note(f"0 steps: {no_steps}")
         overhead = None
         try:
@@ -615,6 +624,15 @@ def _device_name(dev: torch.device) -> str | None:
         return backend(dev).name()
     except Exception:
         return None
+
+
+def _end_memory_viz(path: str, note: Callable[[str], None]) -> None:
+    """``--memory-viz``: the allocator's history written to ``path`` and turned off; said in a note."""
+    from torchmem.devices import _ops
+
+    problem = _ops.dump_history_snapshot(path)
+    _ops.record_history(False)
+    note(f"--memory-viz: {problem}" if problem else f"allocator history snapshot: {path}")
 
 
 def _named(leak: LeakReport, survivors: Any, s: Session) -> LeakReport:

@@ -151,6 +151,27 @@ class StepSource:
             # no step yet (and no work in child processes): the loop's call; or a unit whose loop was left
             self._units.sample()
 
+    def write_boundary(self, steps: int, timeline: bool) -> None:
+        """The run's end: the boundary record with the ``steps`` counted (without a boundary: the timeline's
+        seconds where ``timeline`` kept points, else none)."""
+        if self._kind is not None:
+            self._records.record("boundary", kind=self._kind, label=self._label, count=steps)
+        elif not self.step_marker:
+            self._records.record("boundary", kind="timeline" if timeline else "none", label="second", count=0)
+
+    def why_no_steps(self, capture: str, followers: Any) -> str:
+        """Why no step was counted and what to do (``followers``: the session's followed children)."""
+        from torchmem.run.advice import why_no_steps
+
+        return why_no_steps(
+            capture,
+            followers.followed,
+            followers.children,
+            self.step_marker,
+            self.optimizer_steps(),
+            self._boundaries,
+        )
+
     def take_replay(self) -> int | None:
         """The figure of the step ending now when it was read at the boundary's first event, once."""
         replay, self._replay = self._replay, None

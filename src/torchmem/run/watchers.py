@@ -225,6 +225,30 @@ class StepWatchers:
         self.times = (t1 - t0, t2 - t1, t3 - t2)
         return n, read_now, value
 
+    def quiet_steps(self) -> int:
+        """How many of the next steps no watcher needs called for (the fewest of the device watcher's and
+        the host watcher's; none while the loop's survivors record): the session counts them with
+        :meth:`count` instead of :meth:`step`. Valid until the next :meth:`step`."""
+        w = self._watcher
+        if w is None or (self._survivors is not None and not self._survivors.quiet):
+            return 0
+        quiet = w.quiet_steps()
+        host = self._host
+        if quiet and host is not None:
+            quiet = min(quiet, host.quiet_steps())
+        return quiet
+
+    def count(self) -> int:
+        """One of the quiet steps ended: counted by each watcher (their readings come at a later step).
+        Returns the step count."""
+        w = self._watcher
+        assert w is not None
+        n = w.steps = w.steps + 1
+        host = self._host
+        if host is not None:
+            host.steps += 1
+        return n
+
     def leak(self) -> LeakReport | None:
         """The watcher stopped, its report (``None`` without a watcher)."""
         w = self._watcher

@@ -1,0 +1,160 @@
+"""``torchmem run``'s per-step fast path (issue 29): most steps of a long run need nothing but their count,
+because the device watcher and the host watcher read every k-th step; :meth:`Session.step` counts those
+*quiet* steps with a few attribute updates and runs the full bookkeeping only where a watcher works.
+
+Counted, not timed: which steps took the full path, and whether any quiet step was one at which a watcher
+would have read (it must never be: a reading skipped is a verdict changed). Must-say twins: the fast path is
+taken on a long flat loop (a fast path that never engages would pass the other checks), and a leak that
+starts late in a long run is still found and named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import torchmem
+from torchmem.run import session as session_module
+from torchmem.run.overhead import Overhead
+from torchmem.run.session import Session
+from torchmem.run.watchers import StepWatchers
+
+EVERY_STEP = session_module._EVERY_STEP_RECORDS
+
+
+def _loop() -> tuple[Any, Any, torch.Tensor]:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 16)
+    return lin, torch.optim.SGD(lin.parameters(), lr=1e-3), torch.randn(4, 16)
+
+
+class _Checked:
+    """Wraps a session's watchers: every quiet step is checked against the schedules as they stand (neither
+    the device watcher nor the host watcher would have read at it), and the full steps are listed."""
+
+    def __init__(self, session: Session, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.full: list[int] = []
+        self.quiet: list[int] = []
+        self.missed: list[tuple[int, str]] = []
+        watchers = session._watchers
+        count = StepWatchers.count
+        step = StepWatchers.step
+
+        def checked_count(this: StepWatchers) -> int:
+            n = count(this)
+            w, host = this.watcher, this._host
+            assert w is not None
+            sched = w._schedule
+            if n <= w.warmup + 1 or n % sched.stride_at(n) == 0 or w._attribution.window is not None:
+                self.missed.append((n, "device"))
+            if host is not None and (n % host._schedule.stride == 0 or host._scanner.due is not None):
+                self.missed.append((n, "host"))
+            if host is not None and host.steps != n:
+                self.missed.append((n, "host count"))
+            self.quiet.append(n)
+            return n
+
+        def listed_step(this: StepWatchers, *a: Any) -> tuple[int, bool, int | None]:
+            out = step(this, *a)
+            self.full.append(out[0])
+            return out
+
+        monkeypatch.setattr(StepWatchers, "count", checked_count)
+        monkeypatch.setattr(StepWatchers, "step", listed_step)
+        assert watchers is session._watchers
+
+
+def test_quiet_steps_are_counted_and_never_a_step_a_watcher_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flat loop of 4,000 optimizer steps: the first 1,000 all take the full path (each writes its step
+    record); after them most steps are quiet, none of them a reading step of either watcher, and every step is
+    counted by both watchers and the session."""
+    lin, opt, x = _loop()
+    steps = 4000
+    s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False, argv=["loop.py"]).start()
+    checked = _Checked(s, monkeypatch)
+    try:
+        for _ in range(steps):
+            opt.zero_grad(set_to_none=True)
+            lin(x).sum().backward()
+            opt.step()
+        w, host = s._watchers.watcher, s._watchers._host
+        assert w is not None and host is not None
+        counts = (w.steps, host.steps, s._steps)
+        stride = w._schedule.stride
+    finally:
+        res = s.finish(0, "exit")
+    assert checked.missed == []
+    assert counts == (steps, steps, steps)
+    assert res.steps == steps
+    assert sorted(checked.full + checked.quiet) == list(range(1, steps + 1))
+    assert all(n > EVERY_STEP for n in checked.quiet)
+    late_full = [n for n in checked.full if n > EVERY_STEP]
+    # the must-say twin: past the first 1,000 steps the fast path carries most steps (the device watcher's
+    # stride on a loop this short is tens of steps; its readings are the full steps)
+    assert stride > 4, stride
+    assert len(late_full) <= (steps - EVERY_STEP) // 4, (len(late_full), stride)
+    assert res.leak is not None and not res.leak.leaking
+
+
+def test_a_leak_that_starts_late_in_a_long_run_is_found_on_the_fast_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Flat for 1,300 steps (the fast path engaged), then 512 KiB kept per step (twice ``torchmem run``'s
+    threshold on the CPU) for 300 steps: found and named, and no quiet step was one a watcher would have
+    read or attributed at (the attribution window's steps are all full)."""
+    lin, opt, x = _loop()
+    kept: list[torch.Tensor] = []
+    s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False, argv=["loop.py"]).start()
+    checked = _Checked(s, monkeypatch)
+    quiet_before = 0
+    try:
+        for i in range(1600):
+            opt.zero_grad(set_to_none=True)
+            lin(x).sum().backward()
+            if i >= 1300:
+                kept.append(torch.zeros(131072))  # 512 KiB a step
+            opt.step()
+            if i == 1299:
+                quiet_before = len(checked.quiet)
+                assert quiet_before > 0  # the fast path was on when the leak started
+    finally:
+        res = s.finish(0, "exit")
+    kept.clear()
+    assert checked.missed == []
+    leak = res.leak
+    assert leak is not None and leak.leaking, leak
+    assert 500_000 <= leak.bytes_per_step <= 560_000, leak.bytes_per_step
+    assert leak.culprits and any(c.holder and "kept" in c.holder for c in leak.culprits), leak.culprits
+
+
+def test_a_watchers_quiet_steps_are_the_steps_before_its_next_reading() -> None:
+    """``Watcher.quiet_steps``: none in the warm-up; with a stride of 8 the steps before the next multiple
+    of 8; none where a stride of 1 reads every step."""
+    with torchmem.watch(device="cpu", warn=False, stride=8, warmup=3) as w:
+        got = []
+        for _ in range(40):
+            w.step()
+            got.append((w.steps, w.quiet_steps()))
+    assert got[:3] == [(1, 0), (2, 0), (3, 0)]
+    after = dict(got[3:])
+    assert after[8] == 7 and after[11] == 4 and after[15] == 0 and after[16] == 7 and after[39] == 0
+    with torchmem.watch(device="cpu", warn=False, stride=1, warmup=3) as w1:
+        for _ in range(20):
+            w1.step()
+            assert w1.quiet_steps() == 0
+
+
+def test_the_median_step_counts_quiet_steps_as_steps() -> None:
+    """A full step after 3 quiet ones: the 4 ms since the last full step are 4 steps of 1 ms, not one of
+    4 ms (the overhead record compares torchmem's time with the program's step)."""
+    o = Overhead()
+    o.step_ended(0.0, 0.0, False)
+    o.step_began(0.004, steps=4)
+    o.step_ended(0.004, 0.004, False)
+    o.step_began(0.005)
+    assert o.median_step() == pytest.approx(0.001)
