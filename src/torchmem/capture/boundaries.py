@@ -98,6 +98,7 @@ class StepBoundaries:
             "step detection: {where} failed ({error}); the program goes on",
         )
         self._stopped = False
+        self._lean_backward = False  # see _choose
         self._compiling = _compiling()
 
     @property
@@ -176,6 +177,9 @@ class StepBoundaries:
     def _choose(self, kind: str) -> None:
         self.chosen = kind
         self.label = self._labels.get(kind) or _default_label(kind)
+        # A kind better than backward counts the steps: a backward only needs counting (backward_ran) where
+        # no exact ledger records sites (its engine-thread births get the call's line then).
+        self._lean_backward = _RANK[kind] < _RANK["backward"]
         if _RANK[kind] < _RANK["module"]:
             self._remove_module_hooks()  # a better boundary: the per-call module hooks only cost
             self._tops.clear()
@@ -192,10 +196,20 @@ class StepBoundaries:
         if threading.get_ident() != self.thread:
             self.other_thread["optimizer"] += 1
             return
-        try:
-            self._last_optimizer = weakref.ref(opt) if opt is not None else None
-        except TypeError:  # not weak-referenceable: not kept
-            self._last_optimizer = None
+        ref = self._last_optimizer
+        if ref is None or ref() is not opt:
+            try:
+                self._last_optimizer = weakref.ref(opt) if opt is not None else None
+            except TypeError:  # not weak-referenceable: not kept
+                self._last_optimizer = None
+        if self.chosen == "optimizer" and not self._stopped:
+            # the chosen kind's event, every step of a training loop: the step straight away
+            self.counts["optimizer"] += 1
+            try:
+                self._on_step()
+            except Exception as exc:
+                self._error("counting a step", exc)
+            return
         self._event("optimizer")
 
     _last_optimizer: weakref.ref[Any] | None = None
@@ -364,6 +378,10 @@ class StepBoundaries:
 
         @functools.wraps(original)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if boundaries._lean_backward and engine_call and not led.active:
+                # the steps are counted at a better boundary (the optimizer step): no event, no nesting
+                boundaries.counts[kind] += 1
+                return original(*args, **kwargs)
             if threading.get_ident() != boundaries.thread:
                 if kind == "backward":
                     boundaries.other_thread[kind] += (

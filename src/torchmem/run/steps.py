@@ -188,7 +188,8 @@ class StepSource:
 
     def _on_boundary(self) -> None:
         if not self._records.disabled and not self.step_marker:
-            self._look_at_loop()
+            if self._carried_looks < 3:
+                self._look_at_loop()
             self._step()
 
     def _on_first(self, kind: str) -> None:
