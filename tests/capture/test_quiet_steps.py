@@ -105,7 +105,7 @@ def test_a_leak_that_starts_late_in_a_long_run_is_found_on_the_fast_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Flat for 1,300 steps (the fast path engaged), then 512 KiB kept per step (twice ``torchmem run``'s
-    threshold on the CPU) for 300 steps: found and named, and no quiet step was one a watcher would have
+    threshold on the CPU) for 400 steps: found and named, and no quiet step was one a watcher would have
     read or attributed at (the attribution window's steps are all full)."""
     lin, opt, x = _loop()
     kept: list[torch.Tensor] = []
@@ -113,7 +113,7 @@ def test_a_leak_that_starts_late_in_a_long_run_is_found_on_the_fast_path(
     checked = _Checked(s, monkeypatch)
     quiet_before = 0
     try:
-        for i in range(1600):
+        for i in range(1700):
             opt.zero_grad(set_to_none=True)
             lin(x).sum().backward()
             if i >= 1300:
@@ -158,3 +158,22 @@ def test_the_median_step_counts_quiet_steps_as_steps() -> None:
     o.step_ended(0.004, 0.004, False)
     o.step_began(0.005)
     assert o.median_step() == pytest.approx(0.001)
+
+
+def test_quiet_steps_follow_a_short_runs_narrowed_stride() -> None:
+    """Where a short run's floor narrows the stride (``stride_at``: a run of n steps is read at least every
+    n // 16 steps), the quiet steps end at the first step the floor reads: the same steps as asking every
+    step, for every n up to where the floor lets go."""
+    with torchmem.watch(device="cpu", warn=False, warmup=3) as w:
+        for _ in range(5):
+            w.step()
+        sched = w._schedule
+        sched.stride, sched._floor, sched.fixed = 32, True, None
+        assert sched.stride_at(100) == 6 and sched.stride_at(600) == 32  # the floor narrows, then lets go
+        for n in range(5, 700):
+            w.steps = n
+            expected = 0
+            m = n + 1
+            while m % sched.stride_at(m) and m < n + 32:
+                expected, m = expected + 1, m + 1
+            assert w.quiet_steps() == expected, n

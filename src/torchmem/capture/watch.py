@@ -396,9 +396,9 @@ class Watcher(Generic[T]):
 
     def quiet_steps(self) -> int:
         """How many of the next steps need nothing of :meth:`step` but their count (``0``: the next one
-        does): none in the warm-up, while an attribution window records every step, while a short run's
-        stride is still narrowed (:meth:`ReadingSchedule.stride_at`), or with per-step helpers (workers,
-        survivors); else the steps before the next reading. A caller that skips them adds them to
+        does): none in the warm-up, while an attribution window records every step, or with per-step helpers
+        (workers, survivors); else the steps before the next reading (a short run's narrowed stride
+        included: :meth:`ReadingSchedule.stride_at`). A caller that skips them adds them to
         :attr:`steps` (``torchmem run``'s per-step fast path); computed after a step, valid until the
         next call of :meth:`step`."""
         if self._stopped or self._workers is not None or self._survivors is not None:
@@ -408,9 +408,17 @@ class Watcher(Generic[T]):
             return 0
         schedule = self._schedule
         k = schedule.stride
-        if k <= 1 or schedule.stride_at(n + 1) != k:
+        if k <= 1:
             return 0
-        return k - 1 - n % k
+        if schedule.stride_at(n + 1) == k:
+            return k - 1 - n % k
+        # a short run's floor narrows the stride as it goes (stride_at): the first step within k that the
+        # floor reads (at the latest the k-th: calling step() there when it does not read costs nothing)
+        stride_at = schedule.stride_at
+        m = n + 1
+        while m < n + k and m % stride_at(m):
+            m += 1
+        return m - n - 1
 
     def step_at(self, value: int) -> None:
         """:meth:`step` with the figure read earlier (``value``, as the reader returns it): a step whose end
