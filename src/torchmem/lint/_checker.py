@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from torchmem.lint._flow import DataFlow
 from torchmem.lint._forward import ForwardChecks, in_forward
+from torchmem.lint._grad_wanted import feeds_grad_input, grad_inputs
 from torchmem.lint._kept import fixed_handful
 from torchmem.lint._syntax import (
     METER_NAMES,
@@ -387,6 +388,8 @@ class Rules(ForwardChecks, WorkerChecks):
             return  # part of a module's forward pass (hi-ml's frozen encoder): its caller decides on autograd
         if scope.name.endswith("_step") or scope.name.startswith("on_"):
             return  # framework hooks (Lightning's validation_step) run under no_grad already
+        if self.w.test_file and scope.kind == "function" and scope.name.startswith("test"):
+            return  # a test of a pytest/unittest file checks outputs, it is not an evaluation (round Q)
         # A loop that also keeps its outputs is TM010 as well: TM002 still reports it, because TM010 is
         # not shown by default (docs/lint.md, "Default output") and the fix (no_grad) is the same.
         if scope.backward_roots:
@@ -398,10 +401,13 @@ class Rules(ForwardChecks, WorkerChecks):
         # so (9 of 23: the callee is as often a compiled, frozen or foreign model): not shown by
         # default. The first loop of the eval-mode form is reported, else the first of the other.
         found: tuple[Loop, ast.Call, str] | None = None
+        wanted = grad_inputs(scope)  # inputs made to require grad: forces, saliency (round Q)
         for loop in scope.eval_loops:
             if self._helper_takes_grads(loop):
                 continue  # `hvp(loss, w, v)` differentiates what the loop computes: its graph is used
             calls, in_eval = self.eval_mode_calls(scope, loop, bound_eval)
+            if any(feeds_grad_input(c, wanted) for c in calls):
+                continue  # the model is given an input made to require grad: its gradients are wanted
             if in_eval:
                 found = (loop, in_eval[0], "eval-mode")
                 break

@@ -127,14 +127,17 @@ def evaluate(model, loader):
 The function (or a caller in the same file) uses `torch.no_grad()`, `torch.inference_mode()` or
 `torch.set_grad_enabled(...)`; the function calls `.backward()` or an optimizer step (it trains, e.g.
 test-time adaptation) or takes `torch.autograd.grad` of what it computes (influence functions; a bare
-`grad(...)` imported from `torch.autograd` counts); the loop is in a module's `forward` or in a method of its
+`grad(...)` imported from `torch.autograd` counts), or hands the model an input it made require grad
+(`x.requires_grad_()`, `requires_grad=True`: a force field's forward takes the forces as `-dE/dx`, a
+saliency map); the loop is in a module's `forward` or in a method of its
 class that `forward` runs (part of a forward pass, whose graph the caller's loss uses); the model is not
 called inside a loop; the loop calls something other than the model put in eval mode (a
 function of the same file such as a `@torch.no_grad()` `validate_network(...)`, a parameterless helper
 module, `get_model(...)` or `accelerator.prepare_model(...)`, which make or wrap a model); the file
 imports nothing of torch's world (torch, lightning, transformers, accelerate, ...); framework hooks such
-as Lightning's `validation_step` (run under no_grad by the framework); test functions in `test_*.py`
-files. When the loop also keeps its outputs, TM010 is reported instead (the outputs' activations grow).
+as Lightning's `validation_step` (run under no_grad by the framework); test functions (`test*`) in test
+files (`test_*.py`, `*_test.py`), in both forms. When the loop also keeps its outputs, TM010 is reported
+instead (the outputs' activations grow).
 
 Suppress with `# noqa: TM002` on the loop's line.
 """,

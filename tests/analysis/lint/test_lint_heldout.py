@@ -965,3 +965,58 @@ def test_a_model_rebound_by_its_wrapper_carries_no_graph() -> None:
 def test_a_hidden_state_carried_beside_the_rebound_model_is_still_flagged() -> None:
     step = "out, h = student_model(input_ids, h)\n                loss = F.cross_entropy(out, labels)"
     assert codes(DISTIL.format(state="h = h0", step=step)) == ["TM004"]
+
+
+# == round Q of docs/lint_corpus.md (measured once, then its false positives) ===============================
+# deepmd-kit's energy models: `coord.requires_grad_(True)` handed to a model in eval() mode, whose forward
+# takes the forces as -dE/dcoord with torch.autograd.grad: autograd must be on (no_grad breaks it).
+FORCE_FIELD = """
+def compare(md, frames, atype, box):
+    md.eval()
+    energies = []
+    for c in frames:
+        {coord}
+        out = md.forward(coord, atype, box=box)
+        energies.append(float(out["energy"]))
+    return energies
+"""
+
+
+def test_an_input_made_to_require_grad_wants_autograd_in_the_eval_loop() -> None:
+    assert shown(FORCE_FIELD.format(coord="coord = torch.tensor(c).requires_grad_(True)")) == []
+    assert shown(FORCE_FIELD.format(coord="coord = torch.tensor(c, requires_grad=True)")) == []
+    two = "coord = torch.tensor(c)\n        coord.requires_grad_()"
+    assert shown(FORCE_FIELD.format(coord=two)) == []
+    attr = "coord = torch.tensor(c)\n        coord.requires_grad = True"
+    assert shown(FORCE_FIELD.format(coord=attr)) == []
+
+
+def test_an_input_left_without_grad_or_frozen_is_still_flagged() -> None:
+    assert shown(FORCE_FIELD.format(coord="coord = torch.tensor(c)")) == ["TM002"]
+    assert shown(FORCE_FIELD.format(coord="coord = torch.tensor(c).requires_grad_(False)")) == ["TM002"]
+    # a grad input the loop does not hand to the model: its gradients are not this forward's
+    other = "coord = torch.tensor(c)\n        w = torch.zeros(3, requires_grad=True)"
+    assert shown(FORCE_FIELD.format(coord=other)) == ["TM002"]
+
+
+# super-gradients' and fairseq's model tests: a `test_*` function of a test file runs models in eval()
+# mode and compares outputs (the TM002 page: test functions of test files are not flagged).
+TEST_FN = """
+def {name}(model, batches):
+    model.eval()
+    for x in batches:
+        out = model(x)
+        assert out.shape[0] == x.shape[0]
+"""
+
+
+def test_a_test_function_of_a_test_file_is_not_an_evaluation() -> None:
+    def in_file(name: str, path: str) -> list[str]:
+        src = HEAD + textwrap.dedent(TEST_FN.format(name=name))
+        return [f.code for f in lint_source(src, path) if f.severity == "warning"]
+
+    assert in_file("test_heads", "tests/test_heads.py") == []
+    assert in_file("test_heads", "tests/heads_test.py") == []
+    # the must-say twins: the same loop in a helper of the test file, or in a `test_*` function elsewhere
+    assert in_file("run_heads", "tests/test_heads.py") == ["TM002"]
+    assert in_file("test_heads", "bench/heads.py") == ["TM002"]
