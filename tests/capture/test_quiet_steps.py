@@ -25,10 +25,10 @@ from torchmem.run.watchers import StepWatchers
 EVERY_STEP = session_module._EVERY_STEP_RECORDS
 
 
-def _loop() -> tuple[Any, Any, torch.Tensor]:
+def _loop(device: str = "cpu") -> tuple[Any, Any, torch.Tensor]:
     torch.manual_seed(0)
-    lin = torch.nn.Linear(16, 16)
-    return lin, torch.optim.SGD(lin.parameters(), lr=1e-3), torch.randn(4, 16)
+    lin = torch.nn.Linear(16, 16).to(device)
+    return lin, torch.optim.SGD(lin.parameters(), lr=1e-3), torch.randn(4, 16, device=device)
 
 
 class _Checked:
@@ -101,15 +101,18 @@ def test_quiet_steps_are_counted_and_never_a_step_a_watcher_reads(
     assert res.leak is not None and not res.leak.leaking
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def test_a_leak_that_starts_late_in_a_long_run_is_found_on_the_fast_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, device: str
 ) -> None:
     """Flat for 1,300 steps (the fast path engaged), then 512 KiB kept per step (twice ``torchmem run``'s
-    threshold on the CPU) for 400 steps: found and named, and no quiet step was one a watcher would have
-    read or attributed at (the attribution window's steps are all full)."""
-    lin, opt, x = _loop()
+    threshold) for 400 steps, on the CPU and (marked cuda) on a GPU: found and named, and no quiet step was
+    one a watcher would have read or attributed at (the attribution window's steps are all full)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    lin, opt, x = _loop(device)
     kept: list[torch.Tensor] = []
-    s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False, argv=["loop.py"]).start()
+    s = Session(str(tmp_path / "run.jsonl"), device=device, status=False, argv=["loop.py"]).start()
     checked = _Checked(s, monkeypatch)
     quiet_before = 0
     try:
@@ -117,7 +120,7 @@ def test_a_leak_that_starts_late_in_a_long_run_is_found_on_the_fast_path(
             opt.zero_grad(set_to_none=True)
             lin(x).sum().backward()
             if i >= 1300:
-                kept.append(torch.zeros(131072))  # 512 KiB a step
+                kept.append(torch.zeros(131072, device=device))  # 512 KiB a step
             opt.step()
             if i == 1299:
                 quiet_before = len(checked.quiet)
