@@ -13,7 +13,8 @@ The switching reaches into torchmem's private objects from the program (the sess
 ``gc.get_objects()``); it is for this measurement only.
 
     PYTHONPATH=src python3 benchmarks/run_inprocess.py [--device cuda] [--model mlp|tiny|resnet18|gpt2]
-        [--pairs 200] [--block 50] [--cpus 3]
+        [--pairs 200] [--block 50] [--cpus 3] [--part all|hooks|bookkeeping|sampler] [--profile N]
+        [--at 2000,20000,100000]
         [--warmup-steps 600]
 """
 
@@ -39,6 +40,8 @@ device = torch.device(sys.argv[1])
 pairs, block, warm, name = int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 sys.path.insert(0, sys.argv[6])
 part, profile_steps = sys.argv[7], int(sys.argv[8])
+# the run lengths the pairs are measured at (--at): the first is the warm-up
+checkpoints = [int(v) for v in sys.argv[9].split(",")] if len(sys.argv) > 9 and sys.argv[9] else [warm]
 from _models import make_step
 
 step, what = make_step(name, device)
@@ -56,7 +59,8 @@ def run(n):
     return (time.perf_counter() - t0) / n
 
 
-run(warm)  # the run finds its step boundary (the optimizer step), warms up, chooses its strides
+run(checkpoints[0])  # the run finds its step boundary (the optimizer step), warms up, chooses its strides
+done = checkpoints[0]
 
 from torchmem.run.session import Session
 import torch.optim.optimizer as optmod
@@ -104,7 +108,7 @@ def switch(on):
 
 
 steps_before = session._steps
-out = []
+rounds = []
 # The garbage collector's passes in the on and off blocks, by generation: torchmem's allocations at the
 # step boundaries bring the collections sooner (a full pass walks every object of a framework's heap).
 collections = {True: [0, 0, 0], False: [0, 0, 0]}
@@ -117,14 +121,23 @@ def on_gc(event, info):
 
 
 gc.callbacks.append(on_gc)
-for i in range(pairs):
-    order = (True, False) if i % 2 == 0 else (False, True)
-    got = {}
-    for on in order:
-        switch(on)
-        phase[0] = on
-        got[on] = run(block)
-    out.append((got[True], got[False]))
+for at in checkpoints:
+    if at > done:  # the run goes on (torchmem on) to the next length measured
+        switch(True)
+        phase[0] = True
+        run(at - done)
+        done = at
+    out = []
+    for i in range(pairs):
+        order = (True, False) if i % 2 == 0 else (False, True)
+        got = {}
+        for on in order:
+            switch(on)
+            phase[0] = on
+            got[on] = run(block)
+        out.append((got[True], got[False]))
+    done += 2 * pairs * block
+    rounds.append({"at": at, "pairs": out, "counted": session._steps})
 gc.callbacks.remove(on_gc)
 switch(True)
 profile = []
@@ -144,8 +157,9 @@ if profile_steps:
                             f"{file.rsplit('torchmem/', 1)[-1]}:{line}:{fn}"))
     profile.sort(reverse=True)
 counted = session._steps - steps_before
-print("PAIRS=" + json.dumps({"pairs": out, "steps_counted": counted, "what": what, "profile": profile[:30],
-                             "gc": [collections[True], collections[False]]}))
+result = {"rounds": rounds, "steps_counted": counted, "what": what, "profile": profile[:30]}
+result["gc"] = [collections[True], collections[False]]
+print("PAIRS=" + json.dumps(result))
 """
 
 
@@ -164,6 +178,12 @@ def main() -> int:
     )
     ap.add_argument(
         "--profile", type=int, default=0, help="then cProfile this many 'on' steps: torchmem's share"
+    )
+    ap.add_argument(
+        "--at",
+        default="",
+        help="run lengths (steps) to measure the pairs at, e.g. 2000,20000,100000: is the cost flat in the "
+        "run's length? (default: once, after --warmup-steps)",
     )
     ap.add_argument("--cpus", default=None, help="CPUs to pin to (default: the last one; 4 on CUDA)")
     a = ap.parse_args()
@@ -191,6 +211,7 @@ def main() -> int:
             here,
             a.part,
             str(a.profile),
+            a.at,
         ]
         code = (
             "import sys\nfrom torchmem.cli import main\n"
@@ -206,16 +227,19 @@ def main() -> int:
         data = json.loads(line[len("PAIRS=") :])
         own = overhead_record(Path(d), "run.jsonl")
         overhead = own.get("ratio") if own is not None else None
-    pairs = Pairs(a=[off for _on, off in data["pairs"]], b=[on for on, _off in data["pairs"]])
-    s = pairs.summary()
-    on_us = sorted(pairs.b)[pairs.n // 2] * 1e6
-    off_us = sorted(pairs.a)[pairs.n // 2] * 1e6
     print(
-        f"device {device}; {data['what']}; off: {a.part}; {pairs.n} pairs of {a.block}-step blocks; "
+        f"device {device}; {data['what']}; off: {a.part}; {a.pairs} pairs of {a.block}-step blocks; "
         f"{pinned}; steps counted while on: {data['steps_counted']}"
     )
-    print(f"{'step on (median)':<22}{'step off (median)':<22}{'ratio on/off [95 %]':<30}run's own overhead")
-    print(f"{on_us:<22.1f}{off_us:<22.1f}{s:<30}{overhead}")
+    print(
+        f"{'steps run before':<18}{'step on (median)':<20}{'step off (median)':<20}"
+        f"{'ratio on/off [95 %]':<30}run's own overhead (whole run)"
+    )
+    for r in data["rounds"]:
+        pairs = Pairs(a=[off for _on, off in r["pairs"]], b=[on for on, _off in r["pairs"]])
+        on_us = sorted(pairs.b)[pairs.n // 2] * 1e6
+        off_us = sorted(pairs.a)[pairs.n // 2] * 1e6
+        print(f"{r['at']:<18,}{on_us:<20.1f}{off_us:<20.1f}{pairs.summary():<30}{overhead}")
     gc_on, gc_off = data["gc"]
     print(f"garbage collections (generations 0/1/2) in the on blocks {gc_on}, in the off blocks {gc_off}")
     if data["profile"]:
