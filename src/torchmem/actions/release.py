@@ -251,7 +251,13 @@ def _shared_with_live_modules(plan: ReleasePlan) -> dict[int, str]:
     candidates = [*tensor_dicts, *module_dicts]
     shared_subs: list[torch.nn.Module] = []
     for owner in gc.get_referrers(*candidates) if candidates else ():
-        if not isinstance(owner, dict) or id(owner) in plan.visited:
+        if isinstance(owner, torch.nn.Module):
+            # Python 3.13+ keeps an instance's attributes inline, without a __dict__ until one is asked
+            # for: the referrer of a module's `_parameters` is then the module itself, not its dict
+            if id(owner) in plan.visited:
+                continue
+            owner = vars(owner)
+        elif not isinstance(owner, dict) or id(owner) in plan.visited:
             continue
         for slot in ("_parameters", "_buffers"):
             d = owner.get(slot)
