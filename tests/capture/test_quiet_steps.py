@@ -180,3 +180,33 @@ def test_quiet_steps_follow_a_short_runs_narrowed_stride() -> None:
             while m % sched.stride_at(m) and m < n + 32:
                 expected, m = expected + 1, m + 1
             assert w.quiet_steps() == expected, n
+
+
+def test_an_error_counting_quiet_steps_is_said_once_and_every_step_goes_on_in_full(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watcher whose ``quiet_steps`` raises: one note, no step lost, the full path from then on."""
+    from torchmem.capture.watch import Watcher
+
+    def broken(self: Watcher[Any]) -> int:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(Watcher, "quiet_steps", broken)
+    lin, opt, x = _loop()
+    s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False, argv=["loop.py"]).start()
+    checked = _Checked(s, monkeypatch)
+    try:
+        for _ in range(EVERY_STEP + 200):
+            opt.zero_grad(set_to_none=True)
+            lin(x).sum().backward()
+            opt.step()
+    finally:
+        res = s.finish(0, "exit")
+    assert res.steps == EVERY_STEP + 200
+    assert checked.quiet == [] and len(checked.full) == EVERY_STEP + 200
+    notes = [
+        line
+        for line in (tmp_path / "run.jsonl").read_text().splitlines()
+        if "every step is read in full" in line
+    ]
+    assert len(notes) == 1, notes

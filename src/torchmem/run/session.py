@@ -294,7 +294,6 @@ class Session:
         t0 = time.perf_counter()
         self._overhead.step_began(t0, self._quiet_run + 1)
         self._quiet_run = 0
-        instrumented = False
         try:
             self._step_work()
         finally:
@@ -313,11 +312,7 @@ class Session:
             return 0
         if self.modules and not self._modules.done:
             return 0
-        try:
-            return self._watchers.quiet_steps()
-        except Exception as exc:  # every step then takes the full path
-            self._records.note(f"step bookkeeping: the quiet steps could not be counted ({exc})")
-            return 0
+        return self._watchers.quiet_steps()
 
     def _settle_device(self) -> None:
         """While the first steps run (or, without steps, while nothing was judged): watch the GPU the program

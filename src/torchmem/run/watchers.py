@@ -112,6 +112,7 @@ class StepWatchers:
         self._survivors: Any = None
         self._host: Any = None
         self.times = (0.0, 0.0, 0.0)
+        self._quiet_failed = False  # quiet_steps() raised once: the full path from then on
         """The seconds of the last step's parts: the watcher's reading, the loop survivors, the host
         watcher."""
 
@@ -228,14 +229,20 @@ class StepWatchers:
     def quiet_steps(self) -> int:
         """How many of the next steps no watcher needs called for (the fewest of the device watcher's and
         the host watcher's; none while the loop's survivors record): the session counts them with
-        :meth:`count` instead of :meth:`step`. Valid until the next :meth:`step`."""
+        :meth:`count` instead of :meth:`step`. Valid until the next :meth:`step`. An error here is said
+        once, and every step takes the full path from then on."""
         w = self._watcher
-        if w is None or (self._survivors is not None and not self._survivors.quiet):
+        if w is None or self._quiet_failed or (self._survivors is not None and not self._survivors.quiet):
             return 0
-        quiet = w.quiet_steps()
-        host = self._host
-        if quiet and host is not None:
-            quiet = min(quiet, host.quiet_steps())
+        try:
+            quiet = w.quiet_steps()
+            host = self._host
+            if quiet and host is not None:
+                quiet = min(quiet, host.quiet_steps())
+        except Exception as exc:
+            self._quiet_failed = True
+            self._records.note(f"step bookkeeping: every step is read in full ({type(exc).__name__}: {exc})")
+            return 0
         return quiet
 
     def count(self) -> int:
