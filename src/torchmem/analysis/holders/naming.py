@@ -19,6 +19,7 @@ container over 64 entries (cached) per lookup in it.
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import re
 import types
@@ -194,6 +195,11 @@ class PathNamer:
                     0,
                 )
             else:
+                owner = _instance_of_dict(top) if type(top) is dict else None
+                if owner is not None:
+                    # the cycle was entered at an instance's __dict__ (a separate object before Python
+                    # 3.11): it starts at the instance, as `<reference cycle through Node>.t`
+                    top, chain = owner, [(owner, top, None), *chain]
                 root_kind, steps, i = "cycle", [self._cycle_root(top, chain)], 0
             while i < len(chain):
                 more, used = self._step(chain, i, steps[-1] if steps else None)
@@ -279,6 +285,9 @@ class PathNamer:
             fr = getattr(p, "gi_frame", None) or getattr(p, "cr_frame", None) or getattr(p, "ag_frame", None)
             if fr is not None:
                 prefix = f" -> suspended {type(p).__name__} {frame_description(fr)}"
+                if c is fr and nxt is not MISSING:  # through the frame object itself (Python 3.10)
+                    step, used = self._frame_step(fr, nxt, nxt2, prefix, holder)
+                    return step, used + 1
                 return self._frame_step(fr, c, nxt, prefix, holder)
         if isinstance(p, types.FunctionType):
             code = p.__code__
@@ -507,3 +516,18 @@ class PathNamer:
     def clear(self) -> None:
         self.positions_cache = {}
         self.parameter_names = None
+
+
+def _instance_of_dict(d: dict[str, Any]) -> Any:
+    """The instance whose ``__dict__`` is ``d`` (not a class or a module), ``None`` when there is none: one
+    scan of ``d``'s referrers, made only for a cycle entered at a dict (before Python 3.11 an instance's
+    attributes are a dict of their own)."""
+    for obj in gc.get_referrers(d):
+        if isinstance(obj, (type, types.ModuleType, dict, list, tuple, types.FrameType)):
+            continue
+        try:
+            if object.__getattribute__(obj, "__dict__") is d:
+                return obj
+        except Exception:
+            continue
+    return None
