@@ -86,11 +86,9 @@ def _containers(objs: Sequence[Any]) -> list[Any]:
     try:
         for f in _frames():
             if not f.f_code.co_filename.startswith(_OWN):
-                loc = snapshots.read(f)
+                loc = snapshots.read_dict(f)  # (3.13+: a copy of the proxy, dropped below)
                 if loc is not None:
-                    # Python 3.13+: a function frame's f_locals is a proxy whose referent is the frame,
-                    # not the locals: a plain copy of it, for get_referents (dropped below)
-                    namespaces.append(loc if type(loc) is dict else dict(loc))
+                    namespaces.append(loc)
         refs = gc.get_referents(
             *namespaces, *itertools.compress(objs, map(mine.__contains__, map(type, objs)))
         )

@@ -214,13 +214,12 @@ class UnitFinder:
         self._wrap_target(owner, name, fn, callee.f_code, bound)
 
     def _wrap_target(self, owner: Any, name: str, fn: Any, code: CodeType, bound: str | None) -> None:
+        func = getattr(fn, "__func__", fn)
         # (Python 3.10 has no co_qualname: the function's own __qualname__, `Tracker.update`)
-        func_of = getattr(fn, "__func__", fn)
-        qual = getattr(code, "co_qualname", None) or getattr(func_of, "__qualname__", name)
+        qual = getattr(code, "co_qualname", None) or getattr(func, "__qualname__", name)
         label = f"{bound or qual}() call"
         finder = self
         calls: list[Any] = [0, 0.0, 1, label]  # returns, the first's time, returns a step, the label shown
-        func = getattr(fn, "__func__", fn)
 
         def unit(*args: Any, **kwargs: Any) -> Any:
             result = func(*args, **kwargs)

@@ -112,9 +112,9 @@ class StepWatchers:
         self._survivors: Any = None
         self._host: Any = None
         self.times = (0.0, 0.0, 0.0)
-        self._quiet_failed = False  # quiet_steps() raised once: the full path from then on
         """The seconds of the last step's parts: the watcher's reading, the loop survivors, the host
         watcher."""
+        self._quiet_failed = False  # quiet_steps() raised once: the full path from then on
 
     @property
     def watcher(self) -> Watcher[Any] | None:

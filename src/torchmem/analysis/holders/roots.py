@@ -109,6 +109,17 @@ class FrameSnapshots:
         self.note(f, loc)
         return loc
 
+    def read_dict(self, f: types.FrameType) -> dict[str, Any] | None:
+        """``f.f_locals`` as a dict: the snapshot itself (<= 3.12, recorded as :meth:`read` does) or a copy
+        of a PEP 667 proxy (3.13+, whose only referent is the frame); ``None`` when the frame refuses."""
+        loc = self.read(f)
+        if loc is None or type(loc) is dict:
+            return loc
+        try:
+            return dict(loc)
+        except Exception:
+            return None
+
     def release(self) -> None:
         """Empty the snapshots nobody else holds, where no Python-level tracer could write them back."""
         made, self.made = self.made, []

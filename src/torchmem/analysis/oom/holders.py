@@ -148,13 +148,8 @@ def _has_graph(value: Any) -> bool:
 
 
 def _locals(frame: types.FrameType, snaps: FrameSnapshots) -> dict[str, Any]:
-    loc = snaps.read(frame)
-    if loc is None:
-        return {}
-    try:
-        return dict(loc)  # a snapshot dict (<= 3.12) or, from 3.13, a PEP 667 proxy: copied as it shows
-    except Exception:
-        return {}
+    loc = snaps.read_dict(frame)
+    return dict(loc) if loc is not None else {}
 
 
 # ---------------------------------------------------------------------------------------------------------
