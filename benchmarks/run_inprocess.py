@@ -3,11 +3,12 @@
 Fresh processes cannot show 2 % on the H100 host: the same plain program's median step varies by ± 25 % from
 one process to the next (docs/benchmarks.md, session 15). So here one process runs under ``torchmem run`` and
 alternates blocks of steps with torchmem's per-step work switched on and off (interleaved pairs, ``A B`` then
-``B A``): off, the step boundaries' hooks are taken out (the ``backward`` wrapper replaced by the original,
-the optimizer post-hook removed: no step is counted, nothing is read) and the sampler's ticks do nothing; on,
-everything is as ``torchmem run`` left it. The ratio on/off of each pair, its median and a 95 % interval
-(``benchmarks/_pairs.py``). What this leaves out, by design: the run's one-time work (start, the first
-steps' survivors, scans once growth is found, the end summary), said by the run's own ``overhead`` record.
+``B A``): off, the step boundaries' hooks are taken out (the ``backward`` wrapper, where it is in place,
+replaced by the original, the optimizer post-hook removed: no step is counted, nothing is read) and the
+sampler's ticks do nothing; on, everything is as ``torchmem run`` left it. The ratio on/off of each pair,
+its median and a 95 % interval (``benchmarks/_pairs.py``). What this leaves out, by design: the run's
+one-time work (start, the first steps' survivors, scans once growth is found, the end summary), said by
+the run's own ``overhead`` record.
 
 The switching reaches into torchmem's private objects from the program (the session is found with
 ``gc.get_objects()``); it is for this measurement only.
@@ -68,8 +69,11 @@ import torch.optim.optimizer as optmod
 session = next(o for o in gc.get_objects() if isinstance(o, Session))
 sampler = session._sampler
 tick = sampler._tick
+# torchmem's backward() wrapper, where it is in place (once the optimizer step counts the steps it is taken
+# out, torch's own backward() back: then there is nothing to switch)
 wrapped = torch.autograd.backward
-assert getattr(wrapped, "__torchmem_boundary__", False), "torch.autograd.backward is not torchmem's wrapper"
+ours = getattr(wrapped, "__torchmem_boundary__", False)
+unwrapped = getattr(wrapped, "__wrapped__", wrapped) if ours else wrapped
 post = optmod._global_optimizer_post_hooks
 saved = {}
 state = [True]
@@ -97,7 +101,7 @@ def switch(on):
             source._step = bookkeeping
     else:
         if hooks:
-            torch.autograd.backward = wrapped.__wrapped__
+            torch.autograd.backward = unwrapped
             saved.clear()
             saved.update(post)
             post.clear()

@@ -53,7 +53,61 @@ def test_optimizer_steps_win_over_everything(rec: Recorder) -> None:
     assert b.chosen == "optimizer"
     # module calls first (2 forwards), then backward took over, then the optimizer
     assert [k for k, _ in rec.switches] == ["optimizer"]  # chosen at the first optimizer step
-    assert b.counts["optimizer"] == 5 and b.counts["backward"] == 5
+    # the backward before the first optimizer step is counted; after it the wrappers are out (parked)
+    assert b.counts["optimizer"] == 5 and b.counts["backward"] == 1
+    assert rec.errors == []
+
+
+def test_backward_wrappers_are_out_once_the_optimizer_counts_except_while_sites_are_recorded(
+    rec: Recorder,
+) -> None:
+    """Once the optimizer step is the boundary, ``torch.autograd.backward``/``grad`` are torch's own again (a
+    wrapper that only counts calls costs every step); while the exact ledger records birth sites they are
+    wrapped again (a backward's engine-thread births get its line), and out when the recording ends."""
+    import torch.autograd as ag
+
+    from torchmem.devices._ledger import ledger
+
+    originals = (ag.backward, ag.grad)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    b = _boundaries(rec)
+    try:
+        model(torch.randn(4, 8)).sum().backward()
+        assert getattr(ag.backward, "__torchmem_boundary__", False)  # must-say: wrapped before the choice
+        opt.step()
+        assert b.chosen == "optimizer"
+        assert (ag.backward, ag.grad) == originals  # parked
+        led = ledger()
+        cohort = led.open_cohort("cpu", sites=True)
+        try:
+            assert getattr(ag.backward, "__torchmem_boundary__", False)
+            assert getattr(ag.grad, "__torchmem_boundary__", False)
+            plain = led.open_cohort("cpu")  # a cohort without sites changes nothing
+            led.close_cohort(plain)
+            assert getattr(ag.backward, "__torchmem_boundary__", False)
+        finally:
+            led.close_cohort(cohort)
+        assert (ag.backward, ag.grad) == originals
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+    finally:
+        b.stop()
+    assert (ag.backward, ag.grad) == originals
+    # a program that rebinds the name keeps its own: not parked over, not restored over
+    b = _boundaries(rec)
+    try:
+        mine = lambda *a, **k: originals[0](*a, **k)  # noqa: E731
+        ag.backward = mine
+        model(torch.randn(4, 8)).sum().backward()
+        opt.step()
+        assert ag.backward is mine
+        cohort = ledger().open_cohort("cpu", sites=True)
+        ledger().close_cohort(cohort)
+        assert ag.backward is mine
+    finally:
+        b.stop()
+        ag.backward = originals[0]
     assert rec.errors == []
 
 

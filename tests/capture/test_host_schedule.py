@@ -50,3 +50,49 @@ def test_without_short_runs_only_the_budget_counts() -> None:
     s.time(20, 0.02)
     s.choose()
     assert s.stride >= 25
+
+
+def _aligned_at(steps: int, other: list[int], **kw: float) -> HostSchedule:
+    s = HostSchedule(warmup=3, max_stride=None, share=0.002, ramp=False)
+    s.align = lambda: other[0]
+    s.start(lambda: 0, secondary=False)
+    for _ in range(16):
+        s.charge(kw["read_s"])
+        s.read(lambda: 0)
+    s._figure_costs.clear()
+    s._figure_costs.extend([kw["read_s"] / 2] * 4)
+    s.time(steps - 10, 0.0)
+    s.time(steps, 10 * kw["step_s"])
+    s.choose()
+    return s
+
+
+def test_aligned_with_another_watcher_the_stride_is_a_multiple_of_its_stride() -> None:
+    """``torchmem run``: the host watcher reads in step with the device watcher, so the steps between are
+    quiet for both (one reading step, not two). The budget alone wants every 25th step (see above)."""
+    other = [40]
+    s = _aligned_at(100_000, other, step_s=2e-3, read_s=1e-4)
+    assert s.stride == 40  # the nearest multiple of 40 to 25
+    other[0] = 11
+    assert s.stride == 11  # the other watcher chose again: still in step at once (the same multiple, 1)
+    s.time(100_010, 10 * 2e-3 * 2)
+    s.choose()
+    assert s.stride == 22  # and at this one's next choice the multiple nearest its budget (2 x 11)
+    other[0] = 8
+    s = _aligned_at(100_000, other, step_s=2e-3, read_s=1e-4)
+    assert s.stride == 24  # 3 x 8
+    # must-not: alone (no other watcher), the budget's stride as before
+    assert _schedule_at(100_000, step_s=2e-3, read_s=1e-4).stride in (25, 26)
+
+
+def test_alignment_never_takes_a_short_run_below_its_floor() -> None:
+    """A 160-step run keeps a reading every 20 steps at most (8 per doubling): a device watcher reading
+    every 48 steps is not followed there, one reading every 8 is (16 = 2 x 8)."""
+    s = _aligned_at(160, [48], step_s=2e-3, read_s=1e-4)
+    assert s.stride <= 160 // READINGS_PER_DOUBLING and s.stride % 48
+    s = _aligned_at(160, [8], step_s=2e-3, read_s=1e-4)
+    assert s.stride in (8, 16)
+    s = _aligned_at(160, [8], step_s=2e-3, read_s=1e-4)
+    # the other widens later past the floor: this one goes back to its own stride, never fewer readings
+    s.align = lambda: 64
+    assert s.stride <= 20

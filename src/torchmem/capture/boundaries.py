@@ -99,6 +99,11 @@ class StepBoundaries:
         )
         self._stopped = False
         self._lean_backward = False  # see _choose
+        self._backward_wrappers: list[tuple[Any, str, Any]] = []  # (owner, name, wrapper): _park_backward
+        self.quiet = 0
+        """The next events of the chosen kind that need no ``on_step()`` call (the caller's watchers read at
+        none of them): only counted, in :attr:`quiet_counted` (the *quiet lane*; see :meth:`take_quiet`)."""
+        self.quiet_counted = 0
         self._compiling = _compiling()
 
     @property
@@ -140,19 +145,33 @@ class StepBoundaries:
             except Exception as exc:
                 self._error("removing a hook", exc)
 
+    def take_quiet(self) -> int:
+        """The events counted in the quiet lane since the last call (they are steps the caller counts now)."""
+        n, self.quiet_counted = self.quiet_counted, 0
+        return n
+
+    def end_quiet(self) -> None:
+        """No more quiet events: the next one calls ``on_step()`` (an OOM is pending, the device changed)."""
+        self.quiet = 0
+
     def _say(self, text: str) -> None:
         if self._on_error is not None:
             self._on_error(text)
 
-    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+    def _patch(self, owner: Any, name: str, make: Callable[[Any], Any]) -> Any:
+        """``owner.<name>`` wrapped by ``make(original)`` (undone by :meth:`stop`); returns the wrapper."""
         from torchmem._patch import wrap_attribute
+
+        made: list[Any] = []
 
         def flagged(original: Any) -> Any:
             wrapper = make(original)
             wrapper.__torchmem_boundary__ = True
+            made.append(wrapper)
             return wrapper
 
         self._undo.append(wrap_attribute(owner, name, flagged))
+        return made[0]
 
     # -- events ------------------------------------------------------------------------------------
     def _event(self, kind: str) -> None:
@@ -162,6 +181,11 @@ class StepBoundaries:
             self.counts[kind] += 1
             chosen = self.chosen
             if chosen == kind:
+                q = self.quiet
+                if q > 0:
+                    self.quiet = q - 1
+                    self.quiet_counted += 1
+                    return
                 self._on_step()
                 return
             if self.counts[kind] >= REPEAT[kind] and (chosen is None or _RANK[kind] < _RANK[chosen]):
@@ -175,11 +199,14 @@ class StepBoundaries:
             self._error("counting a step", exc)
 
     def _choose(self, kind: str) -> None:
+        self.quiet = 0  # the lane ends: the next event of the new kind calls on_step()
         self.chosen = kind
         self.label = self._labels.get(kind) or _default_label(kind)
         # A kind better than backward counts the steps: a backward only needs counting (backward_ran) where
         # no exact ledger records sites (its engine-thread births get the call's line then).
         self._lean_backward = _RANK[kind] < _RANK["backward"]
+        if self._lean_backward and not ledger().wants_sites:
+            self._park_backward(True)
         if _RANK[kind] < _RANK["module"]:
             self._remove_module_hooks()  # a better boundary: the per-call module hooks only cost
             self._tops.clear()
@@ -203,8 +230,14 @@ class StepBoundaries:
             except TypeError:  # not weak-referenceable: not kept
                 self._last_optimizer = None
         if self.chosen == "optimizer" and not self._stopped:
-            # the chosen kind's event, every step of a training loop: the step straight away
+            # the chosen kind's event, every step of a training loop: the step straight away (or, in the
+            # quiet lane, only counted: the per-step hot path of a long run)
             self.counts["optimizer"] += 1
+            q = self.quiet
+            if q > 0:
+                self.quiet = q - 1
+                self.quiet_counted += 1
+                return
             try:
                 self._on_step()
             except Exception as exc:
@@ -229,8 +262,26 @@ class StepBoundaries:
                 original, "backward", "_in_backward", skip_compiling=True, engine_call=True
             )
 
-        self._patch(ag, "backward", make)
-        self._patch(ag, "grad", make)
+        self._backward_wrappers = [(ag, name, self._patch(ag, name, make)) for name in ("backward", "grad")]
+        self._undo.append(ledger().on_sites(self._sites_wanted))
+
+    def _park_backward(self, park: bool) -> None:
+        """Take the ``backward``/``grad`` wrappers out (``park``: the originals back in place) or put them
+        back. Once a better boundary counts the steps they only count calls (``_lean_backward``), a cost at
+        every step for nothing, so they are out, except while the exact ledger records birth sites (engine
+        threads' births get the call's line from them: :meth:`_sites_wanted`). Where the program rebound
+        the name meanwhile, it stays the program's."""
+        for owner, name, wrapper in self._backward_wrappers:
+            now = owner.__dict__.get(name)
+            if park and now is wrapper:
+                setattr(owner, name, wrapper.__wrapped__)
+            elif not park and now is wrapper.__wrapped__ and not self._stopped:
+                setattr(owner, name, wrapper)
+
+    def _sites_wanted(self, on: bool) -> None:
+        """The ledger started (``on``) or stopped recording birth sites: the wrappers in or out."""
+        if self._lean_backward:
+            self._park_backward(not on)
 
     # -- 3. top-level module calls -----------------------------------------------------------------
     def _install_modules(self) -> None:

@@ -327,6 +327,12 @@ class HostWatcher:
         # What readings cost, all included but the scans and node counts (they keep to their own budgets).
         self._schedule.charge(time.perf_counter() - t0 - (self._work_seconds() - work))
 
+    def read_with(self, stride: Callable[[], int] | None) -> None:
+        """Read in step with another watcher whose stride ``stride()`` gives (``torchmem run``: the device
+        watcher's): this watcher's stride is then chosen as a multiple of it where its budget and a short
+        run's floor allow, so both read at the same steps. ``None``: on its own again."""
+        self._schedule.align = stride
+
     def quiet_steps(self) -> int:
         """How many of the next steps need nothing of :meth:`step` but their count (``0``: the next one
         does): the steps before the next reading, none while a scan is due. A caller that skips them adds

@@ -45,7 +45,9 @@ class HostSchedule:
     def __init__(
         self, *, warmup: int, max_stride: int | None, share: float, ramp: bool, short_runs: bool = True
     ) -> None:
-        self.stride = 1
+        self._stride = 1
+        self._multiple = 0  # aligned: the stride is this multiple of align()'s, up to _limit
+        self._limit = 0
         self.short_runs = short_runs
         self.heap_every = 1  # with the heap as the figure, it is read every m-th reading
         self.first_post = warmup + 1  # the first reading after the warm-up (stride 1 until then)
@@ -64,6 +66,27 @@ class HostSchedule:
         self._last_t: float | None = None
         self._last_n = 0
         self._step_times: collections.deque[float] = collections.deque(maxlen=16)
+        self.align: Callable[[], int] | None = None
+        """Another watcher's stride to read in step with (``torchmem run``: the device watcher's): the
+        stride chosen is a multiple of it where the budget and the short-run floor allow, so that both read
+        at the same steps and the steps between are the caller's quiet steps (one reading step, not two)."""
+
+    @property
+    def stride(self) -> int:
+        """Every how many steps the host figures are read: chosen from the budget, or (aligned) a multiple
+        of the other watcher's stride as it stands now (it is chosen again as the readings' cost changes:
+        the two stay in step)."""
+        m = self._multiple
+        if m and self.align is not None:
+            k = m * self.align()
+            if k <= self._limit:
+                return k
+        return self._stride
+
+    @stride.setter
+    def stride(self, k: int) -> None:
+        self._stride = k
+        self._multiple = 0
 
     def start(self, read: Callable[[], Any], *, secondary: bool) -> None:
         """Time one reading of the figure (``read``) and, with ``secondary``, of the RSS read beside it."""
@@ -124,7 +147,7 @@ class HostSchedule:
         # The strides at most double at each choice (every 16 readings): a short run of fast steps still
         # gets readings enough for a verdict (30 steps: ~16 readings), and the readings' cost, a few ms in
         # all before the strides reach the budget's, stays the same share of a long run.
-        old_k, old_heap = self.stride, self.stride * self.heap_every
+        old_k, old_heap = self._stride, self._stride * self.heap_every
         if not self._ramp:
             old_k = old_heap = cap
         if self._secondary:
@@ -142,7 +165,27 @@ class HostSchedule:
             if self._secondary:
                 self.heap_every = max(1, young // k)
         self.stride = k
+        if self.align is not None:
+            self._align(young if self.short_runs else cap, cap)
         self.why = (step_time, rest + figure / (self.heap_every if self._secondary else 1))
+
+    def _align(self, young: int, cap: int) -> None:
+        """The stride chosen moved to the nearest multiple of the one :attr:`align` gives (the heap's own
+        interval kept about the same), where that multiple is within the short-run floor (``young``) and
+        ``cap``: a lower multiple where the nearest is over them (more readings, never fewer than the
+        floor asks); not aligned where even the other's stride is over them."""
+        assert self.align is not None
+        k, a, limit = self._stride, self.align(), min(young, cap)
+        if a <= 1:
+            return
+        m = max(1, round(k / a))
+        while m > 1 and a * m > limit:
+            m -= 1
+        if a * m > limit:
+            return  # the other watcher reads too rarely for this run's floor: on its own stride
+        if self._secondary:
+            self.heap_every = max(1, round(k * self.heap_every / (a * m)))
+        self._multiple, self._limit = m, limit
 
     def note(self) -> str:
         """What the schedule is, for the report (``""`` when every step is read)."""

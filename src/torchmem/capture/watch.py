@@ -176,6 +176,12 @@ class Watcher(Generic[T]):
         self._schedule.relax(readings)  # torchmem run's: RELAXED_SHARE of a step, RELAXED_MAX_STRIDE apart
 
     @property
+    def stride(self) -> int:
+        """The steps between two readings now (1: every step), as chosen from the readings' cost (or
+        fixed by ``stride=``)."""
+        return self._schedule.stride
+
+    @property
     def _stride(self) -> int:
         return self._schedule.stride
 

@@ -156,6 +156,7 @@ class Ledger:
         self._on_death = self._released  # one bound method for every entry's callback
         self._engine = EngineCalls()
         self._switch = ThreadSwitch(self._lock, lambda: _mode_class()(self), self._forget)
+        self._site_listeners: list[Callable[[bool], None]] = []  # see on_sites
 
     # -- births on engine threads ----------------------------------------------------------------
     @property
@@ -244,14 +245,40 @@ class Ledger:
     def open_cohort(self, device: str | None, sites: bool = False) -> Cohort:
         c = Cohort(device, sites)
         with self._lock:
+            first = sites and not self.wants_sites
             self._cohorts.append(c)
+        if first:
+            self._tell_sites(True)
         return c
 
     def close_cohort(self, cohort: Cohort) -> None:
         with self._lock:
+            had = self.wants_sites
             if cohort in self._cohorts:
                 self._cohorts.remove(cohort)
             cohort.closed = True
+            last = had and not self.wants_sites
+        if last:
+            self._tell_sites(False)
+
+    def on_sites(self, listener: Callable[[bool], None]) -> Callable[[], None]:
+        """Call ``listener(True)`` when the first cohort that records birth sites opens (:attr:`wants_sites`
+        turns true) and ``listener(False)`` when the last one closes; returns the undo. A listener's error
+        is its own (caught and said once)."""
+        self._site_listeners.append(listener)
+
+        def remove() -> None:
+            if listener in self._site_listeners:
+                self._site_listeners.remove(listener)
+
+        return remove
+
+    def _tell_sites(self, on: bool) -> None:
+        for listener in tuple(self._site_listeners):
+            try:
+                listener(on)
+            except Exception as exc:
+                self.report_error("a site listener", exc)
 
     def open_watermark(self, device: str) -> Watermark:
         with self._lock:

@@ -150,7 +150,7 @@ class Session:
         self._followers = Followers(
             capture, self._records, self._ranks, self._gpus_now, self._child_options, Session
         )
-        self._ooms = OOMLog(self._records, self._step_count, self._ranks.on_oom)
+        self._ooms = OOMLog(self._records, self._step_count, self._on_oom)
         self._modules = ModuleProfile(self._records)
         self._watchers = StepWatchers(self._records, warmup, bool(memory_viz))
         w = self._watchers
@@ -160,7 +160,12 @@ class Session:
 
     # -- what the parts read -----------------------------------------------------------------------
     def _step_count(self) -> int:
-        return self._steps
+        return self._steps + self._source.quiet_counted()
+
+    def _on_oom(self, site: Any) -> None:
+        """An OOM was raised: the next step is a full one (it writes the OOM), and the job's flag is told."""
+        self._source.end_quiet()
+        self._ranks.on_oom(site)
 
     def _device_now(self) -> torch.device:
         return self.device
@@ -268,11 +273,13 @@ class Session:
         rec = self._watchers.survivors
         if rec is None:
             return None
-        return rec.report(total_steps=self._steps, time_limit=time_limit, boundary=self._source.label)
+        return rec.report(total_steps=self._step_count(), time_limit=time_limit, boundary=self._source.label)
 
     def _restart(self, label: str) -> int:
         """A better boundary took over: the watchers restart on it if they counted steps (returned)."""
         old = self._watchers.watcher
+        if old is not None:
+            self._take_quiet()
         if old is None or not old.steps:
             return 0
         counted = old.steps
@@ -292,6 +299,7 @@ class Session:
             self._steps = self._watchers.count()
             return
         t0 = time.perf_counter()
+        self._take_quiet()
         self._overhead.step_began(t0, self._quiet_run + 1)
         self._quiet_run = 0
         try:
@@ -303,7 +311,16 @@ class Session:
             except Exception:
                 instrumented = False
             self._overhead.step_ended(t0, t1, instrumented)
-        self._quiet = 0 if instrumented else self._quiet_after()
+        quiet = 0 if instrumented else self._quiet_after()
+        # the boundary's hook counts them where it can (the quiet lane: no call reaches the session)
+        self._quiet = 0 if self._source.quiet(quiet) else quiet
+
+    def _take_quiet(self) -> None:
+        """The steps the boundary's quiet lane counted since the last full step: counted by the watchers."""
+        lane = self._source.take_quiet()
+        if lane and self._watchers.watcher is not None:
+            self._quiet_run += lane
+            self._steps = self._watchers.count(lane)
 
     def _quiet_after(self) -> int:
         """The quiet steps after this one: none in the first :data:`_EVERY_STEP_RECORDS` steps, until the
@@ -343,6 +360,8 @@ class Session:
             self._gpus.watched = dev
         if self._worker_checks is not None:
             self._worker_checks.device = dev
+        self._source.end_quiet()
+        self._source.take_quiet()  # steps of the device left
         self._watchers.move_to(dev)
         self._steps = self._quiet = self._quiet_run = 0
         self._leak_written = False
@@ -484,11 +503,12 @@ class Session:
         if undo is not None:
             undo()
         self._source.remove()
+        self._take_quiet()  # the last quiet steps, counted by the boundary's hook
         self._modules.finish()  # the program may have ended inside the profiled step
         # the end reading is a sample like the others: the run's summary and `torchmem report` read one peak
         r = self._sample()
         self._records.stats(self.device, "end")
-        gpus = self._finish_gpus()
+        gpus = _finish_gpus(self._gpus, self._records)
         if self.memory_viz is not None:
             _end_memory_viz(self.memory_viz, note)
         leak = self._watchers.leak()
@@ -504,13 +524,7 @@ class Session:
         if leak is not None:
             leak = _named(leak, survivors, self)
             self._records.record("leak", report=leak.to_dict(), final=True)
-        forecast = None
-        try:
-            forecast = self.forecast(leak)
-            if forecast is not None:
-                self._records.record("forecast", forecast=forecast.to_dict())
-        except Exception as e:
-            note(f"when the memory runs out could not be forecast ({type(e).__name__}: {e})")
+        forecast = _write_forecast(self, leak)
         final_exc = None
         if exc is not None:
             from torchmem.analysis.oom import is_oom
@@ -560,20 +574,6 @@ class Session:
             forecast=forecast,
         )
 
-    def _finish_gpus(self) -> Any:
-        """The GPUs' figures, written (``None`` when the process used no GPU besides the watched one)."""
-        gpus = None
-        if self._gpus is not None:
-            try:
-                gpus = self._gpus.report()
-                if gpus.rows or gpus.children:
-                    self._records.record("gpus", report=gpus.to_dict())
-                else:
-                    gpus = None
-            except Exception as e:
-                self._records.note(f"the GPUs' figures could not be written ({type(e).__name__}: {e})")
-        return gpus
-
     # -- child processes ---------------------------------------------------------------------------
     def _before_process_start(self, proc: Any) -> None:
         """Wrap a training child's target so it records its own capture (see :class:`Followers`)."""
@@ -583,6 +583,34 @@ class Session:
         # A forked child (DataLoader workers) is not monitored: it must never write the parent's capture.
         if os.getpid() != self._pid:
             self._records.disable()
+
+
+def _finish_gpus(watch: Any, records: Records) -> Any:
+    """The GPUs' figures (``watch``: the session's ``capture/gpus.GpuWatch``), written; ``None`` when the
+    process used no GPU besides the watched one."""
+    gpus = None
+    if watch is not None:
+        try:
+            gpus = watch.report()
+            if gpus.rows or gpus.children:
+                records.record("gpus", report=gpus.to_dict())
+            else:
+                gpus = None
+        except Exception as e:
+            records.note(f"the GPUs' figures could not be written ({type(e).__name__}: {e})")
+    return gpus
+
+
+def _write_forecast(session: Session, leak: LeakReport | None) -> Any:
+    """When the memory runs out at the leak's rate, written (``None`` where it cannot be said)."""
+    try:
+        forecast = session.forecast(leak)
+        if forecast is not None:
+            session._records.record("forecast", forecast=forecast.to_dict())
+        return forecast
+    except Exception as e:
+        session._records.note(f"when the memory runs out could not be forecast ({type(e).__name__}: {e})")
+        return None
 
 
 def _rank_device() -> torch.device | None:

@@ -186,6 +186,33 @@ class StepSource:
         b = self._boundaries
         return getattr(b, "last_optimizer", None) if b is not None else None
 
+    # -- the quiet lane: steps the session needs no call for, counted by the boundary's hook ----------
+    def quiet(self, n: int) -> bool:
+        """Hand the next ``n`` steps to the quiet lane of the chosen boundary (its hook only counts them, no
+        call reaches the session): ``False`` where the steps do not come from a recognised boundary (the
+        step marker, the repeating unit: the session counts its quiet steps itself)."""
+        b = self._boundaries
+        if b is None or self.step_marker or self._kind in (None, "unit") or b.chosen != self._kind:
+            return False
+        b.quiet = n
+        return True
+
+    def take_quiet(self) -> int:
+        """The steps the quiet lane counted since the last call (the session adds them to its count)."""
+        b = self._boundaries
+        return b.take_quiet() if b is not None else 0
+
+    def quiet_counted(self) -> int:
+        """The steps the quiet lane counted that the session has not taken yet (read from any thread)."""
+        b = self._boundaries
+        return b.quiet_counted if b is not None else 0
+
+    def end_quiet(self) -> None:
+        """The next step calls the session again (an OOM is pending)."""
+        b = self._boundaries
+        if b is not None:
+            b.end_quiet()
+
     def _on_boundary(self) -> None:
         if not self._records.disabled and not self.step_marker:
             if self._carried_looks < 3:
