@@ -327,6 +327,12 @@ class HostWatcher:
         # What readings cost, all included but the scans and node counts (they keep to their own budgets).
         self._schedule.charge(time.perf_counter() - t0 - (self._work_seconds() - work))
 
+    def relax(self, after: int | None, share: float) -> None:
+        """After ``after`` readings (``None``: never), keep the readings within ``share`` of the run instead
+        of the one given at the start (``torchmem run``: a long run's readings cost less, and a late growth
+        is found a few hundred steps later)."""
+        self._schedule.relax(after, share)
+
     def read_with(self, stride: Callable[[], int] | None) -> None:
         """Read in step with another watcher whose stride ``stride()`` gives (``torchmem run``: the device
         watcher's): this watcher's stride is then chosen as a multiple of it where its budget and a short

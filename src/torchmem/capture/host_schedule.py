@@ -66,6 +66,10 @@ class HostSchedule:
         self._last_t: float | None = None
         self._last_n = 0
         self._step_times: collections.deque[float] = collections.deque(maxlen=16)
+        self._readings = 0  # readings charged so far
+        self.relax_after: int | None = None  # see relax()
+        self.relaxed_share = share
+        self.share_now = share  # the share the stride was last chosen for
         self.align: Callable[[], int] | None = None
         """Another watcher's stride to read in step with (``torchmem run``: the device watcher's): the
         stride chosen is a multiple of it where the budget and the short-run floor allow, so that both read
@@ -107,6 +111,14 @@ class HostSchedule:
     def charge(self, seconds: float) -> None:
         """What one reading cost, all included but the scans and node counts."""
         self._spent.append(seconds)
+        self._readings += 1
+
+    def relax(self, after: int | None, share: float) -> None:
+        """After ``after`` readings (``None``: never), read within ``share`` of the run instead (a long
+        run: ``torchmem run`` on a GPU host, where a reading takes 40-200 µs and the step after it pays
+        as much again refilling its caches)."""
+        self.relax_after = after
+        self.relaxed_share = share
 
     def time(self, n: int, now: float) -> None:
         """A step boundary at ``now``: the steps' time since the last one timed."""
@@ -143,7 +155,8 @@ class HostSchedule:
         else:
             rest = self._rss_cost + _READ_OVERHEAD if self._secondary else _READ_OVERHEAD
         cap = self._max_stride or _MAX_STRIDE
-        share = self.share
+        relaxed = self.relax_after is not None and self._readings >= self.relax_after
+        share = self.share_now = self.relaxed_share if relaxed else self.share
         # The strides at most double at each choice (every 16 readings): a short run of fast steps still
         # gets readings enough for a verdict (30 steps: ~16 readings), and the readings' cost, a few ms in
         # all before the strides reach the budget's, stays the same share of a long run.
@@ -195,6 +208,6 @@ class HostSchedule:
         every = f" (the C heap every {self.heap_every * self.stride})" if self.heap_every > 1 else ""
         return (
             f"a step takes {step_time * 1e6:.1f} µs and a reading {read_cost * 1e6:.1f} µs: the host "
-            f"figures are read every {self.stride} steps{every}, to stay under {self.share * 100:g} % "
+            f"figures are read every {self.stride} steps{every}, to stay under {self.share_now * 100:g} % "
             "of the run"
         )
