@@ -96,3 +96,33 @@ def test_alignment_never_takes_a_short_run_below_its_floor() -> None:
     # the other widens later past the floor: this one goes back to its own stride, never fewer readings
     s.align = lambda: 64
     assert s.stride <= 20
+
+
+def test_the_heap_read_every_few_readings_is_not_taken_for_the_rest_of_a_reading() -> None:
+    """A GPU host (H100, session 17): the C heap's mallinfo2 takes ~218 µs, the RSS and the Python around a
+    reading ~70 µs, a step 1.5 ms. The heap is read every m-th reading; the cost of the rest is the readings
+    without it, not the median of all (which is either kind's by their proportion: the schedule swung
+    between reading the heap every reading and every 4th). Steady at the budget's spacing, and after
+    ``relax`` at the relaxed share's."""
+    s = HostSchedule(warmup=3, max_stride=None, share=0.002, ramp=False)
+    s.relax(64, 0.0005)
+    s.start(lambda: 0, secondary=True)
+    s._figure_costs.clear()
+    n, k, t, seen = 20_000, 0, 0.0, []  # a long run: the short-run floor is far
+    for _ in range(400):
+        n, t, k = n + s.stride, t + s.stride * 1.5e-3, k + 1
+        heap = k % s.heap_every == 0
+        if heap:
+            s.read(lambda: 0)
+            s._figure_costs.append(218e-6)
+        s.charge(70e-6 + (218e-6 if heap else 0.0))
+        s.time(n, t)
+        if k % 16 == 0:
+            s.choose()
+            seen.append((k, s.stride, s.heap_every, s.share_now))
+    late = [(stride, every) for k, stride, every, share in seen if 32 <= k < 64]
+    # 0.1 % of a step for the rest: one reading every 47 steps; for the heap: every 4th of them
+    assert late and all(stride == 47 and every == 4 for stride, every in late), seen
+    relaxed = [(stride, every) for k, stride, every, share in seen if k >= 96]
+    assert all(stride == 187 and every == 4 for stride, every in relaxed), seen
+    assert seen[-1][3] == 0.0005 and "0.05 %" in s.note()

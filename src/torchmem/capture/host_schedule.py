@@ -63,6 +63,10 @@ class HostSchedule:
         # What each reading cost, all included (the last 16): their median, so that one reading the OS
         # preempted (milliseconds on a loaded machine) does not set the stride for the next 16 readings.
         self._spent: collections.deque[float] = collections.deque(maxlen=16)
+        # The same of the readings that did not read the figure (the heap read every m-th reading): the
+        # median of the mixed ones is a plain reading's or a heap reading's, by the proportion of each.
+        self._plain: collections.deque[float] = collections.deque(maxlen=16)
+        self._figure_now = False  # the reading being charged read the figure
         self._last_t: float | None = None
         self._last_n = 0
         self._step_times: collections.deque[float] = collections.deque(maxlen=16)
@@ -106,11 +110,15 @@ class HostSchedule:
         v = read()
         if t0:
             self._figure_costs.append(time.perf_counter() - t0)
+        self._figure_now = True
         return v
 
     def charge(self, seconds: float) -> None:
         """What one reading cost, all included but the scans and node counts."""
         self._spent.append(seconds)
+        if not self._figure_now:  # the RSS and the Python around it: what a reading costs besides the figure
+            self._plain.append(seconds)
+        self._figure_now = False
         self._readings += 1
 
     def relax(self, after: int | None, share: float) -> None:
@@ -149,7 +157,13 @@ class HostSchedule:
         # All a reading costs (the lower median of the last 16 readings), the figure's share aside. The median
         # leaves out the verdicts' occasional cost (1-2 µs a reading, amortized) with the preempted readings.
         spent = sorted(self._spent)
-        if len(spent) >= 3:
+        plain = sorted(self._plain)
+        if self._secondary and len(plain) >= 3:
+            # the readings without the heap's: their lower median is the rest (the RSS, the Python). With
+            # the heap read every 2nd-4th reading the median of all of them is either kind's, by chance
+            # (H100: the heap's 218 µs taken for the rest's, or the rest taken for nothing: a stride of 1)
+            rest = plain[(len(plain) - 1) // 2]
+        elif len(spent) >= 3:
             # the lower median: a reading's cost is its least noisy one
             rest = max(0.0, spent[(len(spent) - 1) // 2] - figure / every)
         else:

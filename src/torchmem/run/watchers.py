@@ -17,7 +17,7 @@ from torchmem.run.verdicts import host_verdict, labelled, survivors_beside
 # for all of torchmem).
 SURVIVORS_BUDGET = 0.01
 # The host watcher's readings after this many, and their share of the run then (see new_host).
-HOST_RELAX_AFTER = 256
+HOST_RELAX_AFTER = 64
 HOST_RELAXED_SHARE = 0.0005
 
 
@@ -73,9 +73,9 @@ def new_host(
             short_runs=True,
         )
         host.cpu_tensors = device.type != "cpu"  # no device report watches the CPU's tensors
-        # A long run's readings (after 256) within 0.05 % of it: on a GPU host a reading takes 40-200 µs
-        # (the RSS, the C heap's mallinfo2) and the step after it pays 2-3x that again refilling its
-        # caches (H100, session 17: the host-bound MLP's readings were the larger part of its 2.4 %).
+        # A long run's readings (after 64, as the device watcher's) within 0.05 % of it: on a GPU host a
+        # reading takes 40-200 µs (the RSS, the C heap's mallinfo2) and the step after it pays 2-3x that
+        # again refilling its caches (H100, session 17: the MLP's readings were most of its 2.4 %).
         host.relax(HOST_RELAX_AFTER, HOST_RELAXED_SHARE)
         return host.start()
     except Exception as exc:
