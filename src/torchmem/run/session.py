@@ -452,7 +452,7 @@ class Session:
         r = self._reading()
         self._records.record(
             "sample",
-            step=self._steps,
+            step=self._step_count(),
             allocated=r.allocated,
             reserved=r.reserved,
             peak_allocated=r.peak_allocated,
@@ -462,7 +462,7 @@ class Session:
 
     def status_text(self, allocated: int | None, reserved: int | None, peak: int | None) -> str:
         return self._status.text(
-            self._steps, allocated, reserved, peak, self._watchers.watcher, self._gpus, self.forecast
+            self._step_count(), allocated, reserved, peak, self._watchers.watcher, self._gpus, self.forecast
         )
 
     def _worker_warning(self, code: str, text: str) -> None:

@@ -28,6 +28,11 @@ from collections.abc import Iterable
 from typing import Any
 
 CO_OPTIMIZED = 0x0001  # a function frame: f_locals is a snapshot (<= 3.12) or a proxy (3.13+)
+# A generator's, coroutine's or async generator's code. Before Python 3.11 the frame of one is an object of
+# its own that its generator refers to: an executing one is a link of a path (a generator that iterates the
+# program's generator: `torchmem.watch(gen)`), as the generator itself is from 3.11 on.
+_GENERATOR_CODE = 0x0020 | 0x0080 | 0x0200
+_FRAME_OBJECTS = sys.version_info < (3, 11)
 SYS_LAST = {"last_traceback": "traceback", "last_value": "exception", "last_exc": "exception"}
 IPYTHON_HISTORY = re.compile(r"_\d+\Z")  # _7: IPython's output of cell 7
 
@@ -227,7 +232,9 @@ class RootSet:
             others.clear()
 
     def _add_frame(self, f: types.FrameType, mine: bool, thread: str) -> None:
-        self.ignore.add(id(f))
+        code = f.f_code
+        if not (_FRAME_OBJECTS and code.co_flags & _GENERATOR_CODE):
+            self.ignore.add(id(f))
         self.keep.append(f)
         g = f.f_globals
         mod = str(g.get("__name__", ""))
@@ -239,7 +246,6 @@ class RootSet:
             self.by_id[id(g)] = Root(
                 "module", str(g.get("__name__", "<globals>")), True, is_ipython_namespace(g)
             )
-        code = f.f_code
         loc: Any = f.f_locals
         if code.co_flags & CO_OPTIMIZED:
             if type(loc) is dict:
