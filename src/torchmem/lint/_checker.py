@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torchmem.lint._flow import DataFlow
 from torchmem.lint._forward import ForwardChecks, in_forward
-from torchmem.lint._grad_wanted import feeds_grad_input, grad_inputs
+from torchmem.lint._grad_wanted import attack_call, feeds_grad_input, grad_inputs
 from torchmem.lint._kept import fixed_handful
 from torchmem.lint._syntax import (
     METER_NAMES,
@@ -51,6 +51,7 @@ class RawFinding:
     code: str
     message: str
     form: str = ""
+    fix: str = ""  # where the rule's fix does not fit this finding: its own
 
 
 # -- rules over what the walk recorded ----------------------------------------------------------------------
@@ -67,11 +68,12 @@ class Rules(ForwardChecks, WorkerChecks):
         self._grad_helpers: set[str] | None = None  # functions that differentiate a parameter
         self._reset_attrs: dict[int, set[str]] = {}
 
-    def add(self, node: ast.AST, code: str, message: str, form: str = "") -> None:
+    def add(self, node: ast.AST, code: str, message: str, form: str = "", fix: str = "") -> None:
         """Record a finding; ``form`` names the rule's variant where a rule has several
-        (:data:`torchmem.lint._rules.DEFAULT_FORMS` says which are shown by default)."""
+        (:data:`torchmem.lint._rules.DEFAULT_FORMS` says which are shown by default); ``fix``, where the
+        rule's own fix does not fit this finding."""
         line, col = getattr(node, "lineno", 1), getattr(node, "col_offset", 0)
-        self.out.append(RawFinding(line, col, code, message, form))
+        self.out.append(RawFinding(line, col, code, message, form, fix))
 
     # the rules
     def run(self) -> list[RawFinding]:
@@ -264,7 +266,7 @@ class Rules(ForwardChecks, WorkerChecks):
                     call,
                     "TM007",
                     f"`{recv}.update` is given `{short(v)}`, a tensor that carries its autograd graph: the "
-                    "meter's running sum chains every step's graph to the last "
+                    "meter's running sum (or average) chains every step's graph to the last "
                     f"({self.growth(v, scope, line)})",
                 )
                 return
@@ -420,14 +422,27 @@ class Rules(ForwardChecks, WorkerChecks):
             why = "the model is in eval() mode"
         else:
             why = f"`{scope.name}` evaluates (by its name: no `.eval()` of the called model here)"
+        model = short(call.func)
+        attack = attack_call(scope, loop.node, self.facts.attack_names)
+        also, fix = "", ""
+        if attack is not None:  # no_grad around the loop would break the attack (round R)
+            also = (
+                f"; the loop also runs an adversarial attack (`{short(attack.func)}`), which backwards a "
+                "loss to its input and needs autograd"
+            )
+            fix = (
+                f"put each call of `{model}` under `with torch.no_grad():` inside the loop, not the whole "
+                "loop: the attack needs autograd"
+            )
         self.add(
             loop.node,
             "TM002",
-            f"{why} and this loop calls `{short(call.func)}` with autograd on: "
+            f"{why} and this loop calls `{model}` with autograd on: "
             "each forward records its graph and holds every activation a backward would need until its "
             "output is dropped (a training-sized peak, several times what the same forward needs under "
-            "no_grad); memory grows step after step only if outputs are kept (TM010)",
+            f"no_grad); memory grows step after step only if outputs are kept (TM010){also}",
             form,
+            fix,
         )
 
     @staticmethod

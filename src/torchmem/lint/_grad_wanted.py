@@ -61,3 +61,41 @@ def _enables_grad(call: ast.Call) -> bool:
         k.arg == "requires_grad" and isinstance(k.value, ast.Constant) and k.value.value is True
         for k in call.keywords
     )
+
+
+# The methods an attack object runs an attack with: advertorch's `perturb`, ART's `generate`, AutoAttack's
+# `run_standard_evaluation` (a torchattacks attack is called: `atk(images, labels)`).
+_ATTACK_METHODS = frozenset({"perturb", "generate", "run_standard_evaluation"})
+
+
+def attack_call(scope: Scope, loop_node: ast.AST, attack_names: set[str]) -> ast.Call | None:
+    """The first call in the loop that runs an adversarial attack, in a file that imports an attack library
+    (``attack_names``: the names it imported from one): ``adversary.perturb(x, y)``, ``attack.generate(x)``,
+    an attack object made here and called (``atk = torchattacks.PGD(model); atk(x, y)``), or an attack class
+    called in the loop. The attack backwards a loss to its input: the loop needs autograd on, only the model
+    calls around it do not (round R: ReMoS's robustness evaluation)."""
+    if not attack_names:
+        return None
+    made = {
+        key
+        for key, bound in scope.bindings.items()
+        if any(isinstance(b.value, ast.Call) and _from_attack(b.value.func, attack_names) for b in bound)
+    }
+    for node in ast.walk(loop_node):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in _ATTACK_METHODS:
+            return node
+        if isinstance(func, ast.Name) and func.id in made:
+            return node
+        if _from_attack(func, attack_names):
+            return node
+    return None
+
+
+def _from_attack(func: ast.expr, attack_names: set[str]) -> bool:
+    """``func`` is a name imported from an attack library, or an attribute of one (``torchattacks.PGD``)."""
+    while isinstance(func, ast.Attribute):
+        func = func.value
+    return isinstance(func, ast.Name) and func.id in attack_names

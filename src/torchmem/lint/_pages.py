@@ -122,6 +122,11 @@ def evaluate(model, loader):
 
 (`with torch.no_grad():` or `with torch.inference_mode():` around the loop works as well.)
 
+A loop that also runs an adversarial attack (`adversary.perturb(x, y)`, `attack.generate(x)`, a
+`torchattacks` attack called on the batch, in a file that imports an attack library: advertorch,
+torchattacks, foolbox, ART, cleverhans, autoattack) needs autograd for the attack, which backwards a loss to
+its input: the finding says so, and its fix is `no_grad` around the model's calls inside the loop instead.
+
 ## When it does not fire
 
 The function (or a caller in the same file) uses `torch.no_grad()`, `torch.inference_mode()` or

@@ -137,7 +137,8 @@ def lint_source(
         text = lines[r.line - 1] if 0 < r.line <= len(lines) else ""
         col = _char_col(text, r.col)
         level = severity(r.code, r.form)
-        out.append(LintFinding(path, r.line, col, r.code, r.message, RULES[r.code].fix, r.form, level))
+        fix = r.fix or RULES[r.code].fix
+        out.append(LintFinding(path, r.line, col, r.code, r.message, fix, r.form, level))
     out.sort(key=lambda f: (f.line, f.col, f.code))
     return out
 

@@ -116,6 +116,8 @@ class ModuleFacts:
     other_framework: bool = False  # the file imports another deep-learning framework (MXNet, TensorFlow, ...)
     # names bound to torch.autograd.grad (`from torch.autograd import grad [as g]`): a bare `grad(...)` is it
     grad_names: set[str] = field(default_factory=set)
+    # names imported from an adversarial-attack library (`from advertorch.attacks import LinfPGDAttack`)
+    attack_names: set[str] = field(default_factory=set)
 
     @property
     def other_world(self) -> bool:

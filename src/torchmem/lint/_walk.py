@@ -16,6 +16,7 @@ from torchmem.lint._calls import CallEvents, is_cuda_use
 from torchmem.lint._scopes import Binding, Branch, Ctx, Loop, ModuleFacts, Scope, same_path
 from torchmem.lint._syntax import (
     ARGS_NAMES,
+    ATTACK_LIBRARIES,
     FOREIGN_RUNTIMES,
     OTHER_FRAMEWORKS,
     RANK_VARS,
@@ -296,6 +297,8 @@ class Walker(CallEvents):
                 root = (a.name if isinstance(s, ast.Import) else s.module or "").split(".", 1)[0]
                 if root in FOREIGN_RUNTIMES and not getattr(s, "level", 0):
                     self.facts.foreign_names.add((a.asname or a.name).split(".", 1)[0])
+                if root in ATTACK_LIBRARIES and not getattr(s, "level", 0):
+                    self.facts.attack_names.add((a.asname or a.name).split(".", 1)[0])
         # Pass, Break, Continue: nothing to record
 
     @staticmethod

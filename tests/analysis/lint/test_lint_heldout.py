@@ -1020,3 +1020,55 @@ def test_a_test_function_of_a_test_file_is_not_an_evaluation() -> None:
     # the must-say twins: the same loop in a helper of the test file, or in a `test_*` function elsewhere
     assert in_file("run_heads", "tests/test_heads.py") == ["TM002"]
     assert in_file("test_heads", "bench/heads.py") == ["TM002"]
+
+
+# == round R of docs/lint_corpus.md =======================================================================
+# ReMoS's robustness evaluation: an eval loop that also runs an advertorch attack (its `perturb` backwards a
+# loss to the input). The forwards do record graphs (debatable, kept), but `no_grad` around the loop would
+# make the attack raise: the finding says so and its fix is `no_grad` around the model's calls.
+ATTACK_LOOP = """
+{imports}
+
+def advtest(model, loader, adversary):
+    model.eval()
+    correct = 0
+    for x, y in loader:
+        out = model(x)
+        {attack}
+        correct += int(out.argmax(1).eq(y).sum().item())
+    return correct
+"""
+
+
+def _tm002(imports: str, attack: str) -> list[tuple[str, str, str]]:
+    src = "import torch\n" + textwrap.dedent(ATTACK_LOOP.format(imports=imports, attack=attack))
+    found = lint_source(src, "eval_robustness.py")
+    return [(f.code, f.message, f.fix) for f in found if f.severity == "warning"]
+
+
+def test_an_attack_in_the_eval_loop_asks_for_no_grad_around_the_model_calls_only() -> None:
+    for imports, attack in (
+        ("from advertorch.attacks import LinfPGDAttack", "adv = adversary.perturb(x, y)"),
+        ("from art.attacks.evasion import FastGradientMethod", "adv = adversary.generate(x=x)"),
+        ("import torchattacks", "adv = torchattacks.PGD(model, eps=0.03)(x, y)"),
+        ("import torchattacks\natk = None", "atk = torchattacks.PGD(model)\n        adv = atk(x, y)"),
+    ):
+        found = _tm002(imports, attack)
+        assert [c for c, _m, _f in found] == ["TM002"], (imports, attack)
+        _code, message, fix = found[0]
+        assert "adversarial attack" in message, attack
+        assert "inside the loop, not the whole loop" in fix and "`model`" in fix, fix
+
+
+def test_the_same_loop_without_an_attack_library_keeps_the_plain_fix() -> None:
+    # must-not twins: the same shape with an `adversary` parameter but no attack run (ReMoS's advtest_fast,
+    # true), and a `.generate(...)` in a file that imports no attack library (a language model's generate)
+    for imports, attack in (
+        ("from advertorch.attacks import LinfPGDAttack", "adv = x.clone()"),
+        ("", "adv = adversary.perturb(x, y)"),
+        ("import transformers", "adv = lm.generate(x)"),
+    ):
+        found = _tm002(imports, attack)
+        assert [c for c, _m, _f in found] == ["TM002"], (imports, attack)
+        _code, message, fix = found[0]
+        assert "adversarial attack" not in message and "wrap the loop" in fix, (imports, attack, fix)
