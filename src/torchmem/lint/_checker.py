@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torchmem.lint._flow import DataFlow
 from torchmem.lint._forward import ForwardChecks, in_forward
-from torchmem.lint._grad_wanted import attack_call, feeds_grad_input, grad_inputs
+from torchmem.lint._grad_wanted import attack_fix, feeds_grad_input, grad_inputs
 from torchmem.lint._kept import fixed_handful
 from torchmem.lint._syntax import (
     METER_NAMES,
@@ -423,17 +423,7 @@ class Rules(ForwardChecks, WorkerChecks):
         else:
             why = f"`{scope.name}` evaluates (by its name: no `.eval()` of the called model here)"
         model = short(call.func)
-        attack = attack_call(scope, loop.node, self.facts.attack_names)
-        also, fix = "", ""
-        if attack is not None:  # no_grad around the loop would break the attack (round R)
-            also = (
-                f"; the loop also runs an adversarial attack (`{short(attack.func)}`), which backwards a "
-                "loss to its input and needs autograd"
-            )
-            fix = (
-                f"put each call of `{model}` under `with torch.no_grad():` inside the loop, not the whole "
-                "loop: the attack needs autograd"
-            )
+        also, fix = attack_fix(scope, loop.node, self.facts.attack_names, model)  # round R
         self.add(
             loop.node,
             "TM002",

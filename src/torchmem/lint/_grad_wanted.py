@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 
+from torchmem.lint._syntax import short
 from torchmem.lint._walk import Scope
 
 
@@ -92,6 +93,24 @@ def attack_call(scope: Scope, loop_node: ast.AST, attack_names: set[str]) -> ast
         if _from_attack(func, attack_names):
             return node
     return None
+
+
+def attack_fix(scope: Scope, loop_node: ast.AST, attack_names: set[str], model: str) -> tuple[str, str]:
+    """What a TM002 finding adds to its message, and its own fix, where the loop runs an adversarial attack
+    (``("", "")`` where it does not): ``no_grad`` around the loop would make the attack raise, so the fix is
+    ``no_grad`` around the calls of ``model``."""
+    attack = attack_call(scope, loop_node, attack_names)
+    if attack is None:
+        return "", ""
+    also = (
+        f"; the loop also runs an adversarial attack (`{short(attack.func)}`), which backwards a loss to its "
+        "input and needs autograd"
+    )
+    fix = (
+        f"put each call of `{model}` under `with torch.no_grad():` inside the loop, not the whole loop: the "
+        "attack needs autograd"
+    )
+    return also, fix
 
 
 def _from_attack(func: ast.expr, attack_names: set[str]) -> bool:
