@@ -96,6 +96,18 @@ def test_alignment_never_takes_a_short_run_below_its_floor() -> None:
     # the other widens later past the floor: this one goes back to its own stride, never fewer readings
     s.align = lambda: 64
     assert s.stride <= 20
+    # a long run: the other widens a little (40 -> 44) where 1 x 44 is still within this one's floor and
+    # cap: still in step, at the lower multiple (not back on its own stride)
+    other = [8]
+    s = _aligned_at(100_000, other, step_s=2e-3, read_s=1e-4)
+    assert s.stride == 24  # 3 x 8
+    other[0] = 9
+    assert s.stride == 27  # 3 x 9
+    s._limit = 30  # (the floor and cap it was chosen within)
+    other[0] = 11
+    assert s.stride == 22  # 3 x 11 = 33 is over them: 2 x 11
+    other[0] = 40
+    assert s.stride == s._stride in (25, 26)  # not even 1 x 40 is within them: its own stride
 
 
 def test_the_heap_read_every_few_readings_is_not_taken_for_the_rest_of_a_reading() -> None:

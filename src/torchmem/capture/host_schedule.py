@@ -86,9 +86,10 @@ class HostSchedule:
         the two stay in step)."""
         m = self._multiple
         if m and self.align is not None:
-            k = m * self.align()
-            if k <= self._limit:
-                return k
+            a = self.align()
+            m = min(m, self._limit // a) if a >= 1 else 0  # a wider other stride: fewer multiples of it
+            if m >= 1:
+                return m * a
         return self._stride
 
     @stride.setter
