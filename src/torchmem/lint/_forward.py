@@ -18,7 +18,8 @@ from torchmem.lint._kept import KeptChecks
 from torchmem.lint._syntax import TENSOR, dotted, node_line, short
 from torchmem.lint._walk import Scope, names_in
 
-_EMPTIES = frozenset({"clear", "pop", "popleft", "popitem", "remove"})
+# ... and a tensor's in-place resets (a metric module's `clear()`: `self.count.zero_()`, round S)
+_EMPTIES = frozenset({"clear", "pop", "popleft", "popitem", "remove", "zero_", "fill_", "copy_"})
 # Methods that copy or move a tensor: their result is what their receiver is (an input stays an input).
 _COPIES = frozenset({"clone", "to", "cpu", "cuda", "contiguous", "float", "half", "double", "bfloat16"})
 

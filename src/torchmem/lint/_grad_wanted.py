@@ -82,17 +82,45 @@ def attack_call(scope: Scope, loop_node: ast.AST, attack_names: set[str]) -> ast
         for key, bound in scope.bindings.items()
         if any(isinstance(b.value, ast.Call) and _from_attack(b.value.func, attack_names) for b in bound)
     }
+    methods = {
+        m.name: m for m in (scope.cls.body if scope.cls is not None else ()) if isinstance(m, ast.FunctionDef)
+    }
     for node in ast.walk(loop_node):
         if not isinstance(node, ast.Call):
             continue
+        if _runs_attack(node, made, attack_names):
+            return node
+        # one call into a method of the same class (DeepRobust's `self.adv_data(...)`, round S)
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in _ATTACK_METHODS:
-            return node
-        if isinstance(func, ast.Name) and func.id in made:
-            return node
-        if _from_attack(func, attack_names):
-            return node
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+            and func.attr in methods
+        ):
+            body = methods[func.attr]
+            inner = {
+                t.id
+                for n in ast.walk(body)
+                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                if _from_attack(n.value.func, attack_names)
+                for t in n.targets
+                if isinstance(t, ast.Name)
+            }
+            if any(isinstance(n, ast.Call) and _runs_attack(n, inner, attack_names) for n in ast.walk(body)):
+                return node
     return None
+
+
+def _runs_attack(call: ast.Call, made: set[str], attack_names: set[str]) -> bool:
+    """``call`` runs an attack: an attack method, an attack object made here (``made``) called, or an attack
+    class of the libraries (``attack_names``) called."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr in _ATTACK_METHODS:
+        return True
+    if isinstance(func, ast.Name) and func.id in made:
+        return True
+    return _from_attack(func, attack_names)
 
 
 def attack_fix(scope: Scope, loop_node: ast.AST, attack_names: set[str], model: str) -> tuple[str, str]:

@@ -165,6 +165,8 @@ class KeptChecks:
             return  # `deque(maxlen=n)`: a ring of the last n, it does not grow with the run
         if self._own_method(scope, key, node):
             return  # `self.pool.add(x)` of a class of this file: its method decides what it keeps
+        if isinstance(node, ast.Call) and key in self.facts.imported_names and key not in scope.bindings:
+            return  # `tracker.add({...: loss})` of `from labml import tracker`: a package's API (round S)
         if fixed_handful(lives):
             return  # `for model in (ref, test):` keeps one value per listed case, not one per step
         if (

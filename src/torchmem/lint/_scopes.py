@@ -118,6 +118,8 @@ class ModuleFacts:
     grad_names: set[str] = field(default_factory=set)
     # names imported from an adversarial-attack library (`from advertorch.attacks import LinfPGDAttack`)
     attack_names: set[str] = field(default_factory=set)
+    # every name an import statement binds (`from labml import tracker`: a package's API, not a container)
+    imported_names: set[str] = field(default_factory=set)
 
     @property
     def other_world(self) -> bool:

@@ -110,7 +110,9 @@ TORCH_WORLD = frozenset(
 # Libraries whose models run without torch's autograd (a compiled OpenVINO model, an ONNX Runtime session).
 # Adversarial-attack libraries: their attacks backward a loss to the input (advertorch's `perturb`, ART's
 # `generate`, torchattacks' `atk(x, y)`), so a loop that runs one needs autograd on (round R, ReMoS).
-ATTACK_LIBRARIES = frozenset({"advertorch", "torchattacks", "foolbox", "art", "cleverhans", "autoattack"})
+ATTACK_LIBRARIES = frozenset(
+    {"advertorch", "torchattacks", "foolbox", "art", "cleverhans", "autoattack", "deeprobust"}
+)
 FOREIGN_RUNTIMES = frozenset(
     {
         "openvino", "onnxruntime", "tensorflow", "tf", "jax", "flax", "tensorrt", "tflite_runtime",

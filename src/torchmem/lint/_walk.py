@@ -294,6 +294,7 @@ class Walker(CallEvents):
             if isinstance(s, ast.ImportFrom) and s.module == "torch.autograd" and not s.level:
                 self.facts.grad_names.update(a.asname or a.name for a in s.names if a.name == "grad")
             for a in s.names:  # `import openvino as ov`, `from onnxruntime import InferenceSession`
+                self.facts.imported_names.add((a.asname or a.name).split(".", 1)[0])
                 root = (a.name if isinstance(s, ast.Import) else s.module or "").split(".", 1)[0]
                 if root in FOREIGN_RUNTIMES and not getattr(s, "level", 0):
                     self.facts.foreign_names.add((a.asname or a.name).split(".", 1)[0])

@@ -1072,3 +1072,99 @@ def test_the_same_loop_without_an_attack_library_keeps_the_plain_fix() -> None:
         assert [c for c, _m, _f in found] == ["TM002"], (imports, attack)
         _code, message, fix = found[0]
         assert "adversarial attack" not in message and "wrap the loop" in fix, (imports, attack, fix)
+
+
+# == round S of docs/lint_corpus.md =======================================================================
+# labml_nn: `tracker.add({...: loss})` of `from labml import tracker` (a package's logging API, cleared by
+# `tracker.save()` each iteration) was read as a set's add (TM001, 3 false).
+TRACKER = """
+{imports}
+
+def train(model, loader, opt):
+    {local}
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        tracker.add({{"loss.train": loss}})
+"""
+
+
+def test_an_imported_module_s_add_is_its_api_not_a_container() -> None:
+    assert shown(TRACKER.format(imports="from labml import tracker", local="")) == []
+    assert shown(TRACKER.format(imports="import labml.tracker as tracker", local="")) == []
+
+
+def test_a_set_of_the_function_with_the_same_name_is_still_flagged() -> None:
+    # must-say twins: the name rebound here to a set (the import shadowed), and a module-level set
+    assert shown(TRACKER.format(imports="from labml import tracker", local="tracker = set()")) == ["TM001"]
+    assert shown("tracker = set()\n" + TRACKER.format(imports="", local="")) == ["TM001"]
+
+
+# second.pytorch's metric modules: `forward` adds counts into [1]-shaped buffers in place, `clear()` zeroes
+# them in place (`self.count.zero_()`): the class manages its store (TM013, 3 false).
+METRIC = """
+class Accuracy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(1))
+        self.register_buffer("count", torch.zeros(1))
+
+    def forward(self, labels, preds, weights):
+        self.count += torch.clamp(torch.sum(weights.float()), min=1.0)
+        self.total += torch.sum((preds.argmax(1) == labels).float())
+        return (self.total / self.count).cpu()
+{reset}
+"""
+
+
+def test_a_module_that_zeroes_its_counters_in_place_manages_them() -> None:
+    for reset in (
+        "self.total.zero_()\n        self.count.zero_()",
+        "self.total.fill_(0)\n        self.count.fill_(0)",
+    ):
+        assert shown(METRIC.format(reset=f"\n    def clear(self):\n        {reset}\n")) == [], reset
+
+
+def test_the_same_module_without_a_reset_is_still_flagged() -> None:
+    assert shown(METRIC.format(reset="")) == ["TM013"]
+    # a reset of another attribute does not count for these
+    assert shown(METRIC.format(reset="\n    def clear(self):\n        self.other.zero_()\n")) == ["TM013"]
+
+
+# DeepRobust's defenses: the evaluation loop runs the attack one call away, in a method of the same class
+# (`self.adv_data(...)` builds DeepRobust's own PGD and calls its `generate`): round R's attack fix applies.
+DEFENSE = """
+from deeprobust.image.attack.pgd import PGD
+
+
+class PGDtraining:
+    def test(self, model, loader):
+        model.eval()
+        correct = 0
+        for data, target in loader:
+            output = model(data)
+            correct += output.argmax(1).eq(target).sum().item()
+            _, out_adv = self.{method}(data, target)
+        return correct
+
+    def adv_data(self, data, target):
+        adversary = PGD(self.model)
+        data_adv = adversary.generate(data, target.flatten(), epsilon=0.3, num_steps=10)
+        return data_adv, self.model(data_adv)
+
+    def plain(self, data, target):
+        return data, self.model(data)
+"""
+
+
+def test_an_attack_one_call_away_in_the_same_class_is_seen() -> None:
+    def found(method: str) -> list[tuple[str, str]]:
+        src = "import torch\n" + textwrap.dedent(DEFENSE.format(method=method))
+        return [(f.code, f.fix) for f in lint_source(src, "defense.py") if f.severity == "warning"]
+
+    ((code, fix),) = found("adv_data")
+    assert code == "TM002" and "not the whole loop" in fix
+    ((code, fix),) = found("plain")  # must-not: a method of the class that runs no attack
+    assert code == "TM002" and "wrap the loop" in fix
