@@ -365,6 +365,8 @@ class KeptChecks:
             how = self._persistent(fn, key, kind)
             if how is None or key in fn.backwarded or key in fn.bindings:
                 continue  # not kept beyond the call, backwarded, or reset by the function itself
+            if isinstance(store, ast.Call) and key in self.facts.imported_names:
+                continue  # `tracker.add(...)` of `from labml import tracker`: a package's API (round S)
             if fn.trains and self._own_graph(call, scope, ctx, fn, store, sextra[1], key, how):
                 return
             for i, param in enumerate(params):

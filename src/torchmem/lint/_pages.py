@@ -69,7 +69,9 @@ the local data flow (a call to a function of another file that is not a model or
 `get_model(...)`, `compute_loss_scale(...)`: names that make or describe, not compute, are not taken for a
 forward or a loss; of `a, b, c = criterion(...)` only the first element is taken for the loss); the file
 imports another framework (MXNet, TensorFlow, JAX, ...) and nothing of torch's world (its `autograd` and
-`backward()` are that framework's).
+`backward()` are that framework's); the receiver of `.add(...)`/`.append(...)` is a name an import
+binds (`from labml import tracker`: `tracker.add({"loss": loss})` is that package's logging API, not a
+container).
 
 Shown by default: the "backward-ran" form, and the "output-kept" form when the container outlives an
 optimizer step. Outputs kept by a list made afresh for each step (its micro-batches, "output-in-step")
@@ -123,8 +125,9 @@ def evaluate(model, loader):
 (`with torch.no_grad():` or `with torch.inference_mode():` around the loop works as well.)
 
 A loop that also runs an adversarial attack (`adversary.perturb(x, y)`, `attack.generate(x)`, a
-`torchattacks` attack called on the batch, in a file that imports an attack library: advertorch,
-torchattacks, foolbox, ART, cleverhans, autoattack) needs autograd for the attack, which backwards a loss to
+`torchattacks` attack called on the batch, or such a call one level down in a method of the same class
+that the loop calls, in a file that imports an attack library: advertorch, torchattacks, foolbox, ART,
+cleverhans, autoattack, DeepRobust) needs autograd for the attack, which backwards a loss to
 its input: the finding says so, and its fix is `no_grad` around the model's calls inside the loop instead.
 
 ## When it does not fire
@@ -667,8 +670,9 @@ class Net(torch.nn.Module):
 ## When it does not fire
 
 The value is detached or computed under `no_grad`; a method of the class other than `__init__` resets or
-clears the attribute (`self.outputs = []`, `self.cache.clear()`: the class manages its own buffer, a KV
-cache reset per sequence); the attribute is rebound, not added to (`self.last = out`: one step's graph at
+clears the attribute (`self.outputs = []`, `self.cache.clear()`, or resets a tensor in place:
+`self.count.zero_()`, `.fill_(0)`, `.copy_(...)`; the class manages its own buffer, a KV cache reset per
+sequence, a metric's counters); the attribute is rebound, not added to (`self.last = out`: one step's graph at
 a time), or written at a key that is the same on every call (`self.heads[self.index - 1] = out`: one
 slot); the file imports nothing of torch's world.
 

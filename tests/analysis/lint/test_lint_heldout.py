@@ -1096,6 +1096,32 @@ def test_an_imported_module_s_add_is_its_api_not_a_container() -> None:
     assert shown(TRACKER.format(imports="import labml.tracker as tracker", local="")) == []
 
 
+# the same in a training step the loop calls (labml_nn's cycle GAN: `self.optimize_generators(...)` logs its
+# losses with `tracker.add`)
+STEP_TRACKER = """
+{imports}
+{module_level}
+
+class Trainer:
+    def run(self, loader):
+        for x, y in loader:
+            self.step(x, y)
+
+    def step(self, x, y):
+        loss = F.cross_entropy(self.model(x), y)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        tracker.add({{"loss": loss}})
+"""
+
+
+def test_an_imported_module_s_add_in_the_step_the_loop_calls_is_its_api() -> None:
+    assert shown(STEP_TRACKER.format(imports="from labml import tracker", module_level="")) == []
+    # must-say twin: a module-level set of the file, filled by the same step
+    assert shown(STEP_TRACKER.format(imports="", module_level="tracker = set()")) == ["TM001"]
+
+
 def test_a_set_of_the_function_with_the_same_name_is_still_flagged() -> None:
     # must-say twins: the name rebound here to a set (the import shadowed), and a module-level set
     assert shown(TRACKER.format(imports="from labml import tracker", local="tracker = set()")) == ["TM001"]
