@@ -237,7 +237,9 @@ A later backward in the same iteration runs without `retain_graph=True` (the gra
 `create_graph=True` (higher-order gradients, done on purpose); the flag is a variable; no loop; nothing
 carried from one iteration to the next reaches what the backward runs on (a loop's own target rebound in
 place, `output = output.reshape(-1)`, is bound afresh each iteration: a Jacobian built row by row with
-`retain_graph=True` over one graph is not flagged); the only carried name is one the loop calls as a model
+`retain_graph=True` over one graph is not flagged; state an inner loop updates from a value bound afresh at
+the top of the iteration, `hidden = features` then `for w in weights: hidden = f(hidden, w)`, is the inner
+loop's, not carried by the loop around it); the only carried name is one the loop calls as a model
 (`model = DDP(model)` in the epoch loop: a module, whose parameters are leaves); the file imports another
 framework (MXNet, TensorFlow, JAX, ...) and nothing of torch's world.
 

@@ -167,11 +167,10 @@ class Walker(CallEvents):
             _push_children(n, cls, stack)
         if not uses:
             return
-        start = node_line(loop.node)
-        if not cut and any(
-            start < b.line < line and (b.value is None or key not in names_in(b.value)) for b in earlier
-        ):
-            return  # what the previous iteration left is replaced before this reads it
+        # the lines where the name was bound afresh (not from itself) before this statement
+        fresh = [
+            b.line for b in earlier if b.line < line and (b.value is None or key not in names_in(b.value))
+        ]
         for lp in loop.chain():
             if cut:
                 lp.detached.add(key)
@@ -179,6 +178,12 @@ class Walker(CallEvents):
                 # the loop binds it afresh at each iteration, before its body reads it: nothing goes into
                 # this loop's next iteration, nor out to the loops around it (StyleTTS2's `batch = [...
                 # for b in batch[1:]]` and `_s2s_pred = _s2s_pred[:n]` inside their own loops, round N)
+                break
+            elif any(node_line(lp.node) < b for b in fresh):
+                # what the previous iteration of this loop left is replaced before this reads it, in this
+                # loop's body: nothing goes into its next iteration, nor out to the loops around it
+                # (`hidden = features`, then `for w in weights: hidden = f(hidden, w)`: the inner loop
+                # carries it, the loop around it does not; DeepRobust's mettack, round S)
                 break
             else:
                 lp.carried.setdefault(key, line)

@@ -1194,3 +1194,32 @@ def test_an_attack_one_call_away_in_the_same_class_is_seen() -> None:
     assert code == "TM002" and "not the whole loop" in fix
     ((code, fix),) = found("plain")  # must-not: a method of the class that runs no attack
     assert code == "TM002" and "wrap the loop" in fix
+
+
+# DeepRobust's mettack: `hidden = features` at the top of each iteration, then updated by a loop over the
+# layers; the backward with retain_graph=True is in the loop around: the state of the inner loop is not
+# carried into the outer loop's next iteration (TM004, false).
+LAYERS = """
+def inner_train(features, adj_norm, weights, labels, opt, adj_changes, iters):
+    grad_sum = torch.zeros_like(adj_changes)
+    {before}
+    for _ in range(iters):
+        {top}
+        for w in weights:
+            hidden = F.relu(adj_norm @ hidden @ w)
+        loss = F.nll_loss(F.log_softmax(hidden, 1), labels)
+        opt.zero_grad()
+        loss.backward(retain_graph=True)
+        grad_sum += torch.autograd.grad(loss, adj_changes, retain_graph=True)[0]
+        opt.step()
+    return grad_sum
+"""
+
+
+def test_state_an_inner_loop_updates_from_a_fresh_start_is_not_carried_by_the_outer_loop() -> None:
+    assert "TM004" not in codes(LAYERS.format(before="", top="hidden = features"))
+
+
+def test_state_the_outer_loop_carries_into_its_next_iteration_is_still_flagged() -> None:
+    # must-say twin: `hidden` starts once, before the outer loop: each iteration's graph feeds the next
+    assert "TM004" in codes(LAYERS.format(before="hidden = features", top="pass"))
