@@ -117,6 +117,10 @@ def lint_source(
         return [
             LintFinding(path, 1, 1, PARSE_ERROR, msg, "split the expression (or add this file to exclude)")
         ]
+    except Exception as exc:  # torchmem's own error on this file: said for the file, the others still checked
+        msg = f"torchmem lint could not check this file: internal error ({type(exc).__name__}: {exc})"
+        fix = "report it to torchmem; exclude the file meanwhile"
+        return [LintFinding(path, 1, 1, PARSE_ERROR, msg, fix)]
     if not raw:
         return []
     lines = source.splitlines()

@@ -271,6 +271,32 @@ def test_pre_commit_hook_definition() -> None:
     assert "id: torchmem-lint" in text and "entry: torchmem lint" in text and "types: [python]" in text
 
 
+def test_an_internal_error_on_one_file_is_said_for_it_and_the_others_are_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug of torchmem's own on one file (here a rule that raises on it) is a TM000 for that file, not a
+    traceback that ends the run: the other files' findings are still given."""
+    from torchmem.lint import _run
+
+    (tmp_path / "bad.py").write_text("import torch\nx = 1\n")
+    (tmp_path / "good.py").write_text(
+        "import torch\nfor x, y in loader:\n    loss = f(model(x), y)\n"
+        "    loss.backward()\n    total += loss\n"
+    )
+    check = _run.check_tree
+
+    def flaky(tree: object, path: str) -> object:
+        if path.endswith("bad.py"):
+            raise KeyError("a rule's bug")
+        return check(tree, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_run, "check_tree", flaky)
+    found = {(Path(f.path).name, f.code) for f in lint_paths([str(tmp_path)], config=False, jobs=1)}
+    assert ("bad.py", "TM000") in found and ("good.py", "TM001") in found, found
+    bad = next(f for f in lint_paths([str(tmp_path / "bad.py")], config=False, jobs=1))
+    assert "internal error (KeyError" in bad.message
+
+
 def test_deeply_nested_code_is_reported_not_raised() -> None:
     for n in (400, 5000):
         src = "for x in loader:\n    loss.backward()\n    y = x" + ".a(1)" * n + "\n"
