@@ -239,7 +239,8 @@ carried from one iteration to the next reaches what the backward runs on (a loop
 place, `output = output.reshape(-1)`, is bound afresh each iteration: a Jacobian built row by row with
 `retain_graph=True` over one graph is not flagged; state an inner loop updates from a value bound afresh at
 the top of the iteration, `hidden = features` then `for w in weights: hidden = f(hidden, w)`, is the inner
-loop's, not carried by the loop around it); the only carried name is one the loop calls as a model
+loop's, not carried by the loop around it; a state whose update is a NumPy call, `r = np.float32(r + dr)`,
+is an array and carries no graph); the only carried name is one the loop calls as a model
 (`model = DDP(model)` in the epoch loop: a module, whose parameters are leaves); the file imports another
 framework (MXNet, TensorFlow, JAX, ...) and nothing of torch's world.
 

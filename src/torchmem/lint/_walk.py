@@ -44,6 +44,10 @@ _CHILD_FIELDS: dict[type[ast.AST], tuple[str, ...]] = {}
 _JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"})
 
 
+# NumPy's module names: a value made by one of its functions is an array, which carries no autograd graph.
+_NUMPY = frozenset({"np", "numpy"})
+
+
 class Walker(CallEvents):
     """One module's walk (:func:`torchmem.lint._checker.check_tree` runs it, then the rules)."""
 
@@ -167,6 +171,9 @@ class Walker(CallEvents):
             _push_children(n, cls, stack)
         if not uses:
             return
+        made_by = dotted(value.func) if isinstance(value, ast.Call) else None
+        if made_by is not None and made_by.split(".", 1)[0] in _NUMPY:
+            cut = True  # `r = np.float32(r + dr)`: the value is a NumPy array, it carries no graph (round S)
         # the lines where the name was bound afresh (not from itself) before this statement
         fresh = [
             b.line for b in earlier if b.line < line and (b.value is None or key not in names_in(b.value))

@@ -1223,3 +1223,38 @@ def test_state_an_inner_loop_updates_from_a_fresh_start_is_not_carried_by_the_ou
 def test_state_the_outer_loop_carries_into_its_next_iteration_is_still_flagged() -> None:
     # must-say twin: `hidden` starts once, before the outer loop: each iteration's graph feeds the next
     assert "TM004" in codes(LAYERS.format(before="hidden = features", top="pass"))
+
+
+# DeepRobust's deepfool: `r_tot` (NumPy) carried across iterations, the next graph started from a fresh leaf
+# (`.detach().requires_grad_(True)`); several backwards per iteration through one output keep retain_graph
+# (TM004, 2 false).
+DEEPFOOL = """
+import numpy as np
+
+
+def deepfool(model, image, k_classes, max_iter):
+    x = image.clone().requires_grad_(True)
+    r_tot = np.zeros(image.shape)
+    fs = model(x)
+    for _ in range(max_iter):
+        for k in range(k_classes):
+            fs[0, k].backward(retain_graph=True)
+        {update}
+        {next_x}
+        fs = model(x)
+    return r_tot
+"""
+NUMPY_STEP = "r_i = x.grad * 0.01\n        r_tot = np.float32(r_tot + r_i)"
+FRESH_LEAF = "x = (image + torch.from_numpy(r_tot)).detach().requires_grad_(True)"
+
+
+def test_a_numpy_value_carried_between_iterations_carries_no_graph() -> None:
+    assert "TM004" not in codes(DEEPFOOL.format(update=NUMPY_STEP, next_x=FRESH_LEAF))
+
+
+def test_a_tensor_carried_between_iterations_is_still_flagged() -> None:
+    # must-say twins: the state made by a torch function and fed to the next forward as it is; and a NumPy
+    # call inside the update (a constant) does not make the value a NumPy array
+    assert "TM004" in codes(DEEPFOOL.format(update="r_tot = torch.tanh(r_tot)", next_x="x = image + r_tot"))
+    scaled = "r_tot = r_tot * np.float32(0.9)"
+    assert "TM004" in codes(DEEPFOOL.format(update=scaled, next_x="x = image + r_tot"))
