@@ -21,6 +21,11 @@ _READ_OVERHEAD = 1.5e-6  # the Python work around one reading, verdicts amortize
 READINGS_PER_DOUBLING = 8
 
 
+def _within(m: int, a: int, limit: int) -> int:
+    """The largest count up to ``m`` whose multiple of ``a`` is within ``limit`` (0: not even one)."""
+    return min(m, limit // a) if a >= 1 else 0
+
+
 def cost(fn: Any) -> float:
     """The least time of five calls of ``fn``."""
     costs = []
@@ -87,7 +92,7 @@ class HostSchedule:
         m = self._multiple
         if m and self.align is not None:
             a = self.align()
-            m = min(m, self._limit // a) if a >= 1 else 0  # a wider other stride: fewer multiples of it
+            m = _within(m, a, self._limit)  # a wider other stride: fewer multiples of it
             if m >= 1:
                 return m * a
         return self._stride
@@ -206,10 +211,8 @@ class HostSchedule:
         k, a, limit = self._stride, self.align(), min(young, cap)
         if a <= 1:
             return
-        m = max(1, round(k / a))
-        while m > 1 and a * m > limit:
-            m -= 1
-        if a * m > limit:
+        m = _within(max(1, round(k / a)), a, limit)
+        if m < 1:
             return  # the other watcher reads too rarely for this run's floor: on its own stride
         if self._secondary:
             self.heap_every = max(1, round(k * self.heap_every / (a * m)))
