@@ -599,6 +599,11 @@ class GrowthStream:
         self._min = 0  # the window's minimum (valid once a reading is in) and the latest step it was read at
         self._min_at: float = -math.inf
 
+    @property
+    def rose(self) -> bool:
+        """Whether the newest reading rose at 0.8x the threshold's rate or more since the one before."""
+        return self._rises > 0
+
     def add(self, step: int, value: int) -> Growth:
         """Add the reading ``value`` taken at ``step`` (steps strictly increasing); return the verdict (also
         kept in ``growth``; ``leaking`` is its ``leaking``)."""

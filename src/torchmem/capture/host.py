@@ -389,6 +389,8 @@ class HostWatcher:
                 self._notes.error("reading", RuntimeError(f"the {self.source} figure could not be read"))
                 return
             rising = readings.add_figure(n, v - tracer.offset, warm=warm) or rising
+            if not warm and schedule.relaxed and readings.rose():
+                schedule.alert()  # a relaxed schedule reads more often while the figure rises
         if warm:
             schedule.time(n, time.perf_counter())
             return

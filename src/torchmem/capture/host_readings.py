@@ -114,6 +114,12 @@ class HostReadings:
             self.run_first = (n, v)
         return len(pv) > 2 and v > pv[-2] > pv[-3] and v - pv[-3] >= self.min_bytes_per_step * (n - ps[-3])
 
+    def rose(self) -> bool:
+        """Whether the newest reading of the figure rose at 0.8x the threshold's rate or more since the one
+        before (one interval: what alerts a relaxed schedule, see :meth:`HostSchedule.alert`)."""
+        ps, pv = self.ps, self.pv
+        return len(pv) > 1 and pv[-1] - pv[-2] >= 0.8 * self.min_bytes_per_step * (ps[-1] - ps[-2])
+
     def read_blocks(self, n: int) -> None:
         if n <= self.warmup or (self._blocks and self._blocks[-1][0] == n):
             return

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from torchmem.capture.watch_stride import ALERT_FACTOR, ALERT_READINGS
 from torchmem.devices._host import process_rss
 
 _MAX_STRIDE = 1024
@@ -79,6 +80,7 @@ class HostSchedule:
         self.relax_after: int | None = None  # see relax()
         self.relaxed_share = share
         self.share_now = share  # the share the stride was last chosen for
+        self._alert_left = 0  # readings left at the alerted stride (see alert)
         self.align: Callable[[], int] | None = None
         """Another watcher's stride to read in step with (``torchmem run``: the device watcher's): the
         stride chosen is a multiple of it where the budget and the short-run floor allow, so that both read
@@ -126,6 +128,34 @@ class HostSchedule:
             self._plain.append(seconds)
         self._figure_now = False
         self._readings += 1
+        if self._alert_left:
+            self._alert_left -= 1
+            if not self._alert_left:
+                self.choose()
+
+    @property
+    def relaxed(self) -> bool:
+        """Whether the stride is chosen for :attr:`relaxed_share` now (a long run: see :meth:`relax`)."""
+        return self.relax_after is not None and self._readings >= self.relax_after
+
+    @property
+    def alerted(self) -> bool:
+        """Whether the readings are taken at the alerted stride now (see :meth:`alert`)."""
+        return self._alert_left > 0
+
+    def alert(self) -> None:
+        """The figure's last reading rose at the threshold's rate or more: a relaxed schedule reads
+        :data:`~torchmem.capture.watch_stride.ALERT_FACTOR` times as often (on its own steps, not the other
+        watcher's) for the next :data:`~torchmem.capture.watch_stride.ALERT_READINGS` readings, renewed by
+        each that rises again; then the stride is chosen again. Not relaxed: nothing changes."""
+        if not self.relaxed:
+            return
+        if not self._alert_left:
+            k = max(1, self.stride // ALERT_FACTOR)
+            if k >= self.stride:
+                return
+            self.stride = k
+        self._alert_left = ALERT_READINGS
 
     def relax(self, after: int | None, share: float) -> None:
         """After ``after`` readings (``None``: never), read within ``share`` of the run instead (a long
@@ -153,7 +183,7 @@ class HostSchedule:
         """Read every step, or every k-th step, so that readings take 0.5 % of the run at most: with the heap
         as the figure, half for the RSS (read at each reading) and the Python around it, half for the heap
         (read every m-th reading: mallinfo2's cost varies with the heap, from 0.5 µs to hundreds)."""
-        if not self._step_times:
+        if not self._step_times or self._alert_left:  # (alerted: chosen when the alert ends)
             return
         step_time = sorted(self._step_times)[len(self._step_times) // 2]
         if step_time <= 0:

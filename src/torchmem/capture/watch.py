@@ -465,6 +465,8 @@ class Watcher(Generic[T]):
         if growth is None:
             return
         stream = track.stream
+        if stream.rose:
+            schedule.alert()  # a relaxed schedule reads more often while the figure rises
         attribution.after_reading(n, growth, stream.steps, stream.values)
         if growth.leaking and attribution.attempted and not self._warned:
             self._announce()

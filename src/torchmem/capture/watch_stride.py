@@ -55,6 +55,13 @@ EARLY_SHARE_MAX = 0.5  # a reading dearer than this share of a step is strided f
 # where a reading costs at most this share of a step: the floor's readings, ~16 in the first 32 steps and 16
 # per doubling after, then cost under 2 % of the steps they fall on.
 FLOOR_SHARE = 0.02
+# A relaxed schedule alerted (a reading rose at the leak threshold's rate or more since the one before: see
+# ReadingSchedule.alert) reads ALERT_FACTOR times as often for the next ALERT_READINGS readings, renewed by
+# each reading that rose again: a leak that starts late in a long run is judged within a few hundred steps
+# of the relaxed stride (256 apart: a leak that started at step 1,300 of a 1,700-step CPU run had one reading
+# and was called "noisy", CI under load), at ALERT_FACTOR x the relaxed share while the figure keeps rising.
+ALERT_READINGS = 8
+ALERT_FACTOR = 8
 
 
 class ReadingSchedule:
@@ -89,6 +96,32 @@ class ReadingSchedule:
         self._tune_times: collections.deque[float] = collections.deque(maxlen=5)
         self._last_t: float | None = None
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
+        self._alert_left = 0  # readings left at the alerted stride (see alert)
+        self._alert_from = 1  # the relaxed stride to return to after them
+
+    @property
+    def relaxed(self) -> bool:
+        """Whether the stride is a long run's, chosen for :attr:`relaxed_share` (see :meth:`relax`)."""
+        return self.relax_after is not None and self.readings >= self.relax_after and self.fixed is None
+
+    @property
+    def alerted(self) -> bool:
+        """Whether the readings are taken at the alerted stride now (see :meth:`alert`)."""
+        return self._alert_left > 0
+
+    def alert(self) -> None:
+        """The last reading rose at the leak threshold's rate or more: a relaxed schedule reads
+        :data:`ALERT_FACTOR` times as often for the next :data:`ALERT_READINGS` readings (each reading that
+        rises again renews them), so that growth that starts late in a long run gets the readings of a
+        verdict within a few relaxed strides. A schedule that is not relaxed is left as it is."""
+        if not self.relaxed:
+            return
+        if not self._alert_left:
+            k = max(1, self.stride // ALERT_FACTOR)
+            if k >= self.stride:
+                return
+            self._alert_from, self.stride = self.stride, k
+        self._alert_left = ALERT_READINGS
 
     def relax(
         self, after: int | None, share: float = RELAXED_SHARE, widest: int = RELAXED_MAX_STRIDE
@@ -151,6 +184,10 @@ class ReadingSchedule:
     def reading(self, n: int, reader: Callable[[], int]) -> int:
         """A reading after the warm-up, at step ``n``; now and then timed, and the stride chosen again."""
         self.readings = k = self.readings + 1
+        if self._alert_left:
+            self._alert_left -= 1
+            if not self._alert_left:  # (a reading that rises again renews it after this one)
+                self.stride = self._alert_from
         if k == self.early and self._deferred is not None:  # the early readings end: the chosen stride
             self.stride, self.note = self._deferred
             self._deferred = None
@@ -214,6 +251,9 @@ class ReadingSchedule:
         ):  # every step until the early readings end, then this stride
             self._deferred = (k, note)
             return
+        if self._alert_left:  # alerted: the stride chosen is taken when the alert ends
+            self._alert_from, self.note = k, note
+            return
         if k == self.stride:
             return
         self.stride = k
@@ -230,6 +270,8 @@ class ReadingSchedule:
 
 
 __all__ = [
+    "ALERT_FACTOR",
+    "ALERT_READINGS",
     "EARLY_BUDGET",
     "EARLY_READINGS",
     "EARLY_SHARE",
