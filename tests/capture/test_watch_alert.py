@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 import torchmem
-from torchmem.capture.watch_stride import ALERT_FACTOR, ALERT_READINGS, ReadingSchedule
+from torchmem.capture.schedule import ALERT_FACTOR, ALERT_READINGS
+from torchmem.capture.watch_stride import ReadingSchedule
 
 
 def _relaxed_schedule(stride: int = 256) -> ReadingSchedule:
@@ -77,7 +78,9 @@ def _run(kept_from: int | None, once: bool = False, steps: int = 1700) -> tuple[
     x = torch.randn(4, 16)
     kept: list[torch.Tensor] = []
     strides: list[int] = []
-    w = torchmem.watch(device="cpu", source="heap", warn=False)
+    # max_stride=1: read every step or two (the heap's 2 % floor) until relaxed, so that the 64 readings
+    # before relaxing are taken within the first few hundred steps however loaded the machine is
+    w = torchmem.watch(device="cpu", source="heap", warn=False, max_stride=1)
     w._relax_after = 64
     w._schedule.relaxed_share = 1e-7  # any reading's cost on any step: the widest stride, 256
     with w:
@@ -104,7 +107,7 @@ def test_a_leak_that_starts_late_under_the_widest_relaxed_stride_is_found() -> N
 
 def test_a_flat_run_keeps_the_widest_relaxed_stride() -> None:
     rep, strides, _ = _run(None)
-    assert strides[-1] == 256 and strides.count(256) >= 600, strides[-1]
+    assert 256 in strides[:1000] and strides[-1] == 256
     assert min(strides[strides.index(256) :]) == 256  # never alerted once relaxed
     assert not rep.leaking
 

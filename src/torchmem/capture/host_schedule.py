@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from torchmem.capture.watch_stride import ALERT_FACTOR, ALERT_READINGS
+from torchmem.capture.schedule import LongRunSchedule
 from torchmem.devices._host import process_rss
 
 _MAX_STRIDE = 1024
@@ -37,7 +37,7 @@ def cost(fn: Any) -> float:
     return min(costs)
 
 
-class HostSchedule:
+class HostSchedule(LongRunSchedule):
     """Every how many steps the host figures are read, from the steps' time and the readings' cost.
 
     Args:
@@ -51,6 +51,7 @@ class HostSchedule:
     def __init__(
         self, *, warmup: int, max_stride: int | None, share: float, ramp: bool, short_runs: bool = True
     ) -> None:
+        super().__init__(share)
         self._stride = 1
         self._multiple = 0  # aligned: the stride is this multiple of align()'s, up to _limit
         self._limit = 0
@@ -76,11 +77,7 @@ class HostSchedule:
         self._last_t: float | None = None
         self._last_n = 0
         self._step_times: collections.deque[float] = collections.deque(maxlen=16)
-        self._readings = 0  # readings charged so far
-        self.relax_after: int | None = None  # see relax()
-        self.relaxed_share = share
         self.share_now = share  # the share the stride was last chosen for
-        self._alert_left = 0  # readings left at the alerted stride (see alert)
         self.align: Callable[[], int] | None = None
         """Another watcher's stride to read in step with (``torchmem run``: the device watcher's): the
         stride chosen is a multiple of it where the budget and the short-run floor allow, so that both read
@@ -127,42 +124,13 @@ class HostSchedule:
         if not self._figure_now:  # the RSS and the Python around it: what a reading costs besides the figure
             self._plain.append(seconds)
         self._figure_now = False
-        self._readings += 1
-        if self._alert_left:
-            self._alert_left -= 1
-            if not self._alert_left:
-                self.choose()
+        self._count_reading()  # (an alert's last reading chooses the stride again)
 
-    @property
-    def relaxed(self) -> bool:
-        """Whether the stride is chosen for :attr:`relaxed_share` now (a long run: see :meth:`relax`)."""
-        return self.relax_after is not None and self._readings >= self.relax_after
+    def _narrow(self, k: int) -> None:
+        self.stride = k  # (on its own steps while alerted, not the other watcher's)
 
-    @property
-    def alerted(self) -> bool:
-        """Whether the readings are taken at the alerted stride now (see :meth:`alert`)."""
-        return self._alert_left > 0
-
-    def alert(self) -> None:
-        """The figure's last reading rose at the threshold's rate or more: a relaxed schedule reads
-        :data:`~torchmem.capture.watch_stride.ALERT_FACTOR` times as often (on its own steps, not the other
-        watcher's) for the next :data:`~torchmem.capture.watch_stride.ALERT_READINGS` readings, renewed by
-        each that rises again; then the stride is chosen again. Not relaxed: nothing changes."""
-        if not self.relaxed:
-            return
-        if not self._alert_left:
-            k = max(1, self.stride // ALERT_FACTOR)
-            if k >= self.stride:
-                return
-            self.stride = k
-        self._alert_left = ALERT_READINGS
-
-    def relax(self, after: int | None, share: float) -> None:
-        """After ``after`` readings (``None``: never), read within ``share`` of the run instead (a long
-        run: ``torchmem run`` on a GPU host, where a reading takes 40-200 µs and the step after it pays
-        as much again refilling its caches)."""
-        self.relax_after = after
-        self.relaxed_share = share
+    def _alert_ended(self) -> None:
+        self.choose()
 
     def time(self, n: int, now: float) -> None:
         """A step boundary at ``now``: the steps' time since the last one timed."""
@@ -205,8 +173,7 @@ class HostSchedule:
         else:
             rest = self._rss_cost + _READ_OVERHEAD if self._secondary else _READ_OVERHEAD
         cap = self._max_stride or _MAX_STRIDE
-        relaxed = self.relax_after is not None and self._readings >= self.relax_after
-        share = self.share_now = self.relaxed_share if relaxed else self.share
+        share = self.share_now = self.relaxed_share if self.relaxed else self.share
         # The strides at most double at each choice (every 16 readings): a short run of fast steps still
         # gets readings enough for a verdict (30 steps: ~16 readings), and the readings' cost, a few ms in
         # all before the strides reach the budget's, stays the same share of a long run.

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 from torchmem.analysis.growth import ROBUST_SAMPLES
+from torchmem.capture.schedule import LongRunSchedule
 
 # A host figure's reading is timed every this many readings, and the stride chosen again.
 RETUNE_EVERY = 64
@@ -55,16 +56,9 @@ EARLY_SHARE_MAX = 0.5  # a reading dearer than this share of a step is strided f
 # where a reading costs at most this share of a step: the floor's readings, ~16 in the first 32 steps and 16
 # per doubling after, then cost under 2 % of the steps they fall on.
 FLOOR_SHARE = 0.02
-# A relaxed schedule alerted (a reading rose at the leak threshold's rate or more since the one before: see
-# ReadingSchedule.alert) reads ALERT_FACTOR times as often for the next ALERT_READINGS readings, renewed by
-# each reading that rose again: a leak that starts late in a long run is judged within a few hundred steps
-# of the relaxed stride (256 apart: a leak that started at step 1,300 of a 1,700-step CPU run had one reading
-# and was called "noisy", CI under load), at ALERT_FACTOR x the relaxed share while the figure keeps rising.
-ALERT_READINGS = 8
-ALERT_FACTOR = 8
 
 
-class ReadingSchedule:
+class ReadingSchedule(LongRunSchedule):
     """The stride of one watcher's readings, and what it was chosen from.
 
     ``fixed``: the stride the user asked for (``None``: chosen here). ``stride``: the one in use.
@@ -75,15 +69,13 @@ class ReadingSchedule:
     """
 
     def __init__(self, warmup: int, stride: int | None, max_stride: int | None) -> None:
+        super().__init__(RELAXED_SHARE)
         self.warmup = warmup
         self.fixed = stride
         self.max_stride = max_stride
         self.stride = 1
         self.note: str | None = None
-        self.readings = 0  # after the warm-up
-        self.relax_after: int | None = None
-        self.relaxed_share = RELAXED_SHARE  # a relaxed schedule's share of a step, and its widest stride
-        self.relaxed_max = RELAXED_MAX_STRIDE
+        self.relaxed_max = RELAXED_MAX_STRIDE  # a relaxed schedule's widest stride
         self.early = 0  # readings after the warm-up taken at every step, whatever stride is chosen
         self._deferred: tuple[int, str | None] | None = None  # (stride, note) chosen in the early readings
         self._every_step = False  # the ledger is the figure: no stride is chosen
@@ -96,40 +88,23 @@ class ReadingSchedule:
         self._tune_times: collections.deque[float] = collections.deque(maxlen=5)
         self._last_t: float | None = None
         self._durations: collections.deque[float] = collections.deque(maxlen=16)
-        self._alert_left = 0  # readings left at the alerted stride (see alert)
         self._alert_from = 1  # the relaxed stride to return to after them
 
-    @property
-    def relaxed(self) -> bool:
-        """Whether the stride is a long run's, chosen for :attr:`relaxed_share` (see :meth:`relax`)."""
-        return self.relax_after is not None and self.readings >= self.relax_after and self.fixed is None
+    def _may_relax(self) -> bool:
+        return self.fixed is None  # a stride the user fixed is kept
 
-    @property
-    def alerted(self) -> bool:
-        """Whether the readings are taken at the alerted stride now (see :meth:`alert`)."""
-        return self._alert_left > 0
+    def _narrow(self, k: int) -> None:
+        self._alert_from, self.stride = self.stride, k
 
-    def alert(self) -> None:
-        """The last reading rose at the leak threshold's rate or more: a relaxed schedule reads
-        :data:`ALERT_FACTOR` times as often for the next :data:`ALERT_READINGS` readings (each reading that
-        rises again renews them), so that growth that starts late in a long run gets the readings of a
-        verdict within a few relaxed strides. A schedule that is not relaxed is left as it is."""
-        if not self.relaxed:
-            return
-        if not self._alert_left:
-            k = max(1, self.stride // ALERT_FACTOR)
-            if k >= self.stride:
-                return
-            self._alert_from, self.stride = self.stride, k
-        self._alert_left = ALERT_READINGS
+    def _alert_ended(self) -> None:
+        self.stride = self._alert_from
 
     def relax(
         self, after: int | None, share: float = RELAXED_SHARE, widest: int = RELAXED_MAX_STRIDE
     ) -> None:
         """Relax after ``after`` readings (``None``: never) to ``share`` of a step, ``widest`` steps apart at
         most."""
-        self.relax_after = after
-        self.relaxed_share = share
+        super().relax(after, share)
         self.relaxed_max = widest
 
     def start(self, source: str, read: Callable[[], int]) -> None:
@@ -183,11 +158,8 @@ class ReadingSchedule:
 
     def reading(self, n: int, reader: Callable[[], int]) -> int:
         """A reading after the warm-up, at step ``n``; now and then timed, and the stride chosen again."""
-        self.readings = k = self.readings + 1
-        if self._alert_left:
-            self._alert_left -= 1
-            if not self._alert_left:  # (a reading that rises again renews it after this one)
-                self.stride = self._alert_from
+        self._count_reading()  # (an alert's last reading returns to the relaxed stride)
+        k = self.readings
         if k == self.early and self._deferred is not None:  # the early readings end: the chosen stride
             self.stride, self.note = self._deferred
             self._deferred = None
@@ -221,8 +193,7 @@ class ReadingSchedule:
         if self._every_step or step_time <= 0:
             return
         self._floor = cost <= FLOOR_SHARE * step_time
-        relaxed = self.relax_after is not None and self.readings >= self.relax_after
-        if relaxed:  # a long run: the readings' share of it, whatever max_stride says
+        if self.relaxed:  # a long run: the readings' share of it, whatever max_stride says
             k = min(self.relaxed_max, max(1, math.ceil(cost / (self.relaxed_share * step_time))))
             capped = False
         else:
@@ -270,8 +241,6 @@ class ReadingSchedule:
 
 
 __all__ = [
-    "ALERT_FACTOR",
-    "ALERT_READINGS",
     "EARLY_BUDGET",
     "EARLY_READINGS",
     "EARLY_SHARE",
