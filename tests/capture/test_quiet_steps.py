@@ -223,3 +223,46 @@ def test_an_error_counting_quiet_steps_is_said_once_and_every_step_goes_on_in_fu
         if "every step is read in full" in line
     ]
     assert len(notes) == 1, notes
+
+
+def test_on_the_cpu_one_heap_reading_serves_both_watchers(tmp_path: Path) -> None:
+    """``torchmem run`` on the CPU: the device watcher and the host watcher both read the C heap, in step.
+    Where the device watcher read at the boundary, the host watcher takes that reading (the same bytes, not
+    read again); it reads the heap itself only at boundaries where the device watcher did not read."""
+    lin, opt, x = _loop()
+    s = Session(str(tmp_path / "run.jsonl"), device="cpu", status=False, argv=["loop.py"]).start()
+    w, host = s._watchers.watcher, s._watchers._host
+    assert w is not None and host is not None and host.source == "heap"
+    device_reads: list[tuple[int, int]] = []
+    reader = w._reader
+
+    def device_reader() -> int:
+        v = reader()
+        device_reads.append((w.steps, v))
+        return v
+
+    w._reader = device_reader
+    shared: list[bool] = []  # each shared reading: the device watcher's of this very boundary
+    own: list[bool] = []  # each heap reading of the host watcher's own: whether the device read here
+    took, read = host._schedule.took, host._read
+
+    def checked_took(v: int) -> int:
+        shared.append(bool(device_reads) and device_reads[-1] == (w.steps, v))
+        return took(v)
+
+    def own_read() -> int | None:
+        own.append(w.figure_read_now() is not None)
+        return read()
+
+    host._schedule.took = checked_took  # type: ignore[method-assign]
+    host._read = own_read
+    try:
+        for _ in range(3000):
+            opt.zero_grad(set_to_none=True)
+            lin(x).sum().backward()
+            opt.step()
+    finally:
+        s.finish(0, "exit")
+    assert len(shared) >= 20 and all(shared), shared
+    assert not any(own), own  # read itself only where the device watcher had not
+    assert len(own) < len(shared), (len(own), len(shared))

@@ -172,6 +172,7 @@ class HostWatcher:
         self._read: Any = None
         self._secondary = False
         self._foreign = False  # a step came from another thread (scans run on the watch's own thread only)
+        self._shared: Callable[[], int | None] | None = None  # see figure_from
         # The parts: notes, the readings' schedule, the readings, tracing and torchmem's own work, the
         # windows, the node counts, the scans.
         self._notes = HostNotes()
@@ -339,6 +340,13 @@ class HostWatcher:
         run's floor allow, so both read at the same steps. ``None``: on its own again."""
         self._schedule.align = stride
 
+    def figure_from(self, now: Callable[[], int | None] | None) -> None:
+        """Take the figure from ``now()`` where it gives one at a reading, reading it here only where it gives
+        ``None`` (``torchmem run`` on the CPU: the device watcher, stepped just before this one at the same
+        boundary and in step with it, reads the same C heap: one reading serves both). Only with the heap as
+        the figure; ``None``: always read here."""
+        self._shared = now
+
     def quiet_steps(self) -> int:
         """How many of the next steps need nothing of :meth:`step` but their count (``0``: the next one
         does): the steps before the next reading, none while a scan is due. A caller that skips them adds
@@ -384,7 +392,8 @@ class HostWatcher:
         else:
             read_figure = True
         if read_figure:
-            v = schedule.read(self._read)
+            shared = self._shared() if self._shared is not None and self.source == "heap" else None
+            v = schedule.read(self._read) if shared is None else schedule.took(shared)
             if v is None:
                 self._notes.error("reading", RuntimeError(f"the {self.source} figure could not be read"))
                 return

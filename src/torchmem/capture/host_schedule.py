@@ -118,6 +118,12 @@ class HostSchedule(LongRunSchedule):
         self._figure_now = True
         return v
 
+    def took(self, value: int) -> int:
+        """A reading of the figure taken from another watcher that read it at this step (see
+        :meth:`HostWatcher.figure_from`): nothing to time, and the reading's cost is not the rest's."""
+        self._figure_now = True
+        return value
+
     def charge(self, seconds: float) -> None:
         """What one reading cost, all included but the scans and node counts."""
         self._spent.append(seconds)

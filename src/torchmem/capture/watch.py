@@ -149,6 +149,7 @@ class Watcher(Generic[T]):
         # subtract, or None while its tracing is on and the figure is not the program's)
         self._others_work: Callable[[], int | None] | None = None
         self._workers: Any = None  # the DataLoader checks (capture/workers.py) of a user's watcher
+        self._raw: tuple[int, int] | None = None  # (step, the figure as read) of the last reading
         # The parts: which steps are read, what the readings say, the attribution windows.
         self._schedule = ReadingSchedule(warmup, stride, max_stride)
         if max_stride is not None and max_stride >= 2:  # a long run's readings: under 0.5 % of its steps
@@ -449,7 +450,9 @@ class Watcher(Generic[T]):
             return
         track = self._track
         if n <= self.warmup:
-            track.keep(n, schedule.warmup_reading(self._reader))
+            raw = schedule.warmup_reading(self._reader)
+            self._raw = (n, raw)
+            track.keep(n, raw)
             if n == self.warmup:
                 attribution.warmup_ended(n)
             return
@@ -459,7 +462,9 @@ class Watcher(Generic[T]):
             if got is None:  # torchmem's tracing is on: this step's figure is not the program's
                 return
             others = got
-        value = schedule.reading(n, self._reader) - attribution.offset - others
+        raw = schedule.reading(n, self._reader)
+        self._raw = (n, raw)
+        value = raw - attribution.offset - others
         track.keep(n, value)
         growth = track.add(n, value)
         if growth is None:
@@ -470,6 +475,14 @@ class Watcher(Generic[T]):
         attribution.after_reading(n, growth, stream.steps, stream.values)
         if growth.leaking and attribution.attempted and not self._warned:
             self._announce()
+
+    def figure_read_now(self) -> int | None:
+        """The figure as this watcher read it at the step that just ended (torchmem's own changes not left
+        out), ``None`` where it did not read at that step (``torchmem run`` on the CPU: the host watcher,
+        stepped right after it at the same boundary, takes the C heap from here instead of reading it a
+        second time)."""
+        raw = self._raw
+        return raw[1] if raw is not None and raw[0] == self.steps else None
 
     @property
     def _host_figure(self) -> bool:

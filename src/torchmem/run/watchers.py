@@ -162,6 +162,9 @@ class StepWatchers:
             # between are quiet for both, one reading step instead of two (on a GPU host a reading step
             # costs its step 3-5x the readings' own time)
             host.read_with((lambda: w.stride) if w is not None else None)
+            # and on the CPU, where both read the C heap, the host watcher takes the device watcher's
+            # reading of the same step instead of reading it again (one reading serves both)
+            host.figure_from(w.figure_read_now if w is not None and cpu else None)
 
     def fresh(self) -> bool:
         """The watcher is there and counted no step yet."""
