@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from torchmem.lint._flow import DataFlow
 from torchmem.lint._forward import ForwardChecks, in_forward
 from torchmem.lint._grad_wanted import attack_fix, feeds_grad_input, grad_inputs
-from torchmem.lint._kept import fixed_handful
+from torchmem.lint._rules import WARNING, severity
 from torchmem.lint._syntax import (
     METER_NAMES,
     RANK_VARS,
@@ -67,6 +67,7 @@ class Rules(ForwardChecks, WorkerChecks):
         self._feeding: dict[int, set[str]] = {}
         self._grad_helpers: set[str] | None = None  # functions that differentiate a parameter
         self._reset_attrs: dict[int, set[str]] = {}
+        self._mutated: frozenset[str] | None = None  # the module's names changed in place (when needed)
 
     def add(self, node: ast.AST, code: str, message: str, form: str = "", fix: str = "") -> None:
         """Record a finding; ``form`` names the rule's variant where a rule has several
@@ -143,7 +144,7 @@ class Rules(ForwardChecks, WorkerChecks):
         loop = ctx.loop
         if loop is None or not loop.direct_trains or ctx.guard is loop or ctx.in_handler:
             return
-        if fixed_handful(loop):
+        if self.fixed_cases(loop, scope):
             return  # between listed cases of different shapes (a test's configurations), not every step
         # "optimizer-step" (shown by default): the loop steps an optimizer and trains the same model on
         # every iteration, so each call gives back blocks the next step allocates again. A loop that
@@ -392,8 +393,6 @@ class Rules(ForwardChecks, WorkerChecks):
             return  # framework hooks (Lightning's validation_step) run under no_grad already
         if self.w.test_file and scope.kind == "function" and scope.name.startswith("test"):
             return  # a test of a pytest/unittest file checks outputs, it is not an evaluation (round Q)
-        # A loop that also keeps its outputs is TM010 as well: TM002 still reports it, because TM010 is
-        # not shown by default (docs/lint.md, "Default output") and the fix (no_grad) is the same.
         if scope.backward_roots:
             return  # `torch.autograd.grad(...)` on what the loop computes: its gradients are used
         bound_eval = self._bound_eval(scope)
@@ -418,6 +417,8 @@ class Rules(ForwardChecks, WorkerChecks):
         if found is None:
             return  # functions of this file (`validate_network(...)`), or not the model put in eval mode
         loop, call, form = found
+        if self._kept_in(loop.node, severity("TM002", form) == WARNING):
+            return  # the loop also keeps its outputs: one finding, TM010's (the growth), with the same fix
         if form == "eval-mode":
             why = "the model is in eval() mode"
         else:
@@ -434,6 +435,13 @@ class Rules(ForwardChecks, WorkerChecks):
             form,
             fix,
         )
+
+    def _kept_in(self, loop: ast.AST, shown: bool) -> bool:
+        """Whether a TM010 finding stands inside ``loop`` (found before TM002 runs: the scope's events come
+        first) that the default output shows, or any where TM002's own form is not shown (``shown``)."""
+        first, last = getattr(loop, "lineno", 0), getattr(loop, "end_lineno", None) or 0
+        tm010 = [f for f in self.out if f.code == "TM010" and first <= f.line <= last]
+        return any(not shown or severity(f.code, f.form) == WARNING for f in tm010)
 
     @staticmethod
     def _bound_eval(scope: Scope) -> set[str]:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 from torchmem.lint._syntax import (
     GRAPH_METHODS,
+    NUMPY_ROOTS,
     SAFE,
     SAFE_ATTRS,
     SAFE_BUILTINS,
@@ -256,6 +257,8 @@ class DataFlow:
         if not isinstance(func, ast.Attribute):
             return UNKNOWN
         root = dotted(func.value)
+        if root is not None and root.split(".", 1)[0] in NUMPY_ROOTS:
+            return SAFE  # `loss = np.mean([...])`: an array or a scalar, whatever it held before (round T)
         if root is not None and (root.split(".", 1)[0] in TORCH_ROOTS):
             if name in TORCH_FRESH or name.startswith(("is_", "get_", "set_", "manual_")):
                 return SAFE

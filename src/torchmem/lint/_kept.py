@@ -11,6 +11,7 @@ activations on the device. Pure standard library: no torch import.
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torchmem.lint._syntax import (
@@ -72,6 +73,7 @@ class KeptChecks:
     flow: DataFlow
     _feeding: dict[int, set[str]]
     _reset_attrs: dict[int, set[str]]
+    _mutated: frozenset[str] | None
 
     if TYPE_CHECKING:  # Rules (torchmem.lint._checker) defines it; declared here for the type checker only
 
@@ -80,6 +82,15 @@ class KeptChecks:
         def tm010_form(self, scope: Scope, loop: Loop) -> str: ...
 
     # -- the data flow of backward
+    def fixed_cases(self, loop: Loop, scope: Scope) -> bool:
+        """The loop runs over a fixed list of cases (:func:`listed_cases`), not the steps of a run."""
+        return listed_cases(loop, scope, self.w.module, self._mutated_names)
+
+    def _mutated_names(self) -> frozenset[str]:
+        if self._mutated is None:
+            self._mutated = mutated_names(self.w.module.node)
+        return self._mutated
+
     def feeding_backward(self, scope: Scope) -> set[str]:
         """Every name whose value reaches what ``backward()`` (or ``autograd.grad``) runs on in this scope."""
         found = self._feeding.get(id(scope))
@@ -167,7 +178,7 @@ class KeptChecks:
             return  # `self.pool.add(x)` of a class of this file: its method decides what it keeps
         if isinstance(node, ast.Call) and key in self.facts.imported_names and key not in scope.bindings:
             return  # `tracker.add({...: loss})` of `from labml import tracker`: a package's API (round S)
-        if fixed_handful(lives):
+        if self.fixed_cases(lives, scope):
             return  # `for model in (ref, test):` keeps one value per listed case, not one per step
         if (
             ctx.no_grad
@@ -480,7 +491,7 @@ class KeptChecks:
         lives = next((lp for lp in ctx.loop.chain() if key not in lp.rebound and key not in lp.cleared), None)
         if lives is None:
             return
-        if fixed_handful(lives):
+        if self.fixed_cases(lives, scope):
             return  # a fixed handful of attempts (`for parse in (a, b, c):`): what it keeps cannot grow
         if not any(lp.trains or lp.model_call is not None for lp in ctx.loop.chain()):
             return  # a loop that runs no model (trying parsers, types): its failed frames hold no tensors
@@ -539,6 +550,80 @@ def fixed_handful(loop: Loop) -> bool:
     listed cases, not the steps of a run."""
     node = loop.node
     return isinstance(node, (ast.For, ast.AsyncFor)) and isinstance(node.iter, (ast.List, ast.Tuple, ast.Set))
+
+
+_DICT_VIEWS = frozenset({"items", "keys", "values"})
+_MUTATORS = frozenset(
+    {"append", "extend", "insert", "add", "update", "setdefault", "pop", "popitem", "remove", "clear"}
+    | {"discard"}
+)
+
+
+def _constant(node: ast.AST) -> bool:
+    """A constant expression: literals, their arithmetic (``60 * 60``), displays of them."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp):
+        return _constant(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _constant(node.left) and _constant(node.right)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return all(_constant(e) for e in node.elts)
+    if isinstance(node, ast.Dict):
+        keys = all(k is not None and _constant(k) for k in node.keys)
+        return keys and all(_constant(v) for v in node.values)
+    return False
+
+
+def mutated_names(tree: ast.AST) -> frozenset[str]:
+    """The names of a module changed in place anywhere (``times.append(t)``, ``times[i] = t``,
+    ``times += [t]``, ``del times[0]``)."""
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MUTATORS:
+            if isinstance(n.func.value, ast.Name):
+                out.add(n.func.value.id)
+        elif isinstance(n, ast.Subscript) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            if isinstance(n.value, ast.Name):
+                out.add(n.value.id)
+        elif isinstance(n, ast.AugAssign) and isinstance(n.target, ast.Name):
+            out.add(n.target.id)
+    return frozenset(out)
+
+
+def listed_cases(loop: Loop, scope: Scope, module: Scope, mutated: Callable[[], frozenset[str]]) -> bool:
+    """A ``for`` over a fixed list of cases: a literal display (:func:`fixed_handful`), or a name bound once
+    (in this scope, else at module level) to a display of constants and never changed in place, or a dict
+    view of one (``for t in TIMES:``, ``for name, t in TIMES.items():`` with ``TIMES = [1, 60, 60 * 60]``):
+    what the loop keeps is one value per listed case, not one per step of a run (round T). ``mutated``
+    gives the module's names changed in place (computed only when a name is looked up)."""
+    if fixed_handful(loop):
+        return True
+    node = loop.node
+    if not isinstance(node, (ast.For, ast.AsyncFor)):
+        return False
+    it = node.iter
+    view = False
+    if (
+        isinstance(it, ast.Call)
+        and not it.args
+        and isinstance(it.func, ast.Attribute)
+        and it.func.attr in _DICT_VIEWS
+    ):
+        it, view = it.func.value, True
+    if not isinstance(it, ast.Name) or it.id in loop.rebound:
+        return False
+    name = it.id
+    bound = scope.bindings.get(name)
+    if bound is None and name not in scope.declared:
+        bound = module.bindings.get(name)
+    if not bound or len(bound) != 1 or bound[0].value is None or bound[0].index is not None:
+        return False
+    value = bound[0].value
+    display = (ast.Dict,) if view else (ast.Tuple, ast.List, ast.Set, ast.Dict)
+    if not isinstance(value, display) or not _constant(value):
+        return False
+    return name not in mutated()
 
 
 def _store_in_loop(fn: Scope, store: ast.AST) -> bool:

@@ -64,6 +64,9 @@ TORCH_FRESH = frozenset(
     }
 )  # fmt: skip
 TORCH_ROOTS = frozenset({"torch", "F", "functional", "nn", "fn"})
+# NumPy's usual names: what a call of theirs returns is an array or a scalar, never a tensor with a graph
+# (NumPy raises on a tensor that requires grad)
+NUMPY_ROOTS = frozenset({"np", "numpy"})
 _NO_GRAD_CTX = frozenset({"no_grad", "inference_mode"})
 _NO_GRAD_SUFFIXES = ("_no_grad", "_inference_mode")
 _EVAL_WORDS = frozenset(

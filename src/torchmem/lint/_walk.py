@@ -18,6 +18,7 @@ from torchmem.lint._syntax import (
     ARGS_NAMES,
     ATTACK_LIBRARIES,
     FOREIGN_RUNTIMES,
+    NUMPY_ROOTS,
     OTHER_FRAMEWORKS,
     RANK_VARS,
     TORCH_WORLD,
@@ -45,7 +46,6 @@ _JOINS = frozenset({"cat", "concat", "concatenate", "stack", "hstack", "vstack"}
 
 
 # NumPy's module names: a value made by one of its functions is an array, which carries no autograd graph.
-_NUMPY = frozenset({"np", "numpy"})
 
 
 class Walker(CallEvents):
@@ -172,7 +172,7 @@ class Walker(CallEvents):
         if not uses:
             return
         made_by = dotted(value.func) if isinstance(value, ast.Call) else None
-        if made_by is not None and made_by.split(".", 1)[0] in _NUMPY:
+        if made_by is not None and made_by.split(".", 1)[0] in NUMPY_ROOTS:
             cut = True  # `r = np.float32(r + dr)`: the value is a NumPy array, it carries no graph (round S)
         # the lines where the name was bound afresh (not from itself) before this statement
         fresh = [

@@ -39,8 +39,8 @@ def test_a_wrapper_with_an_argument_may_turn_it_off_and_is_not_flagged() -> None
 
 
 def test_an_unrelated_decorator_leaves_the_eval_loop_flagged() -> None:
-    assert codes(EVAL.format(decorator="@smart_cache()")) == ["TM002", "TM010"]
-    assert codes(EVAL.format(decorator="")) == ["TM002", "TM010"]
+    assert codes(EVAL.format(decorator="@smart_cache()")) == ["TM010"]
+    assert codes(EVAL.format(decorator="")) == ["TM010"]
 
 
 def test_a_with_block_of_such_a_wrapper_counts_too() -> None:
@@ -259,7 +259,7 @@ def test_a_loss_of_logits_made_under_no_grad_carries_no_graph() -> None:
 
 
 def test_a_loss_of_logits_made_with_autograd_on_is_still_kept() -> None:
-    assert codes(PERPLEXITY.format(grad="if True:")) == ["TM002", "TM010"]
+    assert codes(PERPLEXITY.format(grad="if True:")) == ["TM010"]
 
 
 def test_a_slice_of_a_list_filled_with_outputs_is_not_taken_for_a_number() -> None:
@@ -575,9 +575,9 @@ def test_a_model_frozen_in_the_function_records_no_graph_from_data() -> None:
 
 
 def test_a_model_not_frozen_or_unfrozen_is_still_flagged() -> None:
-    assert codes(FROZEN.format(freeze="net.eval()")) == ["TM002", "TM010"]
-    assert codes(FROZEN.format(freeze="net.eval().requires_grad_()")) == ["TM002", "TM010"]
-    assert codes(FROZEN.format(freeze="net.eval(); other.requires_grad_(False)")) == ["TM002", "TM010"]
+    assert codes(FROZEN.format(freeze="net.eval()")) == ["TM010"]
+    assert codes(FROZEN.format(freeze="net.eval().requires_grad_()")) == ["TM010"]
+    assert codes(FROZEN.format(freeze="net.eval(); other.requires_grad_(False)")) == ["TM010"]
 
 
 def test_a_frozen_model_on_a_graph_carrying_input_still_carries_the_graph() -> None:
@@ -613,7 +613,7 @@ def test_a_no_grad_context_bound_to_a_name_turns_autograd_off() -> None:
 
 
 def test_a_context_bound_to_a_name_that_is_not_no_grad_leaves_it_on() -> None:
-    assert codes(SCORED.format(ctx="torch.autocast('cpu')")) == ["TM002", "TM010"]
+    assert codes(SCORED.format(ctx="torch.autocast('cpu')")) == ["TM010"]
 
 
 # -- a model of another runtime (nncf's and Olive's OpenVINO examples, 9 false TM002) ---------------------
@@ -653,7 +653,7 @@ def test_a_conversion_named_after_a_model_is_not_a_forward() -> None:
     """
     assert codes(src.format(call="model_abbr_from_cfg")) == []
     assert codes(src.format(call="ir_model_to_olive_model")) == []
-    assert codes(src.format(call="student_model")) == ["TM002", "TM010"]
+    assert codes(src.format(call="student_model")) == ["TM010"]
 
 
 # == set G of docs/lint_corpus.md (the held-out set of the final rules; fixed after it was measured) ======
@@ -898,7 +898,7 @@ def test_a_loop_a_module_s_forward_runs_is_not_an_evaluation() -> None:
 
 def test_the_same_loop_outside_the_forward_pass_is_still_flagged() -> None:
     src = MIL.format(name="embed_all", body="self.encoder(instances)")
-    assert shown(src) == ["TM002", "TM010"]
+    assert shown(src) == ["TM010"]
 
 
 # == round P of docs/lint_corpus.md (measured once, then its false positives) ===============================
@@ -1258,3 +1258,93 @@ def test_a_tensor_carried_between_iterations_is_still_flagged() -> None:
     assert "TM004" in codes(DEEPFOOL.format(update="r_tot = torch.tanh(r_tot)", next_x="x = image + r_tot"))
     scaled = "r_tot = r_tot * np.float32(0.9)"
     assert "TM004" in codes(DEEPFOOL.format(update=scaled, next_x="x = image + r_tot"))
+
+
+# -- round T -------------------------------------------------------------------------------------------------
+# pyod's MO-GAAL: the name stored was a tensor earlier in the iteration (backwarded), but the statement just
+# before the store rebinds it to a NumPy value of `.item()` floats (TM001, 1 false).
+REBOUND = """
+import numpy as np
+
+
+def fit(gens, opts, disc, criterion, loader, history):
+    for batch in loader:
+        losses = {{}}
+        for i, (g, opt) in enumerate(zip(gens, opts)):
+            opt.zero_grad()
+            g_loss = criterion(disc(g(batch)), torch.ones(len(batch), 1))
+            g_loss.backward()
+            opt.step()
+            losses[i] = g_loss.item()
+        {rebind}
+        history["g_loss"].append(g_loss)
+"""
+
+
+def test_a_name_rebound_by_a_numpy_call_before_it_is_kept_carries_no_graph() -> None:
+    assert "TM001" not in codes(REBOUND.format(rebind="g_loss = np.mean([losses[i] for i in losses])"))
+    assert "TM001" not in codes(REBOUND.format(rebind="g_loss = numpy.float32(g_loss.item())"))
+
+
+def test_a_name_still_the_backwarded_tensor_or_rebound_by_torch_is_still_flagged() -> None:
+    # must-say twins: kept as it was backwarded; rebound by a torch expression; a NumPy factor in a torch
+    # expression does not make it an array
+    assert "TM001" in codes(REBOUND.format(rebind="pass"))
+    assert "TM001" in codes(REBOUND.format(rebind="g_loss = torch.stack([g_loss, g_loss]).mean()"))
+    assert "TM001" in codes(REBOUND.format(rebind="g_loss = g_loss * np.float32(0.5)"))
+
+
+# aihwkit's examples: one loop both calls the eval-mode model with autograd on (TM002) and keeps its outputs
+# (TM010): one finding with its fix, not two; over a module-level list of listed cases (six drift times),
+# what it keeps cannot grow with a run (TM010, TM002: 5 debatable).
+ONE_LOOP = """
+model = build()
+model.eval()
+outs = []
+for x in {over}:
+    y = model(x)
+    outs.append(y)
+"""
+
+
+def test_a_loop_that_keeps_eval_outputs_is_reported_once_as_tm010() -> None:
+    got = codes(ONE_LOOP.format(over="loader"))
+    assert got.count("TM010") == 1 and "TM002" not in got, got
+
+
+def test_an_eval_loop_that_keeps_nothing_is_still_tm002() -> None:
+    got = codes(ONE_LOOP.format(over="loader").replace("    outs.append(y)\n", "    print(y.sum().item())\n"))
+    assert got == ["TM002"], got
+
+
+LISTED = """
+TIMES = {times}
+{later}
+
+model = build()
+model.eval()
+outs = []
+for t in {over}:
+    y = model(torch.full((1, 8), t))
+    outs.append(y)
+"""
+
+
+def test_a_loop_over_a_module_constant_list_of_cases_keeps_one_output_per_case() -> None:
+    # what it keeps cannot grow with a run (no TM010); each forward still records its graph in eval()
+    # mode (TM002's claim, per forward, whatever the number of cases)
+    assert codes(LISTED.format(times="[1.0, 60.0, 60 * 60, 24 * 3600]", later="", over="TIMES")) == ["TM002"]
+    as_dict = LISTED.format(times='{"1 s": 1, "1 min": 60}', later="", over="TIMES.values()")
+    assert codes(as_dict) == ["TM002"]
+
+
+def test_a_loop_over_a_name_that_is_not_a_fixed_list_of_cases_is_still_flagged() -> None:
+    # must-say twins: the list grows elsewhere in the file; it is rebound; it holds something else than
+    # constants (a loader's batches); a name from a call
+    appended = LISTED.format(times="[1.0, 60.0]", later="TIMES.append(3600.0)", over="TIMES")
+    assert "TM010" in codes(appended)
+    rebound = LISTED.format(times="[1.0, 60.0]", later="TIMES = load_times()", over="TIMES")
+    assert "TM010" in codes(rebound)
+    batches = LISTED.format(times="[b for b in loader]", later="", over="TIMES")
+    assert "TM010" in codes(batches)
+    assert "TM010" in codes(LISTED.format(times="get_times()", later="", over="TIMES"))
