@@ -68,6 +68,7 @@ class Rules(ForwardChecks, WorkerChecks):
         self._grad_helpers: set[str] | None = None  # functions that differentiate a parameter
         self._reset_attrs: dict[int, set[str]] = {}
         self._mutated: frozenset[str] | None = None  # the module's names changed in place (when needed)
+        self._tm010: list[tuple[int, str]] = []  # (line, form) of each TM010 finding
 
     def add(self, node: ast.AST, code: str, message: str, form: str = "", fix: str = "") -> None:
         """Record a finding; ``form`` names the rule's variant where a rule has several
@@ -417,7 +418,7 @@ class Rules(ForwardChecks, WorkerChecks):
         if found is None:
             return  # functions of this file (`validate_network(...)`), or not the model put in eval mode
         loop, call, form = found
-        if self._kept_in(loop.node, severity("TM002", form) == WARNING):
+        if self.tm010_within(loop.node, severity("TM002", form) == WARNING):
             return  # the loop also keeps its outputs: one finding, TM010's (the growth), with the same fix
         if form == "eval-mode":
             why = "the model is in eval() mode"
@@ -435,13 +436,6 @@ class Rules(ForwardChecks, WorkerChecks):
             form,
             fix,
         )
-
-    def _kept_in(self, loop: ast.AST, shown: bool) -> bool:
-        """Whether a TM010 finding stands inside ``loop`` (found before TM002 runs: the scope's events come
-        first) that the default output shows, or any where TM002's own form is not shown (``shown``)."""
-        first, last = getattr(loop, "lineno", 0), getattr(loop, "end_lineno", None) or 0
-        tm010 = [f for f in self.out if f.code == "TM010" and first <= f.line <= last]
-        return any(not shown or severity(f.code, f.form) == WARNING for f in tm010)
 
     @staticmethod
     def _bound_eval(scope: Scope) -> set[str]:

@@ -14,6 +14,7 @@ import ast
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from torchmem.lint._rules import WARNING, severity
 from torchmem.lint._syntax import (
     TENSOR,
     TORCH_FRESH,
@@ -74,6 +75,7 @@ class KeptChecks:
     _feeding: dict[int, set[str]]
     _reset_attrs: dict[int, set[str]]
     _mutated: frozenset[str] | None
+    _tm010: list[tuple[int, str]]
 
     if TYPE_CHECKING:  # Rules (torchmem.lint._checker) defines it; declared here for the type checker only
 
@@ -82,6 +84,13 @@ class KeptChecks:
         def tm010_form(self, scope: Scope, loop: Loop) -> str: ...
 
     # -- the data flow of backward
+    def tm010_within(self, loop: ast.AST, shown: bool) -> bool:
+        """Whether a TM010 finding stands inside ``loop`` (found before TM002 runs: the scope's events come
+        first) that the default output shows, or any where TM002's own form is not shown (``shown``)."""
+        first, last = getattr(loop, "lineno", 0), getattr(loop, "end_lineno", None) or 0
+        kept = [form for line, form in self._tm010 if first <= line <= last]
+        return any(not shown or severity("TM010", form) == WARNING for form in kept)
+
     def fixed_cases(self, loop: Loop, scope: Scope) -> bool:
         """The loop runs over a fixed list of cases (:func:`listed_cases`), not the steps of a run."""
         return listed_cases(loop, scope, self.w.module, self._mutated_names)
@@ -198,6 +207,8 @@ class KeptChecks:
             and not self._decodes(lives, key, scope)
             and self._eval_keeps(scope, ctx, key)
         ):
+            form = self.tm010_form(scope, lives)
+            self._tm010.append((node_line(node), form))
             self.add(
                 node,
                 "TM010",
@@ -206,7 +217,7 @@ class KeptChecks:
                 "backward: each kept output holds its forward's graph with every saved activation "
                 "on the device (a forward's activation memory per batch), so memory grows through "
                 "the loop until out of memory",
-                self.tm010_form(scope, lives),
+                form,
             )
             return
         loop = next(
