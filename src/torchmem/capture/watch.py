@@ -480,9 +480,11 @@ class Watcher(Generic[T]):
         """The figure as this watcher read it at the step that just ended (torchmem's own changes not left
         out), ``None`` where it did not read at that step (``torchmem run`` on the CPU: the host watcher,
         stepped right after it at the same boundary, takes the C heap from here instead of reading it a
-        second time)."""
+        second time). Only with the C heap as the figure (a figure of 0 is one that could not be read)."""
         raw = self._raw
-        return raw[1] if raw is not None and raw[0] == self.steps else None
+        if raw is None or raw[0] != self.steps or self.source != "heap" or raw[1] <= 0:
+            return None
+        return raw[1]
 
     @property
     def _host_figure(self) -> bool:
