@@ -157,3 +157,24 @@ def test_a_flat_host_run_keeps_its_relaxed_stride() -> None:
     assert widest >= 512 and strides[-1] == widest
     assert min(strides[strides.index(widest) :]) == widest  # never alerted once relaxed
     assert not rep.leaking
+
+
+def test_a_host_alert_returns_to_the_aligned_stride_of_before() -> None:
+    """``torchmem run``: the host watcher's stride is a multiple of the device watcher's (both read at the
+    same steps). An alert reads on its own steps; when it ends the aligned stride of before is back (not a
+    stride chosen from step times up to 16 readings old, whose short-run floor broke the alignment: 213
+    against the device watcher's 256 on a 4,000-step CPU run)."""
+    from torchmem.capture.host_schedule import HostSchedule
+
+    s = HostSchedule(warmup=3, max_stride=None, share=0.002, ramp=False)
+    s.relax(64, 0.0005)
+    device_stride = 256
+    s.align = lambda: device_stride
+    s._stride, s._multiple, s._limit = 256, 2, 1024  # aligned: 2 x 256
+    s.readings = 100
+    assert s.stride == 512
+    s.alert()
+    assert s.alerted and s.stride == 512 // ALERT_FACTOR
+    for _ in range(ALERT_READINGS):
+        s.charge(1e-5)
+    assert not s.alerted and s.stride == 512 and s.stride % device_stride == 0

@@ -78,6 +78,7 @@ class HostSchedule(LongRunSchedule):
         self._last_n = 0
         self._step_times: collections.deque[float] = collections.deque(maxlen=16)
         self.share_now = share  # the share the stride was last chosen for
+        self._before_alert = (1, 0, 0)  # (stride, multiple, limit) to return to when an alert ends
         self.align: Callable[[], int] | None = None
         """Another watcher's stride to read in step with (``torchmem run``: the device watcher's): the
         stride chosen is a multiple of it where the budget and the short-run floor allow, so that both read
@@ -130,13 +131,17 @@ class HostSchedule(LongRunSchedule):
         if not self._figure_now:  # the RSS and the Python around it: what a reading costs besides the figure
             self._plain.append(seconds)
         self._figure_now = False
-        self._count_reading()  # (an alert's last reading chooses the stride again)
+        self._count_reading()  # (an alert's last reading returns to the stride of before)
 
     def _narrow(self, k: int) -> None:
+        self._before_alert = (self._stride, self._multiple, self._limit)
         self.stride = k  # (on its own steps while alerted, not the other watcher's)
 
     def _alert_ended(self) -> None:
-        self.choose()
+        # the stride of before, aligned as it was (the step times a choice here would use are those of the
+        # last full verdict, up to 16 readings old: the short-run floor taken from them could break the
+        # alignment); the next choice comes with the next full verdict
+        self._stride, self._multiple, self._limit = self._before_alert
 
     def time(self, n: int, now: float) -> None:
         """A step boundary at ``now``: the steps' time since the last one timed."""

@@ -128,6 +128,8 @@ class DataFlow:
         if isinstance(expr, ast.UnaryOp):
             return self.kind(expr.operand, scope, line, depth + 1)
         if isinstance(expr, ast.IfExp):
+            if _number_or_itself(expr):
+                return SAFE  # `x.item() if torch.is_tensor(x) else x`: x is a number where it is kept as is
             kinds = {
                 self.kind(expr.body, scope, line, depth + 1),
                 self.kind(expr.orelse, scope, line, depth + 1),
@@ -346,3 +348,26 @@ class DataFlow:
             and func.attr == "to"
             and self.cuda_ish(getattr(keyword_arg(call, "device"), "value", None))
         )
+
+
+_TO_NUMBER_METHODS = frozenset({"item", "tolist"})
+_TO_NUMBER_BUILTINS = frozenset({"float", "int"})
+
+
+def _number_or_itself(expr: ast.IfExp) -> bool:
+    """One arm turns a name into a number (``x.item()``, ``x.tolist()``, ``float(x)``, ``int(x)``) and the
+    other is that name as it is: the idiom of a value that is a tensor or already a number (round U,
+    PyCIL's `flat_loss.item() if task else flat_loss`, where the other arm only runs while it is `0.0`)."""
+    for conv, other in ((expr.body, expr.orelse), (expr.orelse, expr.body)):
+        if not isinstance(other, ast.Name) or not isinstance(conv, ast.Call) or conv.keywords:
+            continue
+        func = conv.func
+        if isinstance(func, ast.Attribute) and func.attr in _TO_NUMBER_METHODS and not conv.args:
+            inner: ast.AST = func.value
+        elif isinstance(func, ast.Name) and func.id in _TO_NUMBER_BUILTINS and len(conv.args) == 1:
+            inner = conv.args[0]
+        else:
+            continue
+        if isinstance(inner, ast.Name) and inner.id == other.id:
+            return True
+    return False

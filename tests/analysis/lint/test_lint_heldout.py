@@ -1348,3 +1348,39 @@ def test_a_loop_over_a_name_that_is_not_a_fixed_list_of_cases_is_still_flagged()
     batches = LISTED.format(times="[b for b in loader]", later="", over="TIMES")
     assert "TM010" in codes(batches)
     assert "TM010" in codes(LISTED.format(times="get_times()", later="", over="TIMES"))
+
+
+# -- round U -------------------------------------------------------------------------------------------------
+# PyCIL's PODNet: `flat_losses += flat_loss.item() if task else flat_loss`: the arm that keeps the name as it
+# is runs only while it is the float 0.0 (the idiom of a value that is a tensor or already a number: TM001,
+# 1 false).
+TENSOR_OR_NUMBER = """
+def train(model, opt, loader, old_model):
+    total = 0.0
+    for x, y in loader:
+        loss = F.cross_entropy(model(x), y)
+        extra = 0.0
+        if old_model is not None:
+            extra = F.mse_loss(model(x), old_model(x))
+        (loss + extra).backward()
+        opt.step()
+        total += {kept}
+    return total
+"""
+
+
+def test_a_value_made_a_number_where_it_is_a_tensor_is_not_kept_with_its_graph() -> None:
+    assert "TM001" not in codes(
+        TENSOR_OR_NUMBER.format(kept="extra.item() if old_model is not None else extra")
+    )
+    assert "TM001" not in codes(
+        TENSOR_OR_NUMBER.format(kept="extra if isinstance(extra, float) else float(extra)")
+    )
+
+
+def test_a_conditional_that_keeps_a_tensor_in_either_arm_is_still_flagged() -> None:
+    # must-say twins: the plain tensor kept; an arm that converts another name than the one kept as it is;
+    # both arms tensors
+    assert "TM001" in codes(TENSOR_OR_NUMBER.format(kept="extra"))
+    assert "TM001" in codes(TENSOR_OR_NUMBER.format(kept="loss.item() if old_model is None else extra"))
+    assert "TM001" in codes(TENSOR_OR_NUMBER.format(kept="loss if old_model is None else extra"))
