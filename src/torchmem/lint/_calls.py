@@ -67,8 +67,13 @@ class CallEvents:
         if grad_names and isinstance(func, ast.Name) and func.id in grad_names:
             name = "grad"  # `from torch.autograd import grad [as g]`: torch.autograd.grad
         loop = ctx.loop
+        # a collate_fn/worker_init_fn given to a loader (`DataLoader(...)`, `build_dataloader(...)`) runs in
+        # its workers; the same keyword of another API (a quantizer's calibration, round U's ppq) may not
+        loader = "loader" in name.lower()
         for k in call.keywords:
-            if k.arg in ("collate_fn", "worker_init_fn"):
+            if not loader and k.arg == "collate_fn" and isinstance(k.value, ast.Name):
+                self.facts.collate_elsewhere.add(k.value.id)
+            if loader and k.arg in ("collate_fn", "worker_init_fn"):
                 target = k.value
                 if isinstance(target, ast.Call) and last_name(target.func) == "partial" and target.args:
                     target = target.args[0]

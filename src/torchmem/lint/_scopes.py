@@ -108,6 +108,7 @@ class ModuleFacts:
     grad_inplace: bool = False
     start_method: str | None = None  # the constant given to set_start_method, "?" when not a constant
     collate_names: set[str] = field(default_factory=set)
+    collate_elsewhere: set[str] = field(default_factory=set)  # given as `collate_fn=` to no loader
     worker_names: set[str] = field(default_factory=set)
     worker_lambdas: set[int] = field(default_factory=set)
     called_under_no_grad: set[str] = field(default_factory=set)

@@ -105,7 +105,9 @@ class WorkerChecks:
         if cls is not None and name == "__call__" and "collat" in cls.name.lower():
             return f"`{cls.name}.__call__` (a collate function)"
         low = name.lower()
-        if name in self.facts.collate_names or ("collate" in low and not low.startswith("test")):
+        facts = self.facts
+        named = "collate" in low and not low.startswith("test") and name not in facts.collate_elsewhere
+        if name in facts.collate_names or named:  # (a function given only to another API's `collate_fn=`)
             return f"`{name}` (a collate_fn)"
         if name in self.facts.worker_names or "worker_init" in low:
             return f"`{name}` (a worker_init_fn)"

@@ -1384,3 +1384,33 @@ def test_a_conditional_that_keeps_a_tensor_in_either_arm_is_still_flagged() -> N
     assert "TM001" in codes(TENSOR_OR_NUMBER.format(kept="extra"))
     assert "TM001" in codes(TENSOR_OR_NUMBER.format(kept="loss.item() if old_model is None else extra"))
     assert "TM001" in codes(TENSOR_OR_NUMBER.format(kept="loss if old_model is None else extra"))
+
+
+# ppq's quantization API takes its own `collate_fn=`, applied to each calibration batch in the main process
+# (TM005, info: 60 false in one repository).
+CALIBRATION = """
+def collate_fn(batch):
+    return batch.to("cuda")
+
+
+{call}
+"""
+
+
+def test_a_collate_fn_given_to_another_api_than_a_loader_runs_in_the_main_process() -> None:
+    quantize = "qmodel = quantize_torch_model(model, calib_dataloader=data, collate_fn=collate_fn)"
+    assert "TM005" not in codes(CALIBRATION.format(call=quantize))
+    lam = 'analyse(graph, dataloader=data, collate_fn=lambda b: b.to("cuda"))'
+    assert "TM005" not in codes(CALIBRATION.format(call=lam).replace("def collate_fn", "def prepare"))
+
+
+def test_a_collate_fn_given_to_a_loader_with_workers_is_still_flagged() -> None:
+    # must-say twins: torch's DataLoader, a project's loader builder, a lambda, a name through partial
+    loader = "loader = torch.utils.data.DataLoader(data, num_workers=4, collate_fn=collate_fn)"
+    assert "TM005" in codes(CALIBRATION.format(call=loader))
+    built = "loader = build_dataloader(data, workers=4, collate_fn=collate_fn)"
+    assert "TM005" in codes(CALIBRATION.format(call=built))
+    lam = 'loader = DataLoader(data, num_workers=2, collate_fn=lambda b: b.to("cuda"))'
+    assert "TM005" in codes(CALIBRATION.format(call=lam).replace("def collate_fn", "def prepare"))
+    part = "loader = DataLoader(data, num_workers=2, collate_fn=functools.partial(collate_fn))"
+    assert "TM005" in codes(CALIBRATION.format(call=part))
