@@ -20,7 +20,7 @@ import torch
 import torchmem
 from torchmem.capture import watch as watch_mod
 from torchmem.capture import watch_window
-from torchmem.capture.watch_stride import EARLY_MIN, EARLY_READINGS, ReadingSchedule
+from torchmem.capture.watch_stride import EARLY_BUDGET, EARLY_MIN, EARLY_READINGS, ReadingSchedule
 from torchmem.devices import ledger
 
 MiB = 1 << 20
@@ -46,7 +46,10 @@ def test_a_flat_loop_on_the_cpu_runs_no_per_op_accounting() -> None:
         _train_step(model, opt)
         on.append(ledger().active)
     r = w.report()
-    assert r.source == "heap" and r.verdict == "flat", str(r)
+    # flat, or a few bytes a step (the interpreter's own caches: 64 B/step over 120 steps seen on CI's
+    # machine), far below the threshold: nothing suspected, nothing to attribute
+    assert r.source == "heap" and r.verdict in ("flat", "below_threshold") and not r.leaking, str(r)
+    assert r.verdict == "flat" or r.trend_per_step < 4096, str(r)
     assert not any(on) and w._window is None
     assert r.culprits == ()
 
@@ -151,9 +154,9 @@ def test_a_short_run_keeps_the_readings_of_the_noise_robust_test_where_they_are_
 def test_torchmem_runs_watcher_reads_a_short_run_enough_for_a_verdict(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The run's own watcher (relaxed, not the user's) on a 24-step loop whose heap readings cost ~1 % of a
-    step (200 µs, plus the heap's own reading, on steps of 100 readings' time and at least 30 ms): strided,
-    yet it keeps a reading at every step of the short run and finds the leak."""
+    """The run's own watcher (relaxed, not the user's) on a 24-step loop whose heap readings cost ~0.6 % of
+    a step (200 µs, plus the heap's own reading, on steps of 160 readings' time and at least 30 ms):
+    strided, yet it keeps a reading at every step of the short run and finds the leak."""
     from torchmem.run.watchers import new_watcher
 
     real = watch_mod._heap_reading
@@ -165,13 +168,17 @@ def test_torchmem_runs_watcher_reads_a_short_run_enough_for_a_verdict(
     gc.collect()
     # mallinfo2 walks every arena's free lists: in a worker that ran hundreds of tests it took 400 µs and
     # more under CI's load, over the floor's 2 % of a fixed 30 ms step (16 readings, not 24). The step is
-    # sized from this process's own reading, so the reading stays ~1 % of it wherever the suite runs.
+    # sized from this process's own readings, each after a step's work as in the loop (the upper quartile),
+    # so that a reading stays under 1 % of a step (stride 2) and well under the floor's 2 % wherever the
+    # suite runs.
     times = []
-    for _ in range(9):
+    for _ in range(8):
+        _busy(10e-3)
+        torch.ones(256 * 1024)
         t0 = time.perf_counter()
         slow()
         times.append(time.perf_counter() - t0)
-    step_s = max(30e-3, 100 * sorted(times)[4])
+    step_s = max(30e-3, 160 * sorted(times)[5])
     monkeypatch.setattr(watch_mod, "_heap_reading", slow)
     kept: list[torch.Tensor] = []
     w = new_watcher(torch.device("cpu"), 3, lambda _note: None)
@@ -185,7 +192,8 @@ def test_torchmem_runs_watcher_reads_a_short_run_enough_for_a_verdict(
     r = w.report()
     # The reading's cost chose a stride (on an idle machine: 2; a preempted step may make it 1), which the
     # short run's floor narrowed: a reading at every step either way (16 without the floor, at stride 2).
-    assert len(r.series) >= 20, (w._stride, r.series)
+    sched = w._schedule
+    assert len(r.series) >= 20, (w._stride, sched._floor, sched._read_times, list(sched._durations), step_s)
     assert r.leaking, str(r)
 
 
@@ -260,27 +268,36 @@ def _excluded_mib(note: str) -> float:
 def test_readings_dear_for_all_early_ones_still_read_a_short_loop_every_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A 3 ms reading on a 12 ms step (a loaded machine's fragmented heap) is 25 % of it: too dear for 32
-    early readings (96 ms), so the budget's 50 ms pays for 16 of them at every step, enough to judge a short
+    """A 2.5 ms reading on a 10 ms step (a loaded machine's fragmented heap) is 25 % of it: too dear for 32
+    early readings (80 ms), so the budget's 50 ms pays for 20 of them at every step, enough to judge a short
     loop within 10 steps of the warm-up; then the chosen stride."""
     real = watch_mod._heap_reading
 
-    def slow() -> int:  # 3 ms in all, whatever the real reading took of it
+    def slow() -> int:  # 2.5 ms in all, whatever the real reading took of it
         t0 = time.perf_counter()
         value = real()
-        _busy(3e-3 - (time.perf_counter() - t0))
+        _busy(2.5e-3 - (time.perf_counter() - t0))
         return value
 
     monkeypatch.setattr(watch_mod, "_heap_reading", slow)
     kept = []
     w = torchmem.watch(range(3 + 16 + 12), device="cpu", warn=False)
     for _ in w:
-        _busy(12e-3)
+        _busy(10e-3)
         kept.append(torch.ones(256 * 1024))  # 1 MiB a step
     r = w.report()
     read = [n for n, _ in r.series]
-    # every step while the budget pays (16 readings here; a loaded machine's dearer readings pay for fewer,
+    sched = w._schedule
+    cost = max(sched._read_cost, sorted(sched._read_times)[len(sched._read_times) // 2])
+    seen = (read, cost, sched._read_times, sched.early)
+    if cost * EARLY_MIN > EARLY_BUDGET:
+        # The reading itself took more than 4.2 ms here (a pytest-xdist worker on a slow 2-core machine:
+        # 4-5 ms, its heap's reading alone over the 2.5 ms): the budget pays for fewer than EARLY_MIN, so
+        # none are taken: strided from the start
+        assert sched.early == 0 and read[3] > 4, seen
+        return
+    # every step while the budget pays (20 readings here; a loaded machine's dearer readings pay for fewer,
     # never fewer than EARLY_MIN), then strided
-    assert read[: 3 + EARLY_MIN] == list(range(1, 4 + EARLY_MIN)), read
-    assert w._stride > 1 and len(read) < 3 + 16 + 12, read
+    assert read[: 3 + EARLY_MIN] == list(range(1, 4 + EARLY_MIN)), seen
+    assert w._stride > 1 and len(read) < 3 + 16 + 12, seen
     assert r.leaking and r.detected_at is not None and r.detected_at - 3 <= 10, str(r)
