@@ -230,7 +230,7 @@ class CallEvents:
             and loop is not None
             and (call.args or call.keywords)
             and id(call) not in self._gradless
-            and is_model_callee(func)
+            and (is_model_callee(func) or self._eval_receiver(func, scope))
             and not (isinstance(func, ast.Name) and func.id[:1].isupper())  # a class: makes a model
         ):
             for lp in loop.chain():
@@ -241,6 +241,13 @@ class CallEvents:
             if outer not in scope.eval_loops:
                 scope.eval_loops.append(outer)
         # the children: the caller's walk visits them (no recursion per call)
+
+    @staticmethod
+    def _eval_receiver(func: ast.expr, scope: Scope) -> bool:
+        """A callee this scope put in eval mode before (``roberta.eval()``, then ``roberta(source)``): a
+        module whatever its name (muzic's MusicBERT evaluation, round V). Only a call of the object itself:
+        its methods (``roberta.predict``) may turn autograd off inside."""
+        return isinstance(func, (ast.Name, ast.Attribute)) and container_key(func) in scope.eval_receivers
 
     @staticmethod
     def _mode(recv: ast.expr, scope: Scope, ctx: Ctx, call: ast.Call, mode: str) -> None:

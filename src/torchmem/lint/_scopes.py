@@ -65,6 +65,7 @@ class Binding:
     no_grad: bool
     index: int | None = None  # the element of an unpacked tuple
     path: tuple[int, ...] | None = None  # a for target: `value` is the iterable, `path` the unpacking
+    branch: Branch = ()  # the arms of the `if` statements the binding is written in
 
 
 @dataclass(eq=False)

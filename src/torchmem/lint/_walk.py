@@ -123,9 +123,8 @@ class Walker(CallEvents):
         if isinstance(value, ast.Call) and freezes(value):
             scope.frozen.add(key)  # model = Net().eval().requires_grad_(False)
         bound = scope.bindings.setdefault(key, [])
-        bound.append(
-            Binding(node_line(target), int(getattr(target, "col_offset", 0)), value, ctx.no_grad, index)
-        )
+        col = int(getattr(target, "col_offset", 0))
+        bound.append(Binding(node_line(target), col, value, ctx.no_grad, index, None, ctx.branch))
         loop = ctx.loop
         if loop is not None and value is not None:
             self._carry(key, value, node_line(target), loop, bound[:-1])
@@ -174,10 +173,8 @@ class Walker(CallEvents):
         made_by = dotted(value.func) if isinstance(value, ast.Call) else None
         if made_by is not None and made_by.split(".", 1)[0] in NUMPY_ROOTS:
             cut = True  # `r = np.float32(r + dr)`: the value is a NumPy array, it carries no graph (round S)
-        # the lines where the name was bound afresh (not from itself) before this statement
-        fresh = [
-            b.line for b in earlier if b.line < line and (b.value is None or key not in names_in(b.value))
-        ]
+        # where the name was bound afresh (not from itself) before this statement
+        fresh = [b for b in earlier if b.line < line and (b.value is None or key not in names_in(b.value))]
         for lp in loop.chain():
             if cut:
                 lp.detached.add(key)
@@ -186,11 +183,13 @@ class Walker(CallEvents):
                 # this loop's next iteration, nor out to the loops around it (StyleTTS2's `batch = [...
                 # for b in batch[1:]]` and `_s2s_pred = _s2s_pred[:n]` inside their own loops, round N)
                 break
-            elif any(node_line(lp.node) < b for b in fresh):
+            elif any(node_line(lp.node) < b.line and b.branch == lp.branch for b in fresh):
                 # what the previous iteration of this loop left is replaced before this reads it, in this
                 # loop's body: nothing goes into its next iteration, nor out to the loops around it
                 # (`hidden = features`, then `for w in weights: hidden = f(hidden, w)`: the inner loop
-                # carries it, the loop around it does not; DeepRobust's mettack, round S)
+                # carries it, the loop around it does not; DeepRobust's mettack, round S). Not a binding
+                # under an `if` of this loop's body (`if t == 0: hidden = zeros(...)`: the other iterations
+                # read what the one before left; home-robot's keypoint rollout, round V)
                 break
             else:
                 lp.carried.setdefault(key, line)

@@ -755,6 +755,34 @@ FORMS: list[tuple[str, str, str, str]] = [
         """,
         "no retain_graph",
     ),
+    (
+        "a model put in eval() whatever its name (muzic's MusicBERT evaluation, round V)",
+        "TM002",
+        """
+        def evaluate(roberta, loader):
+            roberta.eval()
+            preds = []
+            for x in loader:
+                preds.append(torch.sigmoid(roberta(x)).detach().cpu())
+            return preds
+        """,
+        "@torch.no_grad()",
+    ),
+    (
+        "a recurrent state reset now and then, with retain_graph=True (truncated BPTT)",
+        "TM004",
+        """
+        for step, (x, y) in enumerate(loader):
+            if step % 100 == 0:
+                hidden = torch.zeros(2, 32, 64)
+            out, hidden = model(x, hidden)
+            loss = F.mse_loss(out, y)
+            optimizer.zero_grad()
+            loss.backward(retain_graph=True)
+            optimizer.step()
+        """,
+        "no retain_graph",
+    ),
     # -- the other rules, in realistic shapes ----------------------------------------------------------------
     (
         "empty_cache() every step",
