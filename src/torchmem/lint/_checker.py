@@ -460,7 +460,7 @@ class Rules(ForwardChecks, WorkerChecks):
         calls = [
             c
             for c in loop.model_calls
-            if self.flow.function_of(c, scope) is None
+            if (self.flow.function_of(c, scope) is None or _module_forward(c, scope))
             and not self._called_on(c, frozen)
             and not self._foreign(c, scope)
             and not self._trained_in(c, scope, loop)
@@ -592,6 +592,20 @@ def check_tree(tree: ast.Module, path: str) -> list[RawFinding]:
     """Every finding in one parsed module, unfiltered (suppression and selection come after)."""
     walker = Walker(tree, path)
     return Rules(walker).run()
+
+
+def _module_forward(call: ast.Call, scope: Scope) -> bool:
+    """``self.forward(x)`` in a method of a ``nn.Module`` subclass of this file: the module's own forward is
+    the model, not a helper function of the file (home-robot's ``show_validation``, round V)."""
+    func, cls = call.func, scope.cls
+    return (
+        cls is not None
+        and isinstance(func, ast.Attribute)
+        and func.attr == "forward"
+        and isinstance(func.value, ast.Name)
+        and func.value.id == "self"
+        and any(last_name(b) == "Module" for b in cls.bases)
+    )
 
 
 def _eval_before(call: ast.Call, scope: Scope, bound_eval: set[str]) -> bool:

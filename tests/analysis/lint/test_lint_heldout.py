@@ -1502,3 +1502,38 @@ def test_a_state_reset_only_now_and_then_links_the_iterations_between() -> None:
     # every step, nothing is carried
     assert "TM004" in codes(TBPTT.format(reset="if step % 100 == 0:\n            h = torch.zeros(2, 8)"))
     assert "TM004" not in codes(TBPTT.format(reset="h = torch.zeros(2, 8)"))
+
+
+# home-robot's `show_validation` (a miss of round V): a method of the module puts itself in eval() mode and
+# runs its own `forward` over the validation set with autograd on. The class's forward is the model, not a
+# helper function of the file.
+OWN_FORWARD = """
+import torch
+import torch.nn as nn
+
+
+class Policy({base}):
+    def forward(self, x, hidden):
+        return self.head(x), hidden
+
+    def show_validation(self, loader):
+        self.eval()
+        for batch in loader:
+            hidden = torch.zeros(2, 8)
+            out, hidden = self.forward(batch["x"], hidden)
+            print(out.sum().item())
+"""
+
+
+def test_a_module_evaluating_itself_through_its_own_forward_is_flagged() -> None:
+    assert codes(OWN_FORWARD.format(base="nn.Module")) == ["TM002"]
+    assert codes(OWN_FORWARD.format(base="torch.nn.Module")) == ["TM002"]
+
+
+def test_a_forward_of_a_class_that_is_no_module_is_a_function_of_the_file() -> None:
+    # must-not twins: a runner whose `forward` is its own helper (it may set no_grad itself); the module's
+    # loop under no_grad
+    assert codes(OWN_FORWARD.format(base="Runner")) == []
+    off = "        torch.set_grad_enabled(False)\n        for batch"
+    under = OWN_FORWARD.replace("        for batch", off)
+    assert codes(under.format(base="nn.Module")) == []
