@@ -72,9 +72,16 @@ class ForwardChecks(KeptChecks):
     def tm013(self, scope: Scope) -> None:
         if scope.cls is None or scope.name != "forward" or not self.facts.torch_imported:
             return
-        stores = [e for e in scope.events if e[0] in ("store", "aug") and not e[2].no_grad]
+        stores = [
+            e
+            for e in scope.events
+            if e[0] in ("store", "aug")
+            and not e[2].no_grad
+            and isinstance(e[3], tuple)
+            and str(e[3][0]).startswith("self.")
+        ]
         if not stores:
-            return
+            return  # (only stores on the module count: the class's resets are read for those alone)
         reset = self._resets(scope.cls)
         self.flow.assume, self.flow.assume_in = {p: TENSOR for p in scope.params[1:]}, scope
         self.flow.forward_mode = True
