@@ -151,7 +151,7 @@ def test_controls_and_anomaly_mode_with_nothing_kept_stay_quiet() -> None:
     def table(k: int) -> np.ndarray:
         return np.random.rand(64, 128)
 
-    w = HostWatcher(max_stride=1).start()
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
     with torch.autograd.set_detect_anomaly(True):
         for step in range(80):
             for _ in range(4):
@@ -331,7 +331,7 @@ def test_steps_that_end_inside_backward_leave_no_function_mode_behind() -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     shadow = {n: p.detach().clone() for n, p in model.named_parameters()}
-    w = HostWatcher(max_stride=1).start()
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
     for _ in range(60):
         loss = model(torch.randn(8, 16)).square().mean()
         loss.register_hook(lambda g: w.step())  # the step ends inside backward()
@@ -356,7 +356,7 @@ def test_growth_nothing_explains_says_what_was_checked() -> None:
     libc.malloc.restype = ctypes.c_void_p
     libc.free.argtypes = [ctypes.c_void_p]
     blocks: list[int] = []
-    w = HostWatcher(max_stride=1).start()
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
     try:
         for _ in range(60):
             torch.randn(32, 32) @ torch.randn(32, 32)

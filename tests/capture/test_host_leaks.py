@@ -85,7 +85,7 @@ def _ema_leak(steps: int) -> tuple[LeakReport, dict[str, torch.Tensor]]:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     shadow = {n: p.detach().clone() for n, p in model.named_parameters()}
-    w = HostWatcher(max_stride=1).start()
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
     for _ in range(steps):
         _train_step(model, opt)
         for n, p in model.named_parameters():
@@ -169,7 +169,7 @@ def test_an_out_of_place_ema_attribute_is_named_by_its_attribute() -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     ema = _EMA(model)
-    w = HostWatcher(max_stride=1).start()
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
     for _ in range(80):
         _train_step(model, opt)
         ema.update(model)
@@ -187,7 +187,7 @@ def test_an_out_of_place_ema_attribute_is_named_by_its_attribute() -> None:
 
 # -- Python objects ----------------------------------------------------------------------------------------
 def _history_leak(steps: int, history: list[dict[str, object]]) -> HostWatcher:
-    w = HostWatcher(max_stride=1).start()
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
     for step in range(steps):
         x = torch.randn(32, 32) @ torch.randn(32, 32)
         history.append({"step": step, "loss": float(x.sum()), "vals": [float(i) * step for i in range(600)]})
@@ -224,7 +224,7 @@ class Sample:
 
 torch.set_num_threads(1)
 kept = []
-w = HostWatcher(max_stride=1).start()
+w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
 for step in range(300):
     torch.randn(256, 256) @ torch.randn(256, 256)
     kept.append([Sample(step, (step, i)) for i in range(200)])  # KEEP
@@ -270,7 +270,7 @@ from torchmem.capture.host import HostWatcher
 torch.set_num_threads(1)
 region = mmap.mmap(-1, 64 << 20)  # reserved once, like a free heap or an allocator's cache
 model = torch.nn.Linear(64, 64)
-w = HostWatcher(max_stride=1).start()
+w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
 for step in range(60):
     model(torch.randn(16, 64)).sum().backward()
     with torch.no_grad():  # plain SGD (torch.optim would import torch._dynamo: ~1.2 s of CPU)
@@ -307,7 +307,7 @@ def test_an_ordinary_training_loop_stays_quiet() -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     losses: list[float] = []
-    w = HostWatcher(max_stride=1).start()
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
     for _ in range(120):
         losses.append(_train_step(model, opt).item())
         w.step()
@@ -322,7 +322,7 @@ def test_an_ema_under_no_grad_stays_quiet() -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     shadow = {n: p.detach().clone() for n, p in model.named_parameters()}
-    w = HostWatcher(max_stride=1).start()
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
     for _ in range(100):
         _train_step(model, opt)
         with torch.no_grad():
@@ -338,7 +338,7 @@ def test_an_ema_under_no_grad_stays_quiet() -> None:
 
 def test_a_bounded_deque_of_dicts_stays_quiet() -> None:
     recent: collections.deque[dict[str, object]] = collections.deque(maxlen=16)
-    w = HostWatcher(max_stride=1).start()
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
     for step in range(300):
         x = torch.randn(32, 32) @ torch.randn(32, 32)
         recent.append({"step": step, "loss": float(x.sum()), "vals": [float(i) * step for i in range(600)]})
@@ -366,7 +366,7 @@ def test_no_steps_and_too_few_steps_say_so() -> None:
 
 
 def test_an_error_inside_step_is_reported_once_and_the_program_goes_on() -> None:
-    w = HostWatcher(max_stride=1).start()
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
 
     def broken() -> int:
         raise OSError("no figure")
@@ -407,7 +407,7 @@ def test_live_autograd_nodes_are_counted_in_the_notes() -> None:
 def test_steps_from_another_thread_read_the_figure_but_never_scan() -> None:
     import threading
 
-    w = HostWatcher(max_stride=1).start()
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0).start()
     t = threading.Thread(target=lambda: [w.step() for _ in range(30)])
     t.start()
     t.join()
@@ -515,11 +515,13 @@ def _cpu_tensors_kept(
     steps: int, *, cpu_tensors: bool, graph: bool
 ) -> tuple[LeakReport, list[torch.Tensor], HostWatcher]:
     """A post-processing layer on the CPU whose outputs (256 KiB each) are kept every step: with their CPU
-    autograd graph (``graph``), or detached. ``cpu_tensors``: the watcher names CPU tensors (a GPU run)."""
+    autograd graph (``graph``), or detached. ``cpu_tensors``: the watcher names CPU tensors (a GPU run).
+    (The holder search may take 30 s in this file's watchers, not the run's 2 s: in a test worker's heap of
+    ~50,000 containers, on a slow 2-core machine under load, it stopped at 2 s with the holders unnamed.)"""
     torch.manual_seed(0)
     layer = torch.nn.Linear(256, 256)
     kept: list[torch.Tensor] = []
-    w = HostWatcher(max_stride=1)
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0)
     w.cpu_tensors = cpu_tensors
     w.start()
     for _ in range(steps):
@@ -594,7 +596,7 @@ def _small_cpu_tensors_kept(cpu_tensors: bool) -> tuple[LeakReport, HostWatcher,
     """A loop keeping a 16 KiB CPU tensor a step (predicted scores, say), watched by a host watcher of a CPU
     run (``cpu_tensors`` off: the device report watches them) or of a GPU run."""
     kept: list[torch.Tensor] = []
-    w = HostWatcher(max_stride=1)
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0)
     w.cpu_tensors = cpu_tensors
     w.start()
     x = torch.randn(64, 64)
