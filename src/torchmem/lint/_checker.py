@@ -166,7 +166,7 @@ class Rules(ForwardChecks, WorkerChecks):
         assert isinstance(call, ast.Call)
         if isinstance(call.func, ast.Name) and call.func.id != "load":
             return
-        if isinstance(call.func, ast.Name) and not self._imported_from_torch("load"):
+        if isinstance(call.func, ast.Name) and not _imported_from_torch(self.w.module.node, "load"):
             return
         if not self.facts.rank_setup or len(call.args) >= 2 or has_star_kwargs(call):
             return
@@ -232,14 +232,6 @@ class Rules(ForwardChecks, WorkerChecks):
                 return True
         return False
 
-    def _imported_from_torch(self, name: str) -> bool:
-        tree = self.w.module.node
-        assert isinstance(tree, ast.Module)
-        for s in tree.body:
-            if isinstance(s, ast.ImportFrom) and s.module == "torch" and any(a.name == name for a in s.names):
-                return True
-        return False
-
     def _on_sink(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         call = node
         assert isinstance(call, ast.Call)
@@ -287,7 +279,8 @@ class Rules(ForwardChecks, WorkerChecks):
         assert isinstance(made[-1], ast.Call) and isinstance(made[-1].func, ast.Name)
         update = self.w.functions.get(f"{made[-1].func.id}.update")
         if update is None:
-            return None if made[-1].func.id not in self.facts.classes else False
+            cls = made[-1].func.id  # an imported meter class (`AverageMeter()`, round W) keeps a running sum
+            return False if cls in self.facts.classes else (True if METER_NAMES.search(cls) else None)
         if len(update.params) < 2:
             return False
         self.flow.assume, self.flow.assume_in = {update.params[1]: TENSOR}, update
@@ -592,6 +585,14 @@ def check_tree(tree: ast.Module, path: str) -> list[RawFinding]:
     """Every finding in one parsed module, unfiltered (suppression and selection come after)."""
     walker = Walker(tree, path)
     return Rules(walker).run()
+
+
+def _imported_from_torch(tree: ast.AST, name: str) -> bool:
+    assert isinstance(tree, ast.Module)
+    for s in tree.body:
+        if isinstance(s, ast.ImportFrom) and s.module == "torch" and any(a.name == name for a in s.names):
+            return True
+    return False
 
 
 def _module_forward(call: ast.Call, scope: Scope) -> bool:

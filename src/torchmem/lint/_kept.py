@@ -541,7 +541,14 @@ class KeptChecks:
         assert isinstance(call, ast.Call)
         if ctx.loop is None or ctx.guard is not None or scope.removes_handles:
             return
-        step = next((lp for lp in ctx.loop.chain() if lp.trains or lp.model_call is not None), None)
+        step = next(
+            (
+                lp
+                for lp in ctx.loop.chain()
+                if (lp.trains or lp.model_call is not None) and not fixed_handful(lp)
+            ),
+            None,
+        )
         if step is None:
             return  # a loop over modules (`for m in model.modules()`) registers each hook once
         assert isinstance(call.func, ast.Attribute)
@@ -557,10 +564,23 @@ class KeptChecks:
 
 
 def fixed_handful(loop: Loop) -> bool:
-    """A ``for`` over a literal display (``for cfg in ((768, 2048), (2048, 768)):``): a fixed number of
-    listed cases, not the steps of a run."""
+    """A ``for`` over a literal display (``for cfg in ((768, 2048), (2048, 768)):``), or over ``range(1)``
+    (one iteration: ModelCenter's test, round W): a fixed number of listed cases, not the steps of a run."""
     node = loop.node
-    return isinstance(node, (ast.For, ast.AsyncFor)) and isinstance(node.iter, (ast.List, ast.Tuple, ast.Set))
+    if not isinstance(node, (ast.For, ast.AsyncFor)):
+        return False
+    it = node.iter
+    if isinstance(it, (ast.List, ast.Tuple, ast.Set)):
+        return True
+    return (
+        isinstance(it, ast.Call)
+        and isinstance(it.func, ast.Name)
+        and it.func.id == "range"
+        and len(it.args) == 1
+        and isinstance(it.args[0], ast.Constant)
+        and isinstance(it.args[0].value, int)
+        and it.args[0].value <= 1
+    )
 
 
 _DICT_VIEWS = frozenset({"items", "keys", "values"})

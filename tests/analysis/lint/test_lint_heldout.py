@@ -1537,3 +1537,62 @@ def test_a_forward_of_a_class_that_is_no_module_is_a_function_of_the_file() -> N
     off = "        torch.set_grad_enabled(False)\n        for batch"
     under = OWN_FORWARD.replace("        for batch", off)
     assert codes(under.format(base="nn.Module")) == []
+
+
+# ModelCenter's test (round W, 2 false TM012): a hook registered inside `for i in range(1):` runs once.
+ONE_PASS = """
+import torch
+
+
+def main(model, x, labels, steps):
+    emb = model.embeddings
+    for i in {loop}:
+        grads = {{}}
+
+        def backward_hook(module, grad_input, grad_output):
+            grads["m"] = grad_output[0]
+
+        emb.register_full_backward_hook(backward_hook)
+        loss = torch.nn.functional.cross_entropy(model(x), labels)
+        loss.backward()
+"""
+
+
+def test_a_hook_registered_in_a_loop_of_one_iteration_is_registered_once() -> None:
+    assert "TM012" not in codes(ONE_PASS.format(loop="range(1)"))
+
+
+def test_a_hook_registered_in_a_loop_of_steps_is_still_flagged() -> None:
+    # must-say twins: a run's steps, and two iterations (two hooks where one was meant)
+    assert "TM012" in codes(ONE_PASS.format(loop="range(steps)"))
+    assert "TM012" in codes(ONE_PASS.format(loop="range(2)"))
+
+
+# once-for-all's training loop (a miss of round W): `losses = AverageMeter()`, the class imported from the
+# project's utils, then `losses.update(loss, n)`: the meter's running sum chains every step's graph.
+IMPORTED_METER = """
+import torch
+from ofa.utils import {cls}
+
+
+def train_one_epoch(net, loader, criterion, optimizer):
+    losses = {cls}()
+    for images, labels in loader:
+        loss = criterion(net(images), labels)
+        loss.backward()
+        optimizer.step()
+        losses.update({value}, images.size(0))
+    return losses.avg
+"""
+
+
+def test_an_imported_meter_given_a_loss_with_its_graph_is_flagged() -> None:
+    assert "TM007" in codes(IMPORTED_METER.format(cls="AverageMeter", value="loss"))
+    assert "TM007" in codes(IMPORTED_METER.format(cls="AvgMeter", value="loss"))
+
+
+def test_an_imported_meter_given_a_number_or_another_class_is_not_flagged() -> None:
+    # must-not twins: the number of the loss; an imported class not named like a meter (a tracker that may
+    # convert what it is given)
+    assert "TM007" not in codes(IMPORTED_METER.format(cls="AverageMeter", value="loss.item()"))
+    assert "TM007" not in codes(IMPORTED_METER.format(cls="Tracker", value="loss"))
