@@ -76,6 +76,7 @@ class HostSchedule(LongRunSchedule):
         self._figure_now = False  # the reading being charged read the figure
         self._last_t: float | None = None
         self._last_n = 0
+        self.floor = 1  # the short-run floor's stride at the last choice (the run's steps so far / 8)
         self._step_times: collections.deque[float] = collections.deque(maxlen=16)
         self.share_now = share  # the share the stride was last chosen for
         self._before_alert = (1, 0, 0)  # (stride, multiple, limit) to return to when an alert ends
@@ -200,7 +201,7 @@ class HostSchedule(LongRunSchedule):
         else:
             k = min(cap, max(1, math.ceil((rest + figure) / (share * step_time))), 2 * old_k)
         # Never so sparse that the run so far would have had fewer than 8 readings since its first half.
-        young = max(1, self._last_n // READINGS_PER_DOUBLING)
+        young = self.floor = max(1, self._last_n // READINGS_PER_DOUBLING)
         if self.short_runs and k * (self.heap_every if self._secondary else 1) > young:
             k = min(k, young)
             if self._secondary:
