@@ -15,11 +15,13 @@ rising the readings cost :data:`ALERT_FACTOR` x the relaxed share.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 ALERT_READINGS = 8
 ALERT_FACTOR = 8
 
 
-class LongRunSchedule:
+class LongRunSchedule(ABC):
     """The relaxed and alerted states of a reading schedule.
 
     A subclass keeps :attr:`readings` (the readings that count towards ``relax_after``), :attr:`stride`, and
@@ -74,11 +76,13 @@ class LongRunSchedule:
     def _may_relax(self) -> bool:
         return True
 
+    @abstractmethod
     def _narrow(self, k: int) -> None:
-        raise NotImplementedError
+        """Read every ``k`` steps for the alert, keeping what to return to."""
 
+    @abstractmethod
     def _alert_ended(self) -> None:
-        raise NotImplementedError
+        """The alert's last reading was taken: back to the schedule's own stride."""
 
 
 __all__ = ["ALERT_FACTOR", "ALERT_READINGS", "LongRunSchedule"]
