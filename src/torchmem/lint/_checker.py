@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from torchmem.lint._flow import DataFlow
 from torchmem.lint._forward import ForwardChecks, in_forward
 from torchmem.lint._grad_wanted import attack_fix, feeds_grad_input, grad_inputs
+from torchmem.lint._imported import forward_off
 from torchmem.lint._rules import WARNING, severity
 from torchmem.lint._syntax import (
     METER_NAMES,
@@ -457,6 +458,7 @@ class Rules(ForwardChecks, WorkerChecks):
             and not self._called_on(c, frozen)
             and not self._foreign(c, scope)
             and not self._trained_in(c, scope, loop)
+            and not forward_off(c, scope, self.w)  # `model(x, mode="inference")`: its forward's no_grad
         ]  # a model whose parameters require no grad records no graph from data
         this_loops = bound_eval | {
             key
@@ -551,8 +553,9 @@ class Rules(ForwardChecks, WorkerChecks):
 
 
 def _rank_zero_test(test: ast.expr | None) -> bool:
-    """``rank == 0``, ``args.local_rank > 0``, ``os.environ.get("RANK", "0") == "0"``,
-    ``accelerator.is_main_process``, ``is_rank_zero()``: a test that singles out one process."""
+    """``rank == 0``, ``args.local_rank > 0``, ``args.local_rank in [-1, 0]``,
+    ``os.environ.get("RANK", "0") == "0"``, ``accelerator.is_main_process``, ``is_rank_zero()``: a test
+    that singles out one process."""
     if test is None:
         return False
     if isinstance(test, ast.UnaryOp):
@@ -566,7 +569,11 @@ def _rank_zero_test(test: ast.expr | None) -> bool:
         return name.endswith(("main_process", "rank_zero", "global_zero", "is_master", "is_main"))
     if isinstance(test, ast.Compare) and len(test.comparators) == 1:
         sides = (test.left, test.comparators[0])
-        zero = any(isinstance(x, ast.Constant) and x.value in (0, "0") for x in sides)
+        zero = any(isinstance(x, ast.Constant) and x.value in (0, "0") for x in sides) or (
+            isinstance(test.ops[0], ast.In)  # `args.local_rank in [-1, 0]` (CodeXGLUE, rounds W and X)
+            and isinstance(sides[1], (ast.List, ast.Tuple, ast.Set))
+            and any(isinstance(e, ast.Constant) and e.value in (0, "0") for e in sides[1].elts)
+        )
         ranked = any(
             (
                 "rank" in last_name(n).lower()

@@ -20,9 +20,9 @@ class LintFinding:
         message: One line: what is wrong here, with the names from the code.
         fix: One line: what to write instead.
         form: The rule's variant where it has several (TM001: ``"backward-ran"``, ``"output-kept"``,
-            ``"output-in-step"``, ``"no-backward"``; TM002: ``"eval-mode"``, ``"by-name"``; TM003:
-            ``"optimizer-step"``; TM010: ``"eval-mode"``, ``"trained-model"``; TM011: ``"model-frames"``;
-            TM013: ``"grows"``; ``""`` for the others and the info variant of those).
+            ``"output-in-step"``, ``"backward-in-step"``, ``"no-backward"``; TM002: ``"eval-mode"``,
+            ``"by-name"``; TM003: ``"optimizer-step"``; TM010: ``"eval-mode"``, ``"trained-model"``; TM011:
+            ``"model-frames"``; TM013: ``"grows"``; ``""`` for the others and the info variant of those).
         severity: ``"warning"``: a rule form precise on held-out code, shown by default; ``"info"``: the
             others, shown by ``torchmem lint --all`` (:data:`torchmem.lint._rules.DEFAULT_FORMS`).
 

@@ -92,8 +92,12 @@ class ForwardChecks(KeptChecks):
                 key: str = extra[0]
                 if not key.startswith("self.") or key in reset or self._own_method(scope, key, node):
                     continue
-                if isinstance(node, ast.Subscript) and self._fixed_key(node.slice, self._locals(scope)):
-                    continue  # `self.heads[self.index - 1] = out`: the same slot on every call
+                if isinstance(node, ast.Subscript) and (
+                    _has_slice(node.slice) or self._fixed_key(node.slice, self._locals(scope))
+                ):
+                    # `self.heads[self.index - 1] = out`: the same slot on every call; `self.cache_v[:b,
+                    # pos : pos + n] = v`: a copy into a preallocated tensor (llm-awq's KV cache, round X)
+                    continue
                 line = node_line(node) + 1
                 if self.flow.kind(extra[1], scope, line) != TENSOR:
                     continue

@@ -226,16 +226,12 @@ class KeptChecks:
         )
         if loop is None:
             return
-        form = tm001_form(grows)
-        if form == "output-kept" and not any(
-            lp.steps and key not in lp.rebound and key not in lp.cleared for lp in ctx.loop.chain()
-        ):
-            form = "output-in-step"  # reset before any optimizer step: the micro-batches of one step
+        form, bound = _step_bound(tm001_form(grows), key, list(ctx.loop.chain()))
         self.add(
             node,
             "TM001",
             f"`{key}` {verb} `{short(value)}`, a tensor that carries its autograd graph, across the "
-            f"iterations of a training loop (line {node_line(loop.node)}): {grows}",
+            f"iterations of a training loop (line {node_line(loop.node)}): {grows}{bound}",
             form,
         )
 
@@ -561,6 +557,53 @@ class KeptChecks:
             "runs all of them (slower each step), and what they capture (outputs kept by the hook) grows "
             "with them",
         )
+
+
+def _step_bound(form: str, key: str, chain: list[Loop]) -> tuple[str, str]:
+    """TM001's form once what bounds the kept value is known, and the words that say so: a container or
+    total no loop that steps an optimizer keeps across iterations lives within one step: "output-in-step"
+    for outputs; "backward-in-step" for a loss total made afresh by the loop that steps (`loss_accum = 0`
+    there, `loss_accum += loss` over its micro-batches: modulus's corrdiff trainer, round X)."""
+    in_step = not any(lp.steps and key not in lp.rebound and key not in lp.cleared for lp in chain)
+    if form == "output-kept" and in_step:
+        return "output-in-step", ""  # reset before any optimizer step: the micro-batches of one step
+    reset = next((lp for lp in chain if lp.steps and (key in lp.rebound or key in lp.cleared)), None)
+    if form == "backward-ran" and in_step and reset is not None and not _handed_on(reset.node, key):
+        return "backward-in-step", (
+            f"; `{key}` is made afresh on every iteration of the loop at line {node_line(reset.node)}, "
+            "which steps the optimizer: what it keeps is one optimizer step's micro-batches, "
+            "released at the next step, so it does not grow with the run"
+        )
+    return form, ""
+
+
+# Calls that read what they are given and keep nothing of its graph (or only iterate over it).
+_READS = frozenset({"float", "int", "str", "repr", "print", "len", "enumerate", "zip", "iter", "isinstance"})
+
+
+def _handed_on(loop: ast.AST, key: str) -> bool:
+    """Whether the loop gives ``key`` to a call that may keep it: ``losses.update(list_mean(kept))`` hands
+    one step's graphs to a running meter (once-for-all, round W: the list is made afresh each step, the
+    meter it feeds is not); ``float(...)``, ``print(...)``, ``torch.tensor([total])`` (a copy, no graph),
+    ``enumerate(...)`` only read it."""
+    for node in ast.walk(loop):
+        if not isinstance(node, ast.Call):
+            continue
+        args = [*node.args, *(k.value for k in node.keywords)]
+        given = any(
+            dotted(e) == key
+            for a in args
+            for e in ((*a.elts, a) if isinstance(a, (ast.List, ast.Tuple)) else (a,))
+        )
+        if not given:
+            continue
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in _READS:
+            continue
+        if isinstance(func, ast.Attribute) and func.attr == "tensor" and dotted(func.value) == "torch":
+            continue
+        return True
+    return False
 
 
 def fixed_handful(loop: Loop) -> bool:

@@ -74,8 +74,10 @@ binds (`from labml import tracker`: `tracker.add({"loss": loss})` is that packag
 container).
 
 Shown by default: the "backward-ran" form, and the "output-kept" form when the container outlives an
-optimizer step. Outputs kept by a list made afresh for each step (its micro-batches, "output-in-step")
-and graphs no backward is seen to run through ("no-backward") are reported by `torchmem lint --all`.
+optimizer step. Outputs kept by a list made afresh for each step (its micro-batches, "output-in-step"),
+a loss total made afresh by the loop that steps the optimizer and added to over that step's micro-batches
+("backward-in-step": one step's autograd nodes, released at the next step) and graphs no backward is seen
+to run through ("no-backward") are reported by `torchmem lint --all`.
 
 Suppress one line with `# noqa: TM001`.
 """,
@@ -141,7 +143,10 @@ saliency map); the loop is in a module's `forward` or in a method of its
 class that `forward` runs (part of a forward pass, whose graph the caller's loss uses); the model is not
 called inside a loop; the loop calls something other than the model put in eval mode (a
 function of the same file such as a `@torch.no_grad()` `validate_network(...)`, a parameterless helper
-module, `get_model(...)` or `accelerator.prepare_model(...)`, which make or wrap a model); the file
+module, `get_model(...)` or `accelerator.prepare_model(...)`, which make or wrap a model); the call
+picks a branch of the model's `forward` that runs under `no_grad` (`model(data, mode="inference")` on a
+class imported from the project, whose `forward` has `if mode == "inference": with torch.no_grad(): ...`:
+the class's file is read from beside the checked file or a folder above it); the file
 imports nothing of torch's world (torch, lightning, transformers, accelerate, ...); framework hooks such
 as Lightning's `validation_step` (run under no_grad by the framework); test functions (`test*`) in test
 files (`test_*.py`, `*_test.py`), in both forms. When the loop also keeps its outputs, TM010 is reported
@@ -677,7 +682,8 @@ clears the attribute (`self.outputs = []`, `self.cache.clear()`, or resets a ten
 `self.count.zero_()`, `.fill_(0)`, `.copy_(...)`; the class manages its own buffer, a KV cache reset per
 sequence, a metric's counters); the attribute is rebound, not added to (`self.last = out`: one step's graph at
 a time), or written at a key that is the same on every call (`self.heads[self.index - 1] = out`: one
-slot); the file imports nothing of torch's world.
+slot: `--all`) or into a slice of a tensor (`self.cache_v[:b, pos : pos + n] = v`: a copy into a
+preallocated KV cache, never reported); the file imports nothing of torch's world.
 
 Shown by default (the "grows" form) only when the class has a base (a module), the value is computed in
 `forward` (a submodule's output, a tensor op; not an input kept or `.clone()`d as it came), the store grows

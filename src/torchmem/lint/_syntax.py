@@ -69,6 +69,7 @@ TORCH_ROOTS = frozenset({"torch", "F", "functional", "nn", "fn"})
 NUMPY_ROOTS = frozenset({"np", "numpy"})
 _NO_GRAD_CTX = frozenset({"no_grad", "inference_mode"})
 _NO_GRAD_SUFFIXES = ("_no_grad", "_inference_mode")
+_NO_GRAD_CLASS_SUFFIXES = ("NoGrad", "InferenceMode")
 _EVAL_WORDS = frozenset(
     {
         "eval", "evaluate", "evaluation", "validate", "validation", "valid", "val", "predict",
@@ -227,6 +228,10 @@ def no_grad_item(expr: ast.AST) -> int:
     if name in _NO_GRAD_CTX:
         if name == "inference_mode" and call is not None and call.args and is_const(call.args[0], False):
             return 0
+        return 1
+    if name.endswith(_NO_GRAD_CLASS_SUFFIXES):
+        # A project's class named after the switch it applies (physicsnemo's
+        # `@StaticCaptureEvaluateNoGrad(model=model, logger=log)`, round X): its arguments configure it
         return 1
     if name.endswith(_NO_GRAD_SUFFIXES):
         # A project's own wrapper named after the switch it wraps (yolov5's `smart_inference_mode()`:

@@ -53,6 +53,7 @@ class Walker(CallEvents):
 
     def __init__(self, tree: ast.Module, path: str) -> None:
         self.facts = ModuleFacts()
+        self.path = path  # the checked file (`_imported` reads a model class's file from beside it)
         self.scopes: list[Scope] = []
         self.functions: dict[str, Scope] = {}  # functions by name; methods as "Class.name"
         self.if_tests: dict[int, ast.expr] = {}  # the test of each `if`, by the id a Ctx.branch names

@@ -6,8 +6,9 @@ anti-pattern next to it."""
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
-from torchmem.lint import lint_source
+from torchmem.lint import lint_paths, lint_source
 
 HEAD = "import torch\nimport torch.nn.functional as F\n"
 
@@ -32,6 +33,25 @@ def run(model, loader, criterion):
 def test_a_wrapper_named_after_inference_mode_turns_autograd_off() -> None:
     assert codes(EVAL.format(decorator="@smart_inference_mode()")) == []
     assert codes(EVAL.format(decorator="@torch_no_grad")) == []
+
+
+def test_a_class_named_after_the_switch_turns_autograd_off_whatever_its_arguments() -> None:
+    """physicsnemo's ``@StaticCaptureEvaluateNoGrad(model=model, logger=log, ...)`` on the function an
+    evaluation loop calls (round X: an info TM010, false)."""
+    src = """
+    def evaluate(model, dataloader, log):
+        @{decorator}(model=model, logger=log, use_amp=False)
+        def forward_eval(invars):
+            return model(invars)
+
+        model.eval()
+        result = []
+        for batch in dataloader:
+            result.append(forward_eval(batch))
+        return torch.cat(result)
+    """
+    assert codes(src.format(decorator="StaticCaptureEvaluateNoGrad")) == []
+    assert codes(src.format(decorator="StaticCaptureTraining")) == ["TM010"]
 
 
 def test_a_wrapper_with_an_argument_may_turn_it_off_and_is_not_flagged() -> None:
@@ -463,6 +483,8 @@ def test_a_load_only_rank_zero_runs_is_not_per_rank() -> None:
     assert codes(RANKED + "if rank == 0:\n    ref = torch.load('ref.pt')\n") == []
     assert codes(RANKED + "if os.environ.get('RANK', '0') == '0':\n    ref = torch.load('ref.pt')\n") == []
     assert codes(RANKED + "if accelerator.is_main_process:\n    ref = torch.load('ref.pt')\n") == []
+    # CodeXGLUE's scripts (rounds W and X: 10 info TM006): -1 is the one process, 0 the first of many
+    assert codes(RANKED + "if args.local_rank in [-1, 0]:\n    ref = torch.load('r.pt')\n") == []
     src = (
         RANKED
         + "def check(fsdp, paths):\n    if fsdp.rank > 0:\n        return\n"
@@ -473,6 +495,8 @@ def test_a_load_only_rank_zero_runs_is_not_per_rank() -> None:
 
 def test_a_load_every_rank_runs_is_still_flagged() -> None:
     assert codes(RANKED + "ref = torch.load('ref.pt')\n") == ["TM006"]
+    assert codes(RANKED + "if args.local_rank in [-1, 1]:\n    ref = torch.load('r.pt')\n") == ["TM006"]
+    assert codes(RANKED + "if args.local_rank not in [-1, 0]:\n    ref = torch.load('r.pt')\n") == ["TM006"]
     assert codes(RANKED + "if local_rank == -1:\n    raise RuntimeError\nref = torch.load('ref.pt')\n") == [
         "TM006"
     ]
@@ -1596,3 +1620,57 @@ def test_an_imported_meter_given_a_number_or_another_class_is_not_flagged() -> N
     # convert what it is given)
     assert "TM007" not in codes(IMPORTED_METER.format(cls="AverageMeter", value="loss.item()"))
     assert "TM007" not in codes(IMPORTED_METER.format(cls="Tracker", value="loss"))
+
+
+# == round X (docs/lint_corpus.md) =========================================================================
+# Bringing-Old-Photos-Back-to-Life's test script (a false TM002): `model(data, mode="inference")` on a model
+# class of the project whose forward runs that branch under `torch.no_grad()` — read from the class's file.
+PIX2PIX = """
+import torch
+
+
+class Pix2PixModel(torch.nn.Module):
+    def forward(self, data, mode):
+        if mode == "generator":
+            return self.compute_generator_loss(data)
+        elif mode == "inference":
+            {inference}
+        raise ValueError(mode)
+"""
+TEST_FACE = """
+import torchvision.utils as vutils
+from {module} import Pix2PixModel
+
+
+def main(opt, dataloader):
+    model = Pix2PixModel(opt)
+    model.eval()
+    for i, data_i in enumerate(dataloader):
+        generated = model(data_i, mode="{mode}")
+        vutils.save_image(generated, f"{{i}}.png")
+"""
+OFF = "with torch.no_grad():\n                fake = self.generate_fake(data)\n            return fake"
+
+
+def _project(tmp_path: Path, inference: str, mode: str, module: str = "models.pix2pix_model") -> list[str]:
+    (tmp_path / "models").mkdir(exist_ok=True)
+    (tmp_path / "models" / "__init__.py").write_text("")
+    (tmp_path / "models" / "pix2pix_model.py").write_text(PIX2PIX.format(inference=inference))
+    (tmp_path / "scripts").mkdir(exist_ok=True)
+    script = tmp_path / "scripts" / "test_face.py"
+    script.write_text(TEST_FACE.format(module=module, mode=mode))
+    return [f.code for f in lint_paths([script], config=False)]
+
+
+def test_a_forward_branch_its_class_runs_under_no_grad_records_no_graph(tmp_path: Path) -> None:
+    assert _project(tmp_path, OFF, "inference") == []
+
+
+def test_a_branch_with_autograd_on_or_another_mode_is_still_flagged(tmp_path: Path) -> None:
+    assert _project(tmp_path, OFF, "generator") == ["TM002"]
+    assert _project(tmp_path, "return self.generate_fake(data)", "inference") == ["TM002"]
+    # the branch computes outside the no_grad block too
+    both = "with torch.no_grad():\n                fake = self.generate(data)\n            return self.g(x)"
+    assert _project(tmp_path, both, "inference") == ["TM002"]
+    # the class's file is not found (a package of another project): nothing read, the finding stays
+    assert _project(tmp_path, OFF, "inference", module="other_project.models") == ["TM002"]

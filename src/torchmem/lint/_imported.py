@@ -1,0 +1,161 @@
+"""What a model class imported from another file of the project does, read from that file: the one place
+the linter looks beyond the file it checks (round X). A loop that calls ``model(data, mode="inference")``
+on ``model = Pix2PixModel(opt)`` (``from models.pix2pix_model import Pix2PixModel``) records no graph when
+that class's ``forward`` runs the ``mode == "inference"`` branch under ``torch.no_grad()`` (SPADE's and
+Bringing-Old-Photos-Back-to-Life's test scripts: TM002 said otherwise).
+
+The imported module is looked for as Python would find it from the checked file's folder or a folder
+above it (up to four levels: a script run from the repository's root or from its own folder); a module
+that cannot be found or parsed decides nothing. Each file is parsed once per process."""
+
+from __future__ import annotations
+
+import ast
+import os
+
+from torchmem.lint._syntax import no_grad_item
+from torchmem.lint._walk import Scope, Walker
+
+_UP = 4  # folders above the checked file's where an absolute import may start
+_CACHE: dict[tuple[str, int, int], ast.Module | None] = {}
+_CACHE_MAX = 256
+
+
+def forward_off(call: ast.Call, scope: Scope, w: Walker) -> bool:
+    """Whether ``call`` (``model(x, mode="inference")``) runs a branch of the model's ``forward`` that is
+    under ``no_grad``, in the file that defines the model's class."""
+    if not isinstance(call.func, ast.Name):
+        return False
+    choices = [
+        (k.arg, k.value.value)
+        for k in call.keywords
+        if k.arg is not None and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)
+    ]
+    if not choices:
+        return False
+    cls = _class_of(call.func.id, scope, w)
+    if cls is None:
+        return False
+    methods = (s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    forward = next((s for s in methods if s.name == "forward"), None)
+    if forward is None:
+        return False
+    params = {a.arg for a in forward.args.args + forward.args.kwonlyargs}
+    return any(arg in params and _branch_off(forward, arg, value) for arg, value in choices)
+
+
+def _class_of(name: str, scope: Scope, w: Walker) -> ast.ClassDef | None:
+    """The class ``name`` was last bound from a call of (``Pix2PixModel(opt)``, ``Net().cuda()``), when
+    that class is imported from a module of the project."""
+    bound = [b for b in scope.bindings.get(name, ()) if b.value is not None] or [
+        b for b in w.module.bindings.get(name, ()) if b.value is not None
+    ]
+    if not bound:
+        return None
+    value = max(bound, key=lambda b: b.line).value
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+        value = value.func.value  # `.cuda()`, `.to(device)`, `.eval()` on the model made
+    if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name):
+        return None
+    made_by = value.func.id
+    for node in w.module.node.body if isinstance(w.module.node, ast.Module) else ():
+        if isinstance(node, ast.ImportFrom):
+            for a in node.names:
+                if (a.asname or a.name) == made_by:
+                    return _find_class(w.path, node.module, node.level, a.name, 0)
+    return None
+
+
+def _find_class(path: str, module: str | None, level: int, name: str, depth: int) -> ast.ClassDef | None:
+    tree, where = _module_tree(path, module, level)
+    if tree is None or where is None:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    if depth < 2:  # a package's `__init__` that imports the class from one of its modules
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
+                original = next(a.name for a in node.names if (a.asname or a.name) == name)
+                return _find_class(where, node.module, node.level, original, depth + 1)
+    return None
+
+
+def _module_tree(path: str, module: str | None, level: int) -> tuple[ast.Module | None, str | None]:
+    """The parsed file of ``from <level dots><module> import ...`` written in ``path``, and its path."""
+    parts = module.split(".") if module else []
+    here = os.path.dirname(os.path.abspath(path))
+    if level:
+        for _ in range(level - 1):
+            here = os.path.dirname(here)
+        bases = [here]
+    else:
+        bases = [here]
+        for _ in range(_UP):
+            parent = os.path.dirname(here)
+            if parent == here:
+                break
+            here = parent
+            bases.append(here)
+    for base in bases:
+        target = os.path.join(base, *parts)
+        for candidate in (target + ".py", os.path.join(target, "__init__.py")):
+            if parts and os.path.isfile(candidate):
+                return _parsed(candidate), candidate
+    return None, None
+
+
+def _parsed(path: str) -> ast.Module | None:
+    """The file parsed; again when it changed since (a process that lints, the user edits, it lints)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (path, st.st_mtime_ns, st.st_size)
+    if key not in _CACHE:
+        if len(_CACHE) >= _CACHE_MAX:
+            _CACHE.clear()
+        try:
+            with open(path, "rb") as f:
+                _CACHE[key] = ast.parse(f.read(), path)
+        except (OSError, SyntaxError, ValueError):
+            _CACHE[key] = None
+    return _CACHE[key]
+
+
+def _branch_off(forward: ast.AST, arg: str, value: str) -> bool:
+    """``if <arg> == "<value>":`` (or ``elif``, or ``in (...)`` listing it) in ``forward`` whose body runs
+    its computation under ``no_grad``: every statement is a ``with`` that turns autograd off, or hands back
+    what was computed there (a ``return`` or an assignment without a call)."""
+    for node in ast.walk(forward):
+        if not isinstance(node, ast.If) or not _tests(node.test, arg, value):
+            continue
+        off = False
+        for s in node.body:
+            if isinstance(s, (ast.With, ast.AsyncWith)) and any(
+                no_grad_item(item.context_expr) == 1 for item in s.items
+            ):
+                off = True
+            elif isinstance(s, (ast.Return, ast.Assign, ast.Expr, ast.Pass)) and not any(
+                isinstance(n, ast.Call) for n in ast.walk(s)
+            ):
+                continue
+            else:
+                return False
+        return off
+    return False
+
+
+def _tests(test: ast.expr, arg: str, value: str) -> bool:
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    left, right = test.left, test.comparators[0]
+    if isinstance(left, ast.Constant):
+        left, right = right, left
+    if not (isinstance(left, ast.Name) and left.id == arg):
+        return False
+    if isinstance(test.ops[0], ast.Eq):
+        return isinstance(right, ast.Constant) and right.value == value
+    if isinstance(test.ops[0], ast.In) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+        return any(isinstance(e, ast.Constant) and e.value == value for e in right.elts)
+    return False
