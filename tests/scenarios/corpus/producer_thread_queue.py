@@ -30,7 +30,7 @@ threading.Thread(target=producer, daemon=True).start()
 model = nn.Sequential(nn.Linear(1024, 256), nn.ReLU(), nn.Linear(256, 1)).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=1e-2)
 x = torch.randn(64, 1024, device=device)
-for _step in range(30):
+for _step in range(60):
     loss = model(x).square().mean()
     loss.backward()
     opt.step()
