@@ -82,6 +82,14 @@ class CallEvents:
                     self.facts.worker_lambdas.add(id(target))
                 elif last_name(target):
                     names.add(last_name(target))
+        if len(call.args) >= 2 and _scaler_step(call, name):
+            # timm's `loss_scaler(loss, optimizer, parameters=...)`: backward and the optimizer step inside
+            # (xcit, round Y)
+            scope.trains = True
+            self._mark_training(loop, call, False)
+            scope.backward_roots.update(names_in(call.args[0]))
+            for lp in loop.chain() if loop is not None else ():
+                lp.steps = True
         if name in _CALLS_OF_NOTE:  # one set lookup for the common call (none of these names)
             if name in ("backward", "manual_backward"):
                 retains = any(
@@ -310,6 +318,20 @@ class CallEvents:
             loop.backwards.append(((call.lineno, call.col_offset), retains))
         for lp in loop.chain():
             lp.trains = True
+
+
+def _scaler_step(call: ast.Call, name: str) -> bool:
+    """A call given a loss and then an optimizer by name, ``loss_scaler(loss, optimizer, ...)`` or
+    ``scaler_step(loss, opt)``: a loss scaler that runs backward and steps (not a class made from an
+    optimizer, ``LambdaLR(optimizer, ...)``, nor a call given a number)."""
+    first, second = call.args[0], call.args[1]
+    return (
+        isinstance(first, ast.Name)
+        and "loss" in first.id.lower()
+        and isinstance(second, (ast.Name, ast.Attribute))
+        and OPT_NAMES.search(last_name(second)) is not None
+        and not name[:1].isupper()
+    )
 
 
 def is_cuda_use(call: ast.Call) -> bool:

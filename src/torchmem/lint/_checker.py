@@ -465,7 +465,7 @@ class Rules(ForwardChecks, WorkerChecks):
             for key, arms in scope.eval_branches.items()
             if any(same_path(arm, loop.branch) for arm in arms)
         }
-        in_eval = [c for c in calls if self._called_on(c, this_loops) and _eval_before(c, scope, bound_eval)]
+        in_eval = [c for c in calls if _called_in_eval(c, this_loops) and _eval_before(c, scope, bound_eval)]
         return calls, in_eval
 
     def tm010_form(self, scope: Scope, loop: Loop) -> str:
@@ -550,6 +550,20 @@ class Rules(ForwardChecks, WorkerChecks):
         if callee is None:
             return False
         return any(callee == r or callee.startswith(r + ".") or r.startswith(callee + ".") for r in receivers)
+
+
+def _called_in_eval(call: ast.Call, receivers: set[str]) -> bool:
+    """Whether ``call`` runs a model one of ``receivers`` put in eval() mode: the model itself or a part of
+    it (``model.encoder(x)`` after ``model.eval()``), or the model a wrapper holds (``model.module.eval()``,
+    then ``model(x)``) — not a model of which only a part is in eval() mode (``model.module.patch_embed
+    .eval()`` in a training loop that freezes its stem's BatchNorm: xcit, round Y)."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr == "forward":
+        func = func.value
+    callee = container_key(func)
+    if callee is None:
+        return False
+    return any(r in (callee, callee + ".module") or callee.startswith(r + ".") for r in receivers)
 
 
 def _rank_zero_test(test: ast.expr | None) -> bool:

@@ -183,6 +183,8 @@ class KeptChecks:
             return  # `d[name] = out` with `name` the same every iteration: one slot, overwritten
         if self._bounded(scope, key, node_line(node)):
             return  # `deque(maxlen=n)`: a ring of the last n, it does not grow with the run
+        if _one_iteration(ctx, lives, self.w.if_tests):
+            return  # under `if (i + 1) == n:`: stored on one iteration of the loop, not on each
         if self._own_method(scope, key, node):
             return  # `self.pool.add(x)` of a class of this file: its method decides what it keeps
         if isinstance(node, ast.Call) and key in self.facts.imported_names and key not in scope.bindings:
@@ -575,6 +577,29 @@ def _step_bound(form: str, key: str, chain: list[Loop]) -> tuple[str, str]:
             "released at the next step, so it does not grow with the run"
         )
     return form, ""
+
+
+def _one_iteration(ctx: Ctx, loop: Loop, tests: dict[int, ast.expr]) -> bool:
+    """Whether the store runs on one iteration of ``loop`` only: it is in the body of an ``if`` that tests
+    the loop's counter for equality (``if (i + 1) == batch_size:``, ``if i == 0:``; mttl keeps the last
+    example's loss for its caller's backward, round Y), not a period (``if i % 10 == 0:``) nor the
+    ``else`` of such a test."""
+    if not loop.targets:
+        return False
+    for if_id, arm in ctx.branch:
+        test = tests.get(if_id)
+        if arm != 0 or not isinstance(test, ast.Compare) or len(test.ops) != 1:
+            continue
+        if not isinstance(test.ops[0], ast.Eq):
+            continue
+        sides = (test.left, test.comparators[0])
+        counted = any(isinstance(n, ast.Name) and n.id in loop.targets for x in sides for n in ast.walk(x))
+        period = any(
+            isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for x in sides for n in ast.walk(x)
+        )
+        if counted and not period:
+            return True
+    return False
 
 
 # Calls that read what they are given and keep nothing of its graph (or only iterate over it).

@@ -222,6 +222,11 @@ def is_loss_callee(func: ast.AST) -> bool:
 
 def no_grad_item(expr: ast.AST) -> int:
     """1 when a ``with`` item (or decorator) turns autograd off, -1 when it may (a variable), else 0."""
+    if isinstance(expr, ast.IfExp):
+        # `with torch.no_grad() if not requires_grad else dummy_context_mgr():` (StudioGAN, round Y):
+        # off on one arm, so perhaps
+        arms = (no_grad_item(expr.body), no_grad_item(expr.orelse))
+        return 1 if arms == (1, 1) else -1 if any(arms) else 0
     call = expr if isinstance(expr, ast.Call) else None
     func = call.func if call is not None else expr
     name = last_name(func)

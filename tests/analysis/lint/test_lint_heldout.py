@@ -1674,3 +1674,81 @@ def test_a_branch_with_autograd_on_or_another_mode_is_still_flagged(tmp_path: Pa
     assert _project(tmp_path, both, "inference") == ["TM002"]
     # the class's file is not found (a package of another project): nothing read, the finding stays
     assert _project(tmp_path, OFF, "inference", module="other_project.models") == ["TM002"]
+
+
+# == round Y (docs/lint_corpus.md) =========================================================================
+# xcit's training loop (a false TM002): `model.module.patch_embed.eval()` freezes a part's BatchNorm in a loop
+# that trains through timm's `loss_scaler(loss, optimizer, ...)` (backward and step inside).
+XCIT = """
+def train_one_epoch(model, criterion, data_loader, optimizer, loss_scaler, device):
+    model.train(True)
+    {freeze}
+    for samples, targets in data_loader:
+        outputs = model(samples.to(device))
+        loss = criterion(outputs, targets.to(device))
+        optimizer.zero_grad()
+        {update}
+"""
+
+
+def test_a_part_put_in_eval_mode_is_not_the_model_in_eval_mode() -> None:
+    src = XCIT.format(
+        freeze="model.module.patch_embed.eval()", update="loss.backward()\n        optimizer.step()"
+    )
+    assert codes(src) == []
+    # the whole model, or the model a DDP wrapper holds, put in eval() mode in a loop that does not train
+    assert codes(XCIT.format(freeze="model.eval()", update="log(loss.item())")) == ["TM002"]
+    assert codes(XCIT.format(freeze="model.module.eval()", update="log(loss.item())")) == ["TM002"]
+    # a part of the model put in eval() mode, then that part called
+    part = XCIT.format(freeze="model.encoder.eval()", update="log(loss.item())")
+    assert codes(part.replace("outputs = model(", "outputs = model.encoder(")) == ["TM002"]
+
+
+def test_a_loss_scaler_given_the_loss_and_the_optimizer_trains() -> None:
+    scaler = "loss_scaler(loss, optimizer, parameters=model.parameters())"
+    assert codes(XCIT.format(freeze="model.eval()", update=scaler)) == []
+    # a class made from the optimizer (a scheduler), or a call given the loss's number, does not train
+    assert codes(XCIT.format(freeze="model.eval()", update="sched = LambdaLR(optimizer, f)")) == ["TM002"]
+    assert codes(XCIT.format(freeze="model.eval()", update="log_step(loss.item(), optimizer)")) == ["TM002"]
+
+
+# StudioGAN's k-nearest-neighbour check (a debatable TM002): `with torch.no_grad() if not requires_grad else
+# dummy_context_mgr():` turns autograd off on one arm: perhaps, like a wrapper given an argument.
+KNN = """
+def run_knn(generator, num_classes, requires_grad, sample, net):
+    with {cm}:
+        net.eval()
+        for c in range(num_classes):
+            feats = net(sample(generator, c))
+            print(feats.mean().item())
+"""
+
+
+def test_a_conditional_no_grad_context_may_turn_autograd_off() -> None:
+    assert codes(KNN.format(cm="torch.no_grad() if not requires_grad else dummy_context_mgr()")) == []
+    assert codes(KNN.format(cm="torch.no_grad()")) == []
+    assert codes(KNN.format(cm="timer() if not requires_grad else dummy_context_mgr()")) == ["TM002"]
+
+
+# mttl's per-example loss (a false TM001): only the last iteration keeps its loss with the graph, for the
+# caller's backward; the others are backwarded and detached.
+LAST = """
+def mc_loss(model, input_ids, labels, batch_size):
+    kept = []
+    for i in range(batch_size):
+        loss = F.cross_entropy(model(input_ids[[i]]), labels[[i]]) / batch_size
+        if {test}:
+            kept += [loss]
+        else:
+            loss.backward()
+            kept += [loss.detach()]
+    return torch.stack(kept).sum()
+"""
+
+
+def test_a_value_kept_on_one_iteration_only_is_not_kept_across_iterations() -> None:
+    assert codes(LAST.format(test="(i + 1) == batch_size")) == []
+    assert codes(LAST.format(test="i == 0")) == []
+    # every tenth iteration, or every iteration but the last: kept across the loop
+    assert codes(LAST.format(test="i % 10 == 0")) == ["TM001"]
+    assert codes(LAST.format(test="(i + 1) != batch_size")) == ["TM001"]
