@@ -63,8 +63,9 @@ for x, y in loader:
 The value is `.item()`, `.detach()`, `.tolist()`, `float(...)`, `.cpu().numpy()` or made under
 `torch.no_grad()`; it comes from a function of the same file that runs under `@torch.no_grad()` or returns
 numbers (`train_step(...)` returning `loss.item()`); the container or total is reset inside the loop
-(`total = 0`, `losses.clear()`); the accumulated value is itself what `.backward()` runs on (gradient
-accumulation); the loop has no `.backward()` and no optimizer `.step()`; the value's origin is unknown to
+(`total = 0`, `losses.clear()`); the value is stored on one iteration only (under `if (i + 1) == n:` or
+`if i == 0:`, a test of the loop's counter for equality); the accumulated value is itself what
+`.backward()` runs on (gradient accumulation); the loop has no `.backward()` and no optimizer `.step()`; the value's origin is unknown to
 the local data flow (a call to a function of another file that is not a model or a loss, a class call,
 `get_model(...)`, `compute_loss_scale(...)`: names that make or describe, not compute, are not taken for a
 forward or a loss; of `a, b, c = criterion(...)` only the first element is taken for the loss); the file
@@ -146,7 +147,11 @@ function of the same file such as a `@torch.no_grad()` `validate_network(...)`, 
 module, `get_model(...)` or `accelerator.prepare_model(...)`, which make or wrap a model); the call
 picks a branch of the model's `forward` that runs under `no_grad` (`model(data, mode="inference")` on a
 class imported from the project, whose `forward` has `if mode == "inference": with torch.no_grad(): ...`:
-the class's file is read from beside the checked file or a folder above it); the file
+the class's file is read from beside the checked file or a folder above it); only a part of the
+model is put in eval() mode (`model.module.patch_embed.eval()` to freeze a stem's BatchNorm; the model a
+wrapper holds, `model.module.eval()`, is the model); the loop trains through a loss scaler
+(`loss_scaler(loss, optimizer, ...)`); the loop is under a context that may turn autograd off
+(`with torch.no_grad() if not requires_grad else nullcontext():`); the file
 imports nothing of torch's world (torch, lightning, transformers, accelerate, ...); framework hooks such
 as Lightning's `validation_step` (run under no_grad by the framework); test functions (`test*`) in test
 files (`test_*.py`, `*_test.py`), in both forms. When the loop also keeps its outputs, TM010 is reported
