@@ -62,17 +62,16 @@ for x, y in loader:
 
 The value is `.item()`, `.detach()`, `.tolist()`, `float(...)`, `.cpu().numpy()` or made under
 `torch.no_grad()`; it comes from a function of the same file that runs under `@torch.no_grad()` or returns
-numbers (`train_step(...)` returning `loss.item()`); the container or total is reset inside the loop
-(`total = 0`, `losses.clear()`); the value is stored on one iteration only (under `if (i + 1) == n:` or
-`if i == 0:`, a test of the loop's counter for equality); the accumulated value is itself what
-`.backward()` runs on (gradient accumulation); the loop has no `.backward()` and no optimizer `.step()`; the value's origin is unknown to
-the local data flow (a call to a function of another file that is not a model or a loss, a class call,
-`get_model(...)`, `compute_loss_scale(...)`: names that make or describe, not compute, are not taken for a
-forward or a loss; of `a, b, c = criterion(...)` only the first element is taken for the loss); the file
-imports another framework (MXNet, TensorFlow, JAX, ...) and nothing of torch's world (its `autograd` and
-`backward()` are that framework's); the receiver of `.add(...)`/`.append(...)` is a name an import
-binds (`from labml import tracker`: `tracker.add({"loss": loss})` is that package's logging API, not a
-container).
+numbers (`train_step(...)` returning `loss.item()`); the container or total is reset inside the loop (`total
+= 0`, `losses.clear()`); the value is stored on one iteration only (under `if (i + 1) == n:` or `if i ==
+0:`, a test of the loop's counter for equality); the accumulated value is itself what `.backward()` runs on
+(gradient accumulation); the loop has no `.backward()` and no optimizer `.step()`; the value's origin is
+unknown to the local data flow (a call to a function of another file that is not a model or a loss, a class
+call, `get_model(...)`, `compute_loss_scale(...)`: names that make or describe, not compute, are not taken
+for a forward or a loss; of `a, b, c = criterion(...)` only the first element is taken for the loss); the
+file imports another framework (MXNet, TensorFlow, JAX, ...) and nothing of torch's world (its `autograd`
+and `backward()` are that framework's); the receiver of `.add(...)`/`.append(...)` is a name an import binds
+(`from labml import tracker`: `tracker.add({"loss": loss})` is that package's logging API, not a container).
 
 Shown by default: the "backward-ran" form, and the "output-kept" form when the container outlives an
 optimizer step. Outputs kept by a list made afresh for each step (its micro-batches, "output-in-step"),
