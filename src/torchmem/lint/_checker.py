@@ -543,13 +543,18 @@ class Rules(ForwardChecks, WorkerChecks):
 
     @staticmethod
     def _called_on(call: ast.Call, receivers: set[str]) -> bool:
-        func = call.func
-        if isinstance(func, ast.Attribute) and func.attr == "forward":
-            func = func.value
-        callee = container_key(func)
+        callee = _callee(call)
         if callee is None:
             return False
         return any(callee == r or callee.startswith(r + ".") or r.startswith(callee + ".") for r in receivers)
+
+
+def _callee(call: ast.Call) -> str | None:
+    """The model a call runs: ``model`` of ``model(x)`` and of ``model.forward(x)``."""
+    func = call.func
+    if isinstance(func, ast.Attribute) and func.attr == "forward":
+        func = func.value
+    return container_key(func)
 
 
 def _called_in_eval(call: ast.Call, receivers: set[str]) -> bool:
@@ -557,10 +562,7 @@ def _called_in_eval(call: ast.Call, receivers: set[str]) -> bool:
     it (``model.encoder(x)`` after ``model.eval()``), or the model a wrapper holds (``model.module.eval()``,
     then ``model(x)``) — not a model of which only a part is in eval() mode (``model.module.patch_embed
     .eval()`` in a training loop that freezes its stem's BatchNorm: xcit, round Y)."""
-    func = call.func
-    if isinstance(func, ast.Attribute) and func.attr == "forward":
-        func = func.value
-    callee = container_key(func)
+    callee = _callee(call)
     if callee is None:
         return False
     return any(r in (callee, callee + ".module") or callee.startswith(r + ".") for r in receivers)
