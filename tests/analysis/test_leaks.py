@@ -95,8 +95,8 @@ def test_steady_growth_below_the_threshold_is_said_with_the_threshold_that_repor
     assert g.verdict == "below_threshold" and g.trend_per_step == 64 * 1024
     assert g.reason == (
         "memory grows by 64.00 KiB/step, below the reporting threshold of 256.00 KiB/step "
-        "(min_bytes_per_step=262144): pass min_bytes_per_step=32768 to report it as a leak and name its "
-        "allocation site and holder"
+        "(min_bytes_per_step=262144): pass min_bytes_per_step=32768 (`torchmem run --min-growth 32768`) "
+        "to report it as a leak and name its allocation site and holder"
     )
     again = detect_growth(_steps(12), ys, min_bytes_per_step=suggested_threshold(g.trend_per_step))
     assert again.leaking and again.bytes_per_step == 64 * 1024

@@ -36,7 +36,7 @@ def test_readme_loop_with_a_leak_below_the_threshold_says_so(nbytes: NB) -> None
     assert r.reason.startswith("memory grows by 64."), r.reason
     assert (
         "KiB/step, below the reporting threshold of 256.00 KiB/step (min_bytes_per_step=262144): pass "
-        "min_bytes_per_step=32768 to report it"
+        "min_bytes_per_step=32768 (`torchmem run --min-growth 32768`) to report it"
     ) in r.reason
     text = str(r)
     assert text.startswith("growth below the leak threshold on cpu over 20 steps: memory grows by 64.")
@@ -54,7 +54,8 @@ def test_readme_loop_with_a_leak_below_the_threshold_says_so(nbytes: NB) -> None
     assert re.verdict == "below_threshold" and re.trend_per_step == per_step
     assert re.reason.startswith(
         "memory grows by 64.00 KiB/step, below the reporting threshold of 256.00 KiB/step "
-        "(min_bytes_per_step=262144): pass min_bytes_per_step=32768 to report it"
+        "(min_bytes_per_step=262144): pass min_bytes_per_step=32768 (`torchmem run --min-growth 32768`) "
+        "to report it"
     )
 
     # The value it suggests does report the leak, with the same figure, and names it.

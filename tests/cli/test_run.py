@@ -358,3 +358,49 @@ def test_a_cheap_run_records_its_cost_without_a_note(
     assert o["steps"] == 6 and 0 <= o["own_s"] < o["wall_s"]  # type: ignore[operator]
     if o["wall_s"] < 0.5 or o["ratio"] < 1.2:  # type: ignore[operator]
         assert "torchmem's own work" not in err
+
+
+SLOW_GROWTH = """
+import torch
+from torch import nn
+
+model = nn.Linear(16, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+hist = []
+for step in range(120):
+    loss = model(torch.randn(8, 16)).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    hist.append(torch.randn(8192))  # 32 KiB a step: below the 256 KiB/step default
+"""
+
+
+def test_min_growth_reports_slow_growth_the_default_calls_below_the_threshold(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A verdict of growth below the leak threshold tells a ``torchmem run`` user the option that reports it
+    (the Lightning newcomer run of session 20 was told to pass ``min_bytes_per_step``, an API argument);
+    with ``--min-growth`` the same growth is a leak, named with its holder."""
+    script = _write(tmp_path, "slow.py", SLOW_GROWTH)
+    assert main(["run", "--no-status", "-o", str(tmp_path / "a.jsonl"), str(script)]) == 0
+    err = capsys.readouterr().err
+    assert "below the leak threshold" in err and "LEAK" not in err, err
+    assert "`torchmem run --min-growth 16384`" in err, err
+    assert (
+        main(["run", "--no-status", "--min-growth", "8KiB", "-o", str(tmp_path / "b.jsonl"), str(script)])
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "LEAK on cpu" in err and "__main__.hist[" in err, err
+    leak = [r for r in _records(tmp_path / "b.jsonl") if r["type"] == "leak"][-1]["report"]
+    assert leak["leaking"] and leak["min_bytes_per_step"] == 8192  # type: ignore[index]
+
+
+def test_min_growth_takes_a_positive_size_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _write(tmp_path, "ok.py", "print('ran')\n")
+    for bad in ("0", "-4KiB", "lots"):
+        assert main(["run", f"--min-growth={bad}", str(script)]) == 2
+        err = capsys.readouterr().err
+        assert "--min-growth" in err and "a positive size such as 4KiB" in err, err
+        assert "ran" not in capsys.readouterr().out

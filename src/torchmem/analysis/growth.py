@@ -127,7 +127,8 @@ def _below_threshold(rate: float, threshold: float) -> str:
     thr = int(threshold)
     return (
         f"memory grows by {fmt_bytes(rate)}/step, below the reporting threshold of {fmt_bytes(thr)}/step "
-        f"(min_bytes_per_step={thr}): pass min_bytes_per_step={suggested_threshold(rate)} to report it as a "
+        f"(min_bytes_per_step={thr}): pass min_bytes_per_step={suggested_threshold(rate)} "
+        f"(`torchmem run --min-growth {suggested_threshold(rate)}`) to report it as a "
         "leak and name its allocation site and holder"
     )
 

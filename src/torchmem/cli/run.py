@@ -12,6 +12,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from torchmem._units import parse_size
 from torchmem.cli import int_at_least, positive_number
 from torchmem.run.program import RunError
 
@@ -27,6 +28,7 @@ _VALUE_OPTIONS = {
     "--step-marker",
     "--memory-viz",
     "--warmup",
+    "--min-growth",
     "--nproc",
 }
 _FLAG_OPTIONS = {"--modules", "--no-status", "--quiet", "-q", "--force", "-f", "--help", "-h"}
@@ -73,6 +75,12 @@ def add_parser(sub: Any) -> None:
         "--warmup", type=int_at_least(0), default=3, help="steps the leak detector ignores at the start"
     )
     p.add_argument(
+        "--min-growth",
+        type=_growth_size,
+        metavar="SIZE",
+        help="report device growth from this many bytes per step as a leak (default 256KiB; e.g. 4KiB, 2048)",
+    )
+    p.add_argument(
         "--nproc",
         type=int_at_least(1),
         metavar="N",
@@ -82,6 +90,14 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-status", action="store_true", help="no live status line, even on a terminal")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary at the end")
     p.set_defaults(argv=[])
+
+
+def _growth_size(text: str) -> int:
+    """``--min-growth``'s value: a positive size (``4KiB``, ``0.5MiB``, ``2048``)."""
+    size = parse_size(text)
+    if size is None or size <= 0:
+        raise argparse.ArgumentTypeError(f"a positive size such as 4KiB or 2048 bytes, not {text!r}")
+    return size
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -137,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
         modules=args.modules,
         memory_viz=args.memory_viz,
         warmup=args.warmup,
+        min_growth=args.min_growth,
         nproc=getattr(args, "nproc", None),
         no_status=args.no_status,
         quiet=args.quiet,

@@ -28,6 +28,8 @@ class RunOptions:
     modules: bool = False
     memory_viz: str | None = None
     warmup: int = 3
+    min_growth: int | None = None
+    """The device watcher's leak threshold in bytes per step (``None``: its default, 256 KiB)."""
     nproc: int | None = None
     no_status: bool = False
     quiet: bool = False
@@ -80,6 +82,7 @@ def run_program(args: RunOptions, program_argv: list[str]) -> int:
         step_marker=args.step_marker,
         modules=args.modules,
         warmup=args.warmup,
+        min_growth=args.min_growth,
         status=False if args.no_status else None,
         quiet=args.quiet,
         memory_viz=memory_viz,
@@ -130,6 +133,7 @@ def _launch(args: RunOptions, program_argv: list[str], name: str, err: TextIO) -
         str(args.interval),
         "--warmup",
         str(args.warmup),
+        *(("--min-growth", str(args.min_growth)) if args.min_growth is not None else ()),
     ]
     for opt, value in (
         ("--output", args.output),
@@ -197,6 +201,7 @@ def run_session(
     step_marker: str | None = None,
     modules: bool = False,
     warmup: int = 3,
+    min_growth: int | None = None,
     status: bool | None = None,
     quiet: bool = False,
     err: TextIO | None = None,
@@ -248,6 +253,7 @@ def run_session(
                 argv=program.argv,
                 status_file=err,
                 warmup=warmup,
+                min_growth=min_growth,
                 memory_viz=memory_viz,
                 force=force,
                 protect=protect,

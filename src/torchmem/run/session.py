@@ -106,6 +106,7 @@ class Session:
         memory_viz: str | None = None,
         force: bool = False,
         protect: list[str] | None = None,
+        min_growth: int | None = None,
     ) -> None:
         self.capture = capture
         self.force = force
@@ -152,7 +153,7 @@ class Session:
         )
         self._ooms = OOMLog(self._records, self._step_count, self._on_oom)
         self._modules = ModuleProfile(self._records)
-        self._watchers = StepWatchers(self._records, warmup, bool(memory_viz))
+        self._watchers = StepWatchers(self._records, warmup, bool(memory_viz), min_growth)
         w = self._watchers
         self._source = StepSource(
             step_marker, self.argv, self._records, self.step, self._restart, w.fresh, w.reading

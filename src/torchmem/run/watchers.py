@@ -21,16 +21,20 @@ HOST_RELAX_AFTER = 64
 HOST_RELAXED_SHARE = 0.0005
 
 
-def new_watcher(device: torch.device, warmup: int, note: Callable[[str], None]) -> Watcher[Any]:
-    """The device watcher, entered."""
+def new_watcher(
+    device: torch.device, warmup: int, note: Callable[[str], None], min_growth: int | None = None
+) -> Watcher[Any]:
+    """The device watcher, entered (``min_growth``: its leak threshold in bytes per step, ``--min-growth``;
+    ``None``: ``watch()``'s default)."""
+    more: dict[str, Any] = {} if min_growth is None else {"min_bytes_per_step": min_growth}
     # On the CPU the figure is the C heap in use (one ~1 µs read per step); the exact ledger only runs in
     # attribution windows, once the figure grows. Elsewhere the allocator's counters.
     source = "heap" if device.type == "cpu" else "auto"
     try:
-        w: Watcher[Any] = watch(device=device, warn=False, warmup=warmup, source=source)
+        w: Watcher[Any] = watch(device=device, warn=False, warmup=warmup, source=source, **more)
     except Exception as exc:  # a watcher without the heap figure: the exact ledger, as before
         note(f"the {source} figure is unavailable ({exc}); using the exact tensor ledger")
-        w = watch(device=device, warn=False, warmup=warmup)
+        w = watch(device=device, warn=False, warmup=warmup, **more)
     w._exclusive = False  # the monitored program may use torchmem.watch() itself
     # After the first 64 readings (a short loop is read every step or two), the stride follows the
     # readings' cost in the loop: a CUDA reading is 25-130 µs, 3-10 % of a 1-4 ms step if read each step.
@@ -111,9 +115,10 @@ class StepWatchers:
     at the end. ``records``: the session's :class:`~torchmem.run.records.Records`; ``own_history``:
     ``--memory-viz`` turned the allocator's history on."""
 
-    def __init__(self, records: Any, warmup: int, own_history: bool) -> None:
+    def __init__(self, records: Any, warmup: int, own_history: bool, min_growth: int | None = None) -> None:
         self._records = records
         self._warmup = warmup
+        self._min_growth = min_growth
         self._own_history = own_history
         self._watcher: Watcher[Any] | None = None
         self._survivors: Any = None
@@ -140,7 +145,7 @@ class StepWatchers:
 
     def start(self, device: torch.device) -> None:
         note = self._records.note
-        self._watcher = new_watcher(device, self._warmup, note)
+        self._watcher = new_watcher(device, self._warmup, note, self._min_growth)
         self._survivors = new_survivors(device)
         self._host = new_host(self._warmup, "", self._own_history, note, device)
         self._share_heap(device)
@@ -182,7 +187,7 @@ class StepWatchers:
         note = self._records.note
         if self._watcher is not None:
             self._watcher.stop()
-        self._watcher = new_watcher(device, self._warmup, note)
+        self._watcher = new_watcher(device, self._warmup, note, self._min_growth)
         spent, since = 0.0, None
         if self._survivors is not None:  # its recorded steps were steps of the old kind
             self._survivors.stop()
@@ -201,7 +206,7 @@ class StepWatchers:
         w = self._watcher
         if w is not None:
             w.stop()
-        self._watcher = new_watcher(device, self._warmup, self._records.note)
+        self._watcher = new_watcher(device, self._warmup, self._records.note, self._min_growth)
         if self._survivors is not None:
             self._survivors.stop()
             self._survivors = new_survivors(device)
