@@ -435,3 +435,4 @@ def test_growth_below_the_leak_threshold_on_one_rank_is_named_as_the_imbalance_s
     said = [s for s in merged.imbalance if s.startswith("rank 1 peaked")]
     assert said and "rank 1's memory grows by 203.12 KiB/step, below its leak threshold" in said[0], said
     assert "min_bytes_per_step" in said[0] and "no cause torchmem can see" not in said[0]
+    assert "`torchmem run --min-growth`" in said[0], said

@@ -188,7 +188,7 @@ def _imbalance(caps: Sequence[Capture], rows: list[RankRow]) -> list[str]:
                 cause = (
                     f"{top.label}'s memory grows by {fmt_bytes(int(top.slow_growth))}/step, below its leak "
                     f"threshold ({grown} over {top.steps} steps): its report below says how to have it "
-                    "named (min_bytes_per_step)"
+                    "named (min_bytes_per_step; `torchmem run --min-growth`)"
                 )
             else:
                 cause = (
