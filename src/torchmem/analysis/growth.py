@@ -124,12 +124,11 @@ def suggested_threshold(bytes_per_step: float) -> int:
 
 
 def _below_threshold(rate: float, threshold: float) -> str:
-    thr = int(threshold)
+    thr, lower = int(threshold), suggested_threshold(rate)
     return (
         f"memory grows by {fmt_bytes(rate)}/step, below the reporting threshold of {fmt_bytes(thr)}/step "
-        f"(min_bytes_per_step={thr}): pass min_bytes_per_step={suggested_threshold(rate)} "
-        f"(`torchmem run --min-growth {suggested_threshold(rate)}`) to report it as a "
-        "leak and name its allocation site and holder"
+        f"(min_bytes_per_step={thr}): pass min_bytes_per_step={lower} (`torchmem run --min-growth {lower}`) "
+        "to report it as a leak and name its allocation site and holder"
     )
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchmem._errors import TorchmemError
+from torchmem._units import parse_size
 
 USAGE = 2
 """The exit code of a wrong command line."""
@@ -93,6 +94,14 @@ def positive_number(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, not {text}")
     return value
+
+
+def positive_size(text: str) -> int:
+    """An argparse ``type`` for a size in bytes above 0 (``4KiB``, ``0.5MiB``, ``2048``)."""
+    size = parse_size(text)
+    if size is None or size <= 0:
+        raise argparse.ArgumentTypeError(f"a positive size such as 4KiB or 2048 bytes, not {text!r}")
+    return size
 
 
 def port_number(text: str) -> int:

@@ -12,8 +12,7 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from torchmem._units import parse_size
-from torchmem.cli import int_at_least, positive_number
+from torchmem.cli import int_at_least, positive_number, positive_size
 from torchmem.run.program import RunError
 
 # Options of ``torchmem run`` that take a value; everything after the program belongs to the program.
@@ -76,7 +75,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--min-growth",
-        type=_growth_size,
+        type=positive_size,
         metavar="SIZE",
         help="report device growth from this many bytes per step as a leak (default 256KiB; e.g. 4KiB, 2048)",
     )
@@ -90,14 +89,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-status", action="store_true", help="no live status line, even on a terminal")
     p.add_argument("--quiet", "-q", action="store_true", help="no summary at the end")
     p.set_defaults(argv=[])
-
-
-def _growth_size(text: str) -> int:
-    """``--min-growth``'s value: a positive size (``4KiB``, ``0.5MiB``, ``2048``)."""
-    size = parse_size(text)
-    if size is None or size <= 0:
-        raise argparse.ArgumentTypeError(f"a positive size such as 4KiB or 2048 bytes, not {text!r}")
-    return size
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -57,12 +57,23 @@ def _class_of(name: str, scope: Scope, w: Walker) -> ast.ClassDef | None:
         value = value.func.value  # `.cuda()`, `.to(device)`, `.eval()` on the model made
     if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name):
         return None
-    made_by = value.func.id
-    for node in w.module.node.body if isinstance(w.module.node, ast.Module) else ():
+    if not isinstance(w.module.node, ast.Module):
+        return None
+    found = _binding_import(w.module.node, value.func.id)
+    if found is None:
+        return None
+    node, original = found
+    return _find_class(w.path, node.module, node.level, original, 0)
+
+
+def _binding_import(tree: ast.Module, name: str) -> tuple[ast.ImportFrom, str] | None:
+    """The top-level ``from ... import`` of ``tree`` that binds ``name``, and the name it imports there
+    (``name`` itself, or the one ``... as name`` renames)."""
+    for node in tree.body:
         if isinstance(node, ast.ImportFrom):
             for a in node.names:
-                if (a.asname or a.name) == made_by:
-                    return _find_class(w.path, node.module, node.level, a.name, 0)
+                if (a.asname or a.name) == name:
+                    return node, a.name
     return None
 
 
@@ -73,11 +84,10 @@ def _find_class(path: str, module: str | None, level: int, name: str, depth: int
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
             return node
-    if depth < 2:  # a package's `__init__` that imports the class from one of its modules
-        for node in tree.body:
-            if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names):
-                original = next(a.name for a in node.names if (a.asname or a.name) == name)
-                return _find_class(where, node.module, node.level, original, depth + 1)
+    found = _binding_import(tree, name) if depth < 2 else None
+    if found is not None:  # a package's `__init__` that imports the class from one of its modules
+        node, original = found
+        return _find_class(where, node.module, node.level, original, depth + 1)
     return None
 
 
