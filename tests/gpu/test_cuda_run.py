@@ -162,3 +162,40 @@ def test_a_cpu_program_on_a_gpu_machine_is_told_it_allocated_nothing_there(tmp_p
     leak = _run(tmp_path, "leak.py", LEAK)
     assert leak.returncode == 0, leak.stderr
     assert "allocated nothing on" not in leak.stderr, leak.stderr
+
+
+SLOW_GROWTH = textwrap.dedent(
+    """
+    import torch; nn = torch.nn
+    dev = torch.device("cuda", 0)
+    body = nn.Sequential(nn.Linear(256, 128), nn.ReLU()).to(dev)
+    head = nn.Linear(128, 10).to(dev)
+    opt = torch.optim.AdamW([*body.parameters(), *head.parameters()])
+    feats = []
+    for step in range(200):
+        h = body(torch.randn(64, 256, device=dev))
+        loss = nn.functional.cross_entropy(head(h), torch.randint(0, 10, (64,), device=dev))
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        feats.append(h.detach())   # 32 KiB of device memory a step, under the 256 KiB/step default
+    """
+)
+
+
+def test_min_growth_turns_slow_device_growth_into_a_named_leak(tmp_path: Path) -> None:
+    """32 KiB a step on the GPU: without a flag the verdict is growth below the threshold and names the option;
+    with ``--min-growth 16KiB`` it is a leak on cuda:0 with its holder and line."""
+    plain = _run(tmp_path, "slow.py", SLOW_GROWTH)
+    print(plain.stderr[-3000:])
+    assert plain.returncode == 0, plain.stderr
+    assert "below the leak threshold" in plain.stderr and "LEAK" not in plain.stderr, plain.stderr
+    assert "`torchmem run --min-growth" in plain.stderr, plain.stderr
+    flagged = _run(tmp_path, "slow2.py", SLOW_GROWTH, "--min-growth", "16KiB")
+    print(flagged.stderr[-3000:])
+    assert flagged.returncode == 0, flagged.stderr
+    assert "LEAK on cuda:0" in flagged.stderr and "__main__.feats[" in flagged.stderr, flagged.stderr
+    from torchmem.capture.file import read_capture
+
+    leak = read_capture(tmp_path / "slow2.py.jsonl").leaks[-1].report
+    assert leak["leaking"] and leak["min_bytes_per_step"] == 16384, leak
+    assert abs(leak["bytes_per_step"] - 32768) <= 4096, leak
+    assert leak["culprits"][0]["site"] == "slow2.py:9", leak
