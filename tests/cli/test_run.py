@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -395,6 +396,48 @@ def test_min_growth_reports_slow_growth_the_default_calls_below_the_threshold(
     assert "LEAK on cpu" in err and "__main__.hist[" in err, err
     leak = [r for r in _records(tmp_path / "b.jsonl") if r["type"] == "leak"][-1]["report"]
     assert leak["leaking"] and leak["min_bytes_per_step"] == 8192  # type: ignore[index]
+
+
+PERIODIC_VALIDATION = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 4))
+opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+val_x = [torch.randn(128, 64) for _ in range(4)]
+val_history = []
+for step in range(200):
+    loss = model(torch.randn(16, 64)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if step % 10 == 0:  # validation every 10 steps, without torch.no_grad()
+        val = sum(model(x).square().mean() for x in val_x) / 4
+        val_history.append(val)  # keeps the 4 validation graphs (~550 KiB)
+"""
+
+
+def test_growth_every_10_steps_is_said_as_such_and_named_with_min_growth(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A validation pass every 10 steps that keeps its graphs: the memory rises in jumps with flat steps
+    between them. Not "a one-time rise" nor growth that "stopped" (what the flat readings between two jumps
+    made the watcher say); below the default threshold it is said with its period and the option, and with
+    ``--min-growth`` it is a leak named with its line and holder."""
+    script = _write(tmp_path, "periodic.py", PERIODIC_VALIDATION)
+    assert main(["run", "--no-status", "-o", str(tmp_path / "a.jsonl"), str(script)]) == 0
+    err = capsys.readouterr().err
+    assert "below the leak threshold" in err and "LEAK" not in err, err
+    assert re.search(r"rises by about \d+\.\d+ KiB every (9|10|11) steps", err), err
+    assert "one-time" not in err and "stopped" not in err and "--min-growth" in err, err
+    assert (
+        main(["run", "--no-status", "--min-growth", "16KiB", "-o", str(tmp_path / "b.jsonl"), str(script)])
+        == 0
+    )
+    err = capsys.readouterr().err
+    assert "LEAK on cpu" in err and "__main__.val_history[" in err and "periodic.py:16" in err, err
+    assert "one-time" not in err and "stopped" not in err, err
 
 
 def test_min_growth_takes_a_positive_size_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

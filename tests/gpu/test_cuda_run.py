@@ -182,8 +182,8 @@ SLOW_GROWTH = textwrap.dedent(
 
 
 def test_min_growth_turns_slow_device_growth_into_a_named_leak(tmp_path: Path) -> None:
-    """32 KiB a step on the GPU: without a flag the verdict is growth below the threshold and names the option;
-    with ``--min-growth 16KiB`` it is a leak on cuda:0 with its holder and line."""
+    """32 KiB a step on the GPU: without a flag the verdict is growth below the threshold and names the
+    option; with ``--min-growth 16KiB`` it is a leak on cuda:0 with its holder and line."""
     plain = _run(tmp_path, "slow.py", SLOW_GROWTH)
     print(plain.stderr[-3000:])
     assert plain.returncode == 0, plain.stderr

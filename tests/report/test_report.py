@@ -70,7 +70,7 @@ def test_summary_of_a_leaky_run_names_site_holder_and_fix(capsys: pytest.Capture
     assert "LEAK on cpu: +1.00 MiB/step over 16 steps" in out
     assert "born at make_captures.py:" in out
     assert "held by make_captures.py:" in out and "local 'kept'[" in out and ".grad_fn" in out
-    assert "fix: `kept` keeps one autograd graph per step" in out
+    assert "fix: `kept` keeps one autograd graph per step" in out  # the stored capture's own text
     assert "Reconciliation at the end of the run:" in out and "live tensor storages (cpu_tracking)" in out
     assert "Per-module memory:" in out
     module_lines = [ln for ln in out.splitlines() if re.match(r"\s+(Sequential|\d)\s", ln)]

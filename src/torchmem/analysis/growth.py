@@ -4,6 +4,8 @@
   a noise-robust one (Theil–Sen slope, rising floors, Mann–Kendall) and, for runs too short for that, a
   staircase test; when it is not a leak it says why (below the threshold, too few readings, flat, shrinking,
   noisy).
+- :func:`periodic_rate`: growth in regular jumps (every N steps), judged on the jumps themselves wherever the
+  readings fell between them; :class:`GrowthStream` runs it on the jumps of the whole run (bounded).
 - :class:`GrowthStream` gives the same verdict one reading at a time, at O(1) per reading for the series
   that are not leaks (what a watcher calls at every step).
 - :func:`short_run_growth` and :func:`inner_growth`: overwhelming growth in a run too short for the tests, and
@@ -123,7 +125,8 @@ def suggested_threshold(bytes_per_step: float) -> int:
     return 1 << (half.bit_length() - 1)
 
 
-def _below_threshold(rate: float, threshold: float) -> str:
+def below_threshold_reason(rate: float, threshold: float) -> str:
+    """Growth of ``rate`` per step under ``threshold``, in words, with the threshold that would report it."""
     thr, lower = int(threshold), suggested_threshold(rate)
     return (
         f"memory grows by {fmt_bytes(rate)}/step, below the reporting threshold of {fmt_bytes(thr)}/step "
@@ -151,7 +154,7 @@ def _explain(
         found = _robust_rate(xs, ys, SMALL_GROWTH)
         rate = found[0] if found else None
     if rate is not None and 0 < rate < threshold:
-        return no("below_threshold", _below_threshold(rate, threshold), rate, conf)
+        return no("below_threshold", below_threshold_reason(rate, threshold), rate, conf)
     if rate is not None and rate >= threshold:  # steady, not yet enough of it (STEADY_EVIDENCE)
         return no(
             "too_few",
@@ -524,6 +527,74 @@ def _staircase_growth(xs: Sequence[int], ys: Sequence[int], thr: float) -> Growt
     )
 
 
+PERIODIC_JUMPS = 4
+"""Jumps the periodic test needs: growth that comes every N steps (a validation pass every 25 steps that
+keeps its outputs) is judged on its last :data:`PERIODIC_JUMPS` to 8 jumps, wherever the readings fell
+between them."""
+
+
+def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tuple[float, int, float] | None:
+    """``(bytes per step, median jump, period in steps)`` of growth that comes in regular jumps, or None.
+
+    ``jumps``: ``(step, rise, value before[, step of the reading before])`` of each rise between two
+    readings of at least the threshold, oldest first, since the figure last fell by as much (a jump happened
+    somewhere between those two readings: each gap is judged over that range, so a grid of readings coarser
+    than the jumps' period does not hide it); ``step``/``value``: the newest reading. The last 4 to 8 jumps
+    must agree in size (each within 0.5x..2x of their median) and in spacing (each gap can be within
+    0.5x..2x of the mean gap), nothing of them may have been given back since (the figure now is at least
+    3/4 of their sum above where the first began), and the newest reading may not lie more than 1.5 gaps
+    after the last jump: growth that stopped for two of its own periods is not periodic any more. The rate
+    is the jumps after the first over the steps they span; the period, the median jump over the rate.
+
+    Example:
+        >>> periodic_rate([(25 * k, 4 << 20, (4 << 20) * k) for k in range(1, 6)], 130, 5 * (4 << 20))
+        (167772.16, 4194304, 25.0)
+        >>> periodic_rate([(25 * k, 4 << 20, (4 << 20) * k) for k in range(1, 6)], 200, 5 * (4 << 20)) is None
+        True
+    """
+    if len(jumps) < PERIODIC_JUMPS:
+        return None
+    use = list(jumps)[-8:]
+    at = [j[0] for j in use]
+    since = [j[3] if len(j) > 3 else j[0] for j in use]  # the reading before each jump's, where known
+    sizes = [j[1] for j in use]
+    size, gap = _median(sizes), (at[-1] - at[0]) / (len(at) - 1)  # the mean gap: the grid averages out
+    if gap <= 0 or step - at[-1] > 1.5 * gap:
+        return None
+    if any(not 0.5 * size <= v <= 2 * size for v in sizes):
+        return None
+    for i in range(len(at) - 1):  # the gap lies between (since[i+1] - at[i]) and (at[i+1] - since[i])
+        if at[i + 1] - since[i] < 0.5 * gap or since[i + 1] - at[i] > 2 * gap:
+            return None
+    if value - use[0][2] < 0.75 * sum(sizes):
+        return None
+    rate = sum(sizes[1:]) / (at[-1] - at[0])
+    return rate, int(size), size / rate  # (the period: two jumps read as one count as one, twice the size)
+
+
+def _periodic_growth(jumps: Sequence[tuple[int, ...]], step: int, value: int, thr: float) -> Growth | None:
+    """The periodic test's leak verdict (:func:`periodic_rate` at ``thr`` or more per step, and
+    :data:`STEADY_EVIDENCE` thresholds in its jumps), or None."""
+    found = periodic_rate(jumps, step, value)
+    if found is None:
+        return None
+    rate, size, gap = found
+    use = list(jumps)[-8:]
+    if rate < thr or sum(j[1] for j in use) < STEADY_EVIDENCE * thr:
+        return None
+    return Growth(
+        True,
+        rate,
+        0.5 + len(use) / 16,
+        "periodic",
+        len(use),
+        f"rose by about {fmt_bytes(size)} every {gap:.0f} steps, {len(use)} times, and never gave it back",
+        "leak",
+        rate,
+        thr,
+    )
+
+
 # How often (in readings) the noise-robust test is re-run while its cheap pre-check keeps passing.
 ROBUST_EVERY = 4
 
@@ -540,7 +611,11 @@ class GrowthStream:
     that while the robust test's pre-check keeps passing (a noisy leak, or growth just under the
     threshold) the O(window²) test is re-run every ``robust_every`` readings rather than at each one: its
     verdict may come up to ``robust_every - 1`` readings late (``robust_every=1``: exactly
-    :func:`detect_growth`'s verdict at every reading). ``leaking`` is an attribute (O(1)).
+    :func:`detect_growth`'s verdict at every reading), and that where neither test finds a leak the periodic
+    test (:func:`periodic_rate`) judges the last jumps of the threshold or more between two readings, kept
+    over the whole run (8 at most), not only the window's: a validation pass every 25 steps that keeps its
+    outputs rises once per 25 steps, and a window of 32 readings may hold only three of its jumps.
+    ``leaking`` is an attribute (O(1)).
 
     Example:
         >>> g = GrowthStream(min_bytes_per_step=1024)
@@ -552,6 +627,7 @@ class GrowthStream:
 
     __slots__ = (
         "_cached",
+        "_jumps",
         "_last_step",
         "_last_value",
         "_min",
@@ -598,6 +674,15 @@ class GrowthStream:
         self._last_value = 0
         self._min = 0  # the window's minimum (valid once a reading is in) and the latest step it was read at
         self._min_at: float = -math.inf
+        # (step, rise, value before, step of the reading before) of each rise of the threshold or more
+        # between two readings, since the figure last fell by as much (the periodic test's evidence; bounded)
+        self._jumps: collections.deque[tuple[int, int, int, int]] = collections.deque(maxlen=8)
+
+    def periodic(self) -> tuple[float, int, float] | None:
+        """:func:`periodic_rate` of this stream's jumps at its newest reading, whatever the threshold."""
+        if not self.values:
+            return None
+        return periodic_rate(self._jumps, self.steps[-1], self.values[-1])
 
     @property
     def rose(self) -> bool:
@@ -612,6 +697,11 @@ class GrowthStream:
             self._rises += 1
         else:
             self._rises = 0
+        rise = value - self._last_value
+        if self.added and rise >= self.min_bytes_per_step:
+            self._jumps.append((step, rise, self._last_value, int(self._last_step)))
+        elif self.added and -rise >= self.min_bytes_per_step:
+            self._jumps.clear()  # memory given back: the jumps before are no evidence of a leak
         self._last_step = step
         self._last_value = value
         steps, values = self.steps, self.values
@@ -642,12 +732,15 @@ class GrowthStream:
                 growth = self._cached
             else:
                 self._cached = None  # closed: the next opening runs the test at once
+        if not growth.leaking and len(self._jumps) >= PERIODIC_JUMPS:
+            growth = _periodic_growth(self._jumps, step, value, thr) or growth
         self.growth = growth
         self.leaking = growth.leaking
         return growth
 
 
 __all__ = [
+    "PERIODIC_JUMPS",
     "ROBUST_EVERY",
     "ROBUST_SAMPLES",
     "SHORT_BAND",
@@ -658,8 +751,10 @@ __all__ = [
     "STEADY_READINGS",
     "WINDOW_READINGS",
     "GrowthStream",
+    "below_threshold_reason",
     "detect_growth",
     "inner_growth",
+    "periodic_rate",
     "short_run_growth",
     "suggested_threshold",
 ]

@@ -118,7 +118,8 @@ def fix_for(
     cpu = _on_cpu(device)
     tensors = "CPU tensors" if cpu else "device tensors"
     if kind == RETAINED_GRAPH:
-        kept = f"one autograd graph per step ({size} each)" if per_step_unit else f"autograd graphs ({rate})"
+        # (not "one graph per step": a validation pass every N steps keeps several graphs at once)
+        kept = f"autograd graphs ({rate})"
         if backward is False:
             return (
                 f"`{name}` keeps {kept} and no backward() ran: run the loop under `torch.no_grad()` (or "

@@ -661,7 +661,7 @@ def watch(
         >>> r.leaking, r.culprits[0].kind, r.culprits[0].holder
         (True, 'retained_graph', '...losses[...')
         >>> print(r.culprits[0].fix)
-        `losses` keeps one autograd graph per step (...): store `loss.item()` for logging, or ...
+        `losses` keeps autograd graphs (+.../step): store `loss.item()` for logging, or ...
 
         The C heap as the figure (the CPU's default; a few µs per reading, the ledger only while growth is
         named):

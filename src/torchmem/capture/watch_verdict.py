@@ -11,7 +11,7 @@ the threshold (with the value that would report it), stopped, or growth inside e
 from __future__ import annotations
 
 from torchmem._format import fmt_bytes
-from torchmem.analysis.growth import STEADY_READINGS, WINDOW_READINGS
+from torchmem.analysis.growth import STEADY_READINGS, WINDOW_READINGS, below_threshold_reason
 from torchmem.analysis.leaks import (
     STEADY_EVIDENCE,
     GrowthStream,
@@ -102,12 +102,16 @@ class GrowthTrack:
         return large_growth(found, first, (n, value), self.min_bytes_per_step)
 
     def _flat(self) -> bool:
+        """The last 5 readings are flat, and, where the growth came in regular jumps, for longer than two of
+        its periods (a flat stretch between two jumps is not growth that stopped)."""
         values = self.stream.values
         k = 5
         if len(values) < k:
             return False
         tail = [values[-i] for i in range(1, k + 1)]
-        return max(tail) - min(tail) < self.min_bytes_per_step * (k - 1) / 2
+        if max(tail) - min(tail) >= self.min_bytes_per_step * (k - 1) / 2:
+            return False
+        return self.stream.periodic() is None
 
     def verdict(self, steps: int, stride: int) -> tuple[str, str, float, float]:
         """``(verdict, reason, growth per step, confidence)`` after ``steps`` steps read every ``stride``:
@@ -159,6 +163,26 @@ class GrowthTrack:
         key = (steps, len(post_values))
         if self._explained is None or self._explained[0] != key:
             g = detect_growth(list(post_steps), list(post_values), min_bytes_per_step=self.min_bytes_per_step)
+            periodic = self.stream.periodic()
+            if periodic is not None and periodic[0] < self.min_bytes_per_step:
+                # jumps at a regular interval, too small for the threshold: said as such (the window may
+                # hold only a few of them and call the last "a one-time rise")
+                rate, size, gap = periodic
+                reason = (
+                    f"rises by about {fmt_bytes(size)} every {gap:.0f} steps and never gives it back; "
+                    + below_threshold_reason(rate, self.min_bytes_per_step)
+                )
+                g = Growth(
+                    False,
+                    0.0,
+                    g.confidence,
+                    "none",
+                    g.samples,
+                    reason,
+                    "below_threshold",
+                    rate,
+                    self.min_bytes_per_step,
+                )
             if self._run_first is not None:
                 g = with_total(g, self._run_first, (post_steps[-1], post_values[-1]))
             self._explained = (key, g)

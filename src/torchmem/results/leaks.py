@@ -49,8 +49,10 @@ class Growth:
         confidence: 0..1: how consistently the figure rises over the window (Kendall's concordance).
         method: ``"steady"`` (every recent step grew by a similar amount), ``"robust"`` (a long window whose
             floors rise in each third, beyond the noise), ``"staircase"`` (a short run whose figure never fell
-            and rose at about the same rate in each quarter: growth that comes every few steps), ``"short"``
-            (a run too short for these, each step rising by the same large amount), or ``"none"``.
+            and rose at about the same rate in each quarter: growth that comes every few steps),
+            ``"periodic"`` (jumps of a similar size at a regular interval, none given back: a validation pass
+            every N steps that keeps its outputs; its confidence grows from 0.75 at 4 jumps to 1 at 8),
+            ``"short"`` (a run too short for these, each step rising by the same large amount), or ``"none"``.
         samples: Samples after the warm-up that were considered.
         reason: Why it is or is not a leak, in words, with what to do next when nothing was found.
         verdict: ``"leak"``; or why nothing was reported: ``"below_threshold"`` (real, steady growth, smaller

@@ -1,0 +1,107 @@
+"""Growth that comes in regular jumps (a validation pass every N steps that keeps its outputs): the periodic
+test, with the shapes it must call a leak and those it must not (irregular jumps, jumps given back, growth
+that stopped, a single rise), and the watcher's verdict when the jumps are below the threshold."""
+
+from __future__ import annotations
+
+import random
+import re
+
+from torchmem.analysis.growth import GrowthStream, periodic_rate
+from torchmem.capture.watch_verdict import GrowthTrack
+
+MiB = 1 << 20
+KiB = 1 << 10
+
+
+def _feed(
+    stream: GrowthStream | GrowthTrack, jump_at: set[int], size: object, steps: int, *, every: int = 10
+) -> list[bool]:
+    """Feed a figure that rises by ``size`` (bytes, or a callable of the jump's index) at each step of
+    ``jump_at``, read every ``every`` steps and at the 8 steps after each rise; the leaking flag after each
+    reading."""
+    value, last, burst, k = 100 * MiB, 100 * MiB, 0, 0
+    out: list[bool] = []
+    for step in range(1, steps + 1):
+        if step in jump_at:
+            value += size(k) if callable(size) else size  # type: ignore[operator]
+            k += 1
+        if step % every == 0 or burst:
+            burst = 8 if value > last else max(0, burst - 1)
+            last = value
+            if isinstance(stream, GrowthTrack):
+                stream.add(step, value)
+                out.append(stream.growth.leaking)
+            else:
+                out.append(stream.add(step, value).leaking)
+    return out
+
+
+def test_jumps_every_25_steps_kept_are_a_leak_by_the_fourth_jump() -> None:
+    s = GrowthStream(min_bytes_per_step=64 * KiB)
+    flags = _feed(s, set(range(25, 601, 25)), 4 * MiB, 600)
+    assert s.leaking and s.growth.method == "periodic", s.growth
+    assert abs(s.growth.bytes_per_step - 4 * MiB / 25) < 0.15 * 4 * MiB / 25, s.growth
+    assert re.search(r"every 2\d steps", s.growth.reason), s.growth.reason
+    assert flags.index(True) <= 4 * 10  # found within the readings of the first jumps, not at the run's end
+
+
+def test_irregular_jumps_are_not_periodic() -> None:
+    rng = random.Random(0)
+    at, step = set(), 0
+    for _ in range(24):
+        step += rng.choice((3, 7, 60, 90))  # bucketed shapes met at random: gaps 3..90 steps
+        at.add(step)
+    s = GrowthStream(min_bytes_per_step=64 * KiB)
+    _feed(s, at, 4 * MiB, step)
+    assert periodic_rate(list(s._jumps), step, 0) is None
+    assert s.growth.method != "periodic"
+
+
+def test_jumps_of_very_different_sizes_are_not_periodic() -> None:
+    s = GrowthStream(min_bytes_per_step=64 * KiB)
+    _feed(s, set(range(25, 601, 25)), lambda k: (1 if k % 2 else 9) * MiB, 600)
+    assert s.growth.method != "periodic", s.growth
+
+
+def test_jumps_that_are_given_back_are_not_a_leak() -> None:
+    """An evaluation every 25 steps whose results are dropped at the next one: rises and falls back."""
+    s = GrowthStream(min_bytes_per_step=64 * KiB)
+    _feed(s, set(range(25, 601, 25)), lambda k: -4 * MiB if k % 2 else 4 * MiB, 600)
+    assert not s.leaking, s.growth
+
+
+def test_a_single_rise_is_not_periodic() -> None:
+    s = GrowthStream(min_bytes_per_step=64 * KiB)
+    _feed(s, {50}, 40 * MiB, 600)
+    assert not s.leaking and s.periodic() is None
+
+
+def test_periodic_growth_that_stopped_for_two_periods_is_not_a_leak_any_more() -> None:
+    t = GrowthTrack(64 * KiB, warmup=3)
+    flags = _feed(t, set(range(25, 201, 25)), 4 * MiB, 600)
+    assert any(flags) and not flags[-1]
+    assert t.detected_at is not None and t.stopped_at is not None
+    assert t.stopped_at > 200 + 25, t.stopped_at  # not in the flat stretch between two jumps
+
+
+def test_the_flat_stretch_between_two_jumps_is_not_growth_that_stopped() -> None:
+    """A watcher that reads several flat readings between two jumps (the alert's burst) does not say the
+    growth stopped, nor that the last jump was a one-time rise."""
+    t = GrowthTrack(64 * KiB, warmup=3)
+    flags = _feed(t, set(range(25, 601, 25)), 4 * MiB, 590)
+    assert flags[-1] and t.stopped_at is None
+    verdict, reason, _, _ = t.verdict(590, 10)
+    assert verdict == "leak" and "one-time" not in reason, reason
+
+
+def test_jumps_below_the_threshold_are_said_with_their_period_and_the_option() -> None:
+    t = GrowthTrack(256 * KiB, warmup=3)
+    _feed(t, set(range(25, 601, 25)), 4 * MiB, 590)
+    verdict, reason, rate, _ = t.verdict(590, 10)
+    assert verdict == "below_threshold", (verdict, reason)
+    assert re.search(r"about 4\.00 MiB every 2\d steps", reason), (
+        reason
+    )  # read every 10 steps: 25 +- the grid
+    assert "one-time" not in reason and "--min-growth" in reason, reason
+    assert 0.8 * 4 * MiB / 25 < rate < 1.2 * 4 * MiB / 25
