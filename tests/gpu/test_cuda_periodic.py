@@ -1,0 +1,94 @@
+"""Growth that comes every N steps on a GPU, under ``torchmem run`` with no flag: a validation pass every 20
+steps that keeps its losses with their graphs and in-memory snapshots of the weights every 50 steps are leaks
+named with line and holder; the same loops keeping numbers, or only the best snapshot, are not (and are not
+said to have "stopped")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+HEAD = textwrap.dedent(
+    """
+    import torch; nn = torch.nn
+    dev = torch.device("cuda", 0)
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    val_x = [torch.randn(512, 1024, device=dev) for _ in range(2)]
+    kept, best = [], None
+    for step in range(400):
+        loss = model(torch.randn(64, 1024, device=dev)).square().mean()
+        loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    """
+)
+
+BODIES = {
+    # a validation pass every 20 steps without no_grad, its loss kept with the graph (~32 MiB each time)
+    "val_graphs": """
+        if step % 20 == 0:
+            kept.append(sum(model(x).square().mean() for x in val_x))
+""",
+    # in-memory snapshots of the weights every 50 steps (32 MiB each)
+    "snapshots": """
+        if step % 50 == 0:
+            kept.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+""",
+    # controls: the same validation keeping numbers; only the latest snapshot kept
+    "val_numbers": """
+        if step % 20 == 0:
+            with torch.no_grad():
+                kept.append(sum(model(x).square().mean() for x in val_x).item())
+""",
+    "best_snapshot": """
+        if step % 50 == 0:
+            best = {k: v.detach().clone() for k, v in model.state_dict().items()}
+""",
+}
+
+
+def _run(tmp: Path, name: str) -> tuple[subprocess.CompletedProcess[str], int]:
+    body = textwrap.indent(textwrap.dedent(BODIES[name]).strip("\n"), "    ")
+    code = HEAD + body + "\n"
+    script = tmp / f"{name}.py"
+    script.write_text(code)
+    lines = code.splitlines()
+    line = 1 + next(i for i, x in enumerate(lines) if "kept.append(" in x or "best = {" in x)
+    out = subprocess.run(
+        [sys.executable, "-m", "torchmem", "run", str(script)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=SRC),
+        cwd=tmp,
+        check=False,
+    )
+    print(out.stderr[-3000:])
+    return out, line
+
+
+@pytest.mark.parametrize("name", ["val_graphs", "snapshots"])
+def test_growth_every_n_steps_is_a_leak_with_its_line_and_holder(tmp_path: Path, name: str) -> None:
+    out, line = _run(tmp_path, name)
+    assert out.returncode == 0, out.stderr
+    assert "LEAK on cuda:0" in out.stderr, out.stderr
+    assert f"{name}.py:{line}" in out.stderr and "__main__.kept[" in out.stderr, out.stderr
+    assert "stopped" not in out.stderr and "one-time" not in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("name", ["val_numbers", "best_snapshot"])
+def test_the_same_loops_keeping_numbers_or_one_snapshot_are_not(tmp_path: Path, name: str) -> None:
+    out, _ = _run(tmp_path, name)
+    assert out.returncode == 0, out.stderr
+    assert "LEAK" not in out.stderr and "below the leak threshold" not in out.stderr, out.stderr
