@@ -11,6 +11,7 @@ from torchmem.lint._syntax import (
     HOOK_METHODS,
     OPT_NAMES,
     RANK_VARS,
+    SCHEDULER_NAMES,
     SINK_METHODS,
     container_key,
     dotted,
@@ -132,7 +133,10 @@ class CallEvents:
                     loop.backwards.append(((call.lineno, call.col_offset), retains))
             elif name == "step" and isinstance(func, ast.Attribute):
                 opt_name = last_name(func.value)
-                if OPT_NAMES.search(opt_name) or (call.args and OPT_NAMES.search(last_name(call.args[0]))):
+                # (`self.model_optimizer_scheduler.step()` is a learning-rate scheduler's step, round Z)
+                if (OPT_NAMES.search(opt_name) and not SCHEDULER_NAMES.search(opt_name)) or (
+                    call.args and OPT_NAMES.search(last_name(call.args[0]))
+                ):
                     scope.trains = True
                     self._mark_training(loop, None, False)
                     for lp in loop.chain() if loop is not None else ():
@@ -224,6 +228,10 @@ class CallEvents:
             scope.events.append(("cuda", call, ctx, None))
         if ctx.no_grad and name:
             self.facts.called_under_no_grad.add(name)
+        if isinstance(func, ast.Name) or (
+            isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
+        ):
+            scope.callees.add(name)
         if (
             loop is not None
             and call.args

@@ -70,6 +70,7 @@ class Rules(ForwardChecks, WorkerChecks):
         self._reset_attrs: dict[int, set[str]] = {}
         self._mutated: frozenset[str] | None = None  # the module's names changed in place (when needed)
         self._tm010: list[tuple[int, str]] = []  # (line, form) of each TM010 finding
+        _under_no_grad_closure(walker)
 
     def add(self, node: ast.AST, code: str, message: str, form: str = "", fix: str = "") -> None:
         """Record a finding; ``form`` names the rule's variant where a rule has several
@@ -608,6 +609,30 @@ def check_tree(tree: ast.Module, path: str) -> list[RawFinding]:
     """Every finding in one parsed module, unfiltered (suppression and selection come after)."""
     walker = Walker(tree, path)
     return Rules(walker).run()
+
+
+def _under_no_grad_closure(w: Walker) -> None:
+    """Functions of the file called by one that runs under no_grad, however deep (fairseq-style
+    ``generate`` -> ``_generate`` -> ``_encode`` with only the first call under ``no_grad``, round Z), join
+    the file's ``called_under_no_grad``."""
+    under = w.facts.called_under_no_grad
+    by_name: dict[str, list[Scope]] = {}
+    for sc in w.scopes:
+        if sc.kind == "function":
+            by_name.setdefault(sc.name, []).append(sc)
+    todo = [n for n in under if n in by_name]
+    todo += [sc.name for sc in w.scopes if sc.kind == "function" and sc.no_grad_all]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for sc in by_name.get(name, ()):
+            for callee in sc.callees:
+                if callee in by_name and callee not in seen:
+                    under.add(callee)
+                    todo.append(callee)
 
 
 def _imported_from_torch(tree: ast.AST, name: str) -> bool:

@@ -1,8 +1,10 @@
-"""What a model class imported from another file of the project does, read from that file: the one place
-the linter looks beyond the file it checks (round X). A loop that calls ``model(data, mode="inference")``
-on ``model = Pix2PixModel(opt)`` (``from models.pix2pix_model import Pix2PixModel``) records no graph when
-that class's ``forward`` runs the ``mode == "inference"`` branch under ``torch.no_grad()`` (SPADE's and
-Bringing-Old-Photos-Back-to-Life's test scripts: TM002 said otherwise).
+"""What the class of a called model does, read from this file or the file of the project that defines
+it: the one place the linter looks beyond the file it checks (round X). A loop that calls
+``model(data, mode="inference")`` on ``model = Pix2PixModel(opt)`` (``from models.pix2pix_model import
+Pix2PixModel``) records no graph when that class's ``forward`` runs the ``mode == "inference"`` branch under
+``torch.no_grad()`` (SPADE's and Bringing-Old-Photos-Back-to-Life's test scripts: TM002 said otherwise);
+nor does one whose ``forward`` is decorated with ``@torch.no_grad()``, nor a class that is no module (round
+Z).
 
 The imported module is looked for as Python would find it from the checked file's folder or a folder
 above it (up to four levels: a script run from the repository's root or from its own folder); a module
@@ -22,31 +24,70 @@ _CACHE_MAX = 256
 
 
 def forward_off(call: ast.Call, scope: Scope, w: Walker) -> bool:
-    """Whether ``call`` (``model(x, mode="inference")``) runs a branch of the model's ``forward`` that is
-    under ``no_grad``, in the file that defines the model's class."""
+    """Whether ``call`` (``model(x)``) records no graph by what the class of ``model``, defined in this file
+    or imported from a module of the project, says: its ``forward`` is decorated with ``@torch.no_grad()``
+    (LLaMA-VID's vision towers, round Z), the class is no ``nn.Module`` and its ``__call__`` calls no part of
+    it (OmniDrive's TensorRT wrapper with its own ``eval()``, round Z), or the branch of its ``forward`` that
+    ``model(x, mode="inference")`` runs is under ``no_grad`` (round X)."""
     if not isinstance(call.func, ast.Name):
         return False
+    cls = _class_of(call.func.id, scope, w)
+    if cls is None:
+        return False
+    methods = {s.name: s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if not _may_be_module(cls):
+        run = methods.get("__call__")
+        return run is None or _decorated_off(run) or not _calls_own_part(run, methods)
+    forward = methods.get("forward")
+    if forward is None:
+        return False
+    if _decorated_off(forward):
+        return True
     choices = [
         (k.arg, k.value.value)
         for k in call.keywords
         if k.arg is not None and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)
     ]
-    if not choices:
-        return False
-    cls = _class_of(call.func.id, scope, w)
-    if cls is None:
-        return False
-    methods = (s for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)))
-    forward = next((s for s in methods if s.name == "forward"), None)
-    if forward is None:
-        return False
     params = {a.arg for a in forward.args.args + forward.args.kwonlyargs}
     return any(arg in params and _branch_off(forward, arg, value) for arg, value in choices)
 
 
+def _may_be_module(cls: ast.ClassDef) -> bool:
+    """False for a class with no base but ``object``: no ``nn.Module`` (a base of the project's may be)."""
+    return any(not (isinstance(b, ast.Name) and b.id == "object") for b in cls.bases)
+
+
+def _decorated_off(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return any(no_grad_item(d) == 1 for d in fn.decorator_list)
+
+
+def _calls_own_part(
+    fn: ast.FunctionDef | ast.AsyncFunctionDef,
+    methods: dict[str, ast.FunctionDef | ast.AsyncFunctionDef],
+    depth: int = 0,
+) -> bool:
+    """Whether ``fn`` calls an attribute of ``self`` that is no method of the class (``self.model(x)``: a
+    wrapper around a model) or something it was handed (``fn(x)``); ``self.forward(...)`` is followed into
+    the class's own method."""
+    params = {a.arg for a in fn.args.args[1:]}
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self":
+            own = methods.get(f.attr)
+            if own is None:
+                return True
+            if own is not fn and (depth >= 3 or _calls_own_part(own, methods, depth + 1)):
+                return True
+        elif isinstance(f, ast.Name) and f.id in params:
+            return True
+    return False
+
+
 def _class_of(name: str, scope: Scope, w: Walker) -> ast.ClassDef | None:
     """The class ``name`` was last bound from a call of (``Pix2PixModel(opt)``, ``Net().cuda()``), when
-    that class is imported from a module of the project."""
+    that class is defined at the top of this file or imported from a module of the project."""
     bound = [b for b in scope.bindings.get(name, ()) if b.value is not None] or [
         b for b in w.module.bindings.get(name, ()) if b.value is not None
     ]
@@ -59,6 +100,9 @@ def _class_of(name: str, scope: Scope, w: Walker) -> ast.ClassDef | None:
         return None
     if not isinstance(w.module.node, ast.Module):
         return None
+    here = [n for n in w.module.node.body if isinstance(n, ast.ClassDef) and n.name == value.func.id]
+    if here:
+        return here[-1]
     found = _binding_import(w.module.node, value.func.id)
     if found is None:
         return None

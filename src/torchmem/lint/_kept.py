@@ -200,6 +200,8 @@ class KeptChecks:
         if ctx.no_grad and not isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)):
             return  # made under no_grad
         line = node_line(node) + 1
+        if verb == "accumulates" and _other_field(value, scope.backward_roots | scope.backwarded):
+            return  # `n += loss.num_target_elements` where `loss.value` is what backward ran on (round Z)
         if self.flow.kind(value, scope, line) != TENSOR:
             return
         grows = self.growth(value, scope, line)
@@ -559,6 +561,18 @@ class KeptChecks:
             "runs all of them (slower each step), and what they capture (outputs kept by the hook) grows "
             "with them",
         )
+
+
+def _other_field(value: ast.expr, roots: set[str]) -> bool:
+    """Whether ``value`` is a field ``rec.f`` of a record another field of which (``rec.value``) is what
+    backward ran on: ``rec`` is no tensor, and a sum of its other field (a count of target elements,
+    large_concept_model's ``LossTerm``, round Z) is of unknown type, not the loss with its graph."""
+    if not isinstance(value, ast.Attribute):
+        return False
+    base, key = dotted(value.value), dotted(value)
+    if base is None or key is None or key in roots:
+        return False
+    return any(r.startswith(base + ".") and r.count(".") == key.count(".") for r in roots)
 
 
 def _step_bound(form: str, key: str, chain: list[Loop]) -> tuple[str, str]:

@@ -96,6 +96,7 @@ class Scope:
     returns: list[tuple[ast.expr, int, bool]] = field(default_factory=list)  # (value, line, under no_grad)
     backward_roots: set[str] = field(default_factory=set)  # names inside what `.backward()` runs on
     removes_handles: bool = False  # some `handle.remove()` in the scope
+    callees: set[str] = field(default_factory=set)  # functions it calls by name: `f(...)`, `self.f(...)`
     annotations: dict[str, ast.expr] = field(default_factory=dict)  # parameter -> its annotation
 
 

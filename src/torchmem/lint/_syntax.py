@@ -22,6 +22,7 @@ _MODEL_NAMES = re.compile(
 )
 _LOSS_NAMES = re.compile(r"loss|criterion", re.IGNORECASE)
 OPT_NAMES = re.compile(r"opt", re.IGNORECASE)
+SCHEDULER_NAMES = re.compile(r"sched", re.IGNORECASE)  # `optimizer_scheduler`: not an optimizer
 # Methods whose result holds no autograd graph.
 SAFE_METHODS = frozenset(
     {

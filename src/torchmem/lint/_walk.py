@@ -33,6 +33,34 @@ from torchmem.lint._syntax import (
     target_names,
 )
 
+
+def _grad_switch(stmt: ast.stmt) -> bool | None:
+    """``False`` for the statement ``torch.set_grad_enabled(False)``, ``True`` for ``(True)``, else None."""
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)):
+        return None
+    call = stmt.value
+    if last_name(call.func) != "set_grad_enabled" or len(call.args) != 1:
+        return None
+    if is_const(call.args[0], False):
+        return False
+    return True if is_const(call.args[0], True) else None
+
+
+def _module_grad_off(tree: ast.AST) -> bool:
+    """A module whose top-level statements turn autograd off, and that never turns it on again (no
+    ``set_grad_enabled`` with another argument, no ``enable_grad``)."""
+    if not isinstance(tree, ast.Module) or not any(_grad_switch(s) is False for s in tree.body):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            name = last_name(node.func)
+            if name == "enable_grad" or (
+                name == "set_grad_enabled" and not (node.args and is_const(node.args[0], False))
+            ):
+                return False
+    return True
+
+
 __all__ = [  # what the rules read of the walk (defined in _scopes, _calls, _syntax; imported from here)
     "Binding", "Branch", "Ctx", "Loop", "ModuleFacts", "Scope", "Walker", "is_cuda_use", "names_in",
     "same_path",
@@ -67,6 +95,9 @@ class Walker(CallEvents):
             or "tests" in stem.split("_")
         )
         self.module = self._new_scope(tree, "<module>", None, "module")
+        # A script that turns autograd off at its top (`torch.set_grad_enabled(False)` after the imports)
+        # and never on again runs every function of it with autograd off (round Z)
+        self.grad_off = _module_grad_off(tree)
         self._body(tree.body, self.module, Ctx())
 
     # -- scopes
@@ -85,6 +116,8 @@ class Walker(CallEvents):
                 scope.grad_handled = True
                 scope.no_grad_all = state == 1
                 scope.grad_maybe = state == -1
+        if self.grad_off:
+            scope.grad_handled = scope.no_grad_all = True
         args = node.args
         for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
             if a is not None:
@@ -101,6 +134,11 @@ class Walker(CallEvents):
     def _body(self, stmts: list[ast.stmt], scope: Scope, ctx: Ctx) -> None:
         for s in stmts:
             self._stmt(s, scope, ctx)
+            switch = _grad_switch(s)
+            if switch is not None and switch != (not ctx.no_grad):
+                # `torch.set_grad_enabled(False)` as a statement: autograd is off for what follows it in
+                # this block (TRELLIS's feature extraction, round Z), on again after `(True)`
+                ctx = replace(ctx, no_grad=not switch)
 
     def _bind(
         self, target: ast.AST, value: ast.expr | None, scope: Scope, ctx: Ctx, index: int | None = None
