@@ -64,13 +64,22 @@ def _run_by_forward(cls: ast.ClassDef) -> set[str]:
     return reached
 
 
+#: Methods a training framework calls once per step with autograd on (TM013 reads them like a forward).
+_STEP_METHODS = frozenset({"training_step", "compute_loss"})
+
+
 class ForwardChecks(KeptChecks):
     """TM013; mixed into :class:`torchmem.lint._checker.Rules`."""
 
     _file_resets: set[str] | None = None
 
     def tm013(self, scope: Scope) -> None:
-        if scope.cls is None or scope.name != "forward" or not self.facts.torch_imported:
+        if scope.cls is None or not self.facts.torch_imported:
+            return
+        # A module's forward, and the per-step methods a framework calls with autograd on: Lightning's and
+        # HF Trainer's `training_step`, HF Trainer's `compute_loss` (a subclass that keeps each step's
+        # logits, session 21). Their `validation_step`s run under no_grad: what they keep has no graph.
+        if scope.name != "forward" and not (scope.name in _STEP_METHODS and scope.cls.bases):
             return
         stores = [
             e
@@ -115,13 +124,21 @@ class ForwardChecks(KeptChecks):
             return
         node, kind, key, value, form = next((f for f in found if f[4]), found[0])
         verb = "adds" if kind == "aug" else "stores"
+        if scope.name == "forward":
+            what = (
+                "each forward's output and its graph (the saved activations on the device until a backward, "
+                "the autograd nodes after) stay alive on the module"
+            )
+        else:
+            what = (
+                "each step's tensor stays alive with its graph (after the step's backward: its autograd "
+                "nodes on the host, tens of KB a step for a transformer, and the tensor itself)"
+            )
         self.add(
             node,
             "TM013",
-            f"`{scope.cls.name}.forward` {verb} `{short(value)}` into `{key}` on every call and "
-            "nothing in the class resets it: each forward's output and its graph (the saved "
-            "activations on the device until a backward, the autograd nodes after) stay alive "
-            "on the module, growing every step",
+            f"`{scope.cls.name}.{scope.name}` {verb} `{short(value)}` into `{key}` on every call and "
+            f"nothing in the class resets it: {what}, growing every step",
             form,
         )
 

@@ -636,7 +636,10 @@ Suppress with `# noqa: TM012`.
     "TM013": """# TM013 forward-keeps-tensors
 
 A module's `forward` adds a tensor it computed to an attribute of the module on every call:
-`self.history.append(out)`, `self.outputs[name] = x`, `self.total = self.total + x.mean()`.
+`self.history.append(out)`, `self.outputs[name] = x`, `self.total = self.total + x.mean()`. The same holds
+for the per-step methods a training framework calls with autograd on, in a class with a base: Lightning's
+and HF Trainer's `training_step`, HF Trainer's `compute_loss` (`self.kept_logits.append(outputs.logits)`);
+not `validation_step`, which Lightning runs under `no_grad`.
 
 ## Why
 

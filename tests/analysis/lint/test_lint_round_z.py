@@ -219,3 +219,64 @@ def test_a_helper_called_two_levels_below_no_grad_runs_under_it() -> None:
 
 def test_the_same_helpers_called_with_autograd_on_are_flagged() -> None:
     assert codes(GENERATOR.format(generate="return self._generate(encoder_inputs)"), "gen.py") == ["TM010"]
+
+
+# -- session 21: the per-step methods a framework calls with autograd on, read like a forward (TM013) ----
+HF_TRAINER = """
+import torch
+from transformers import Trainer
+
+
+class MyTrainer(Trainer):
+    kept_logits = []
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(**inputs)
+        self.kept_logits.append({kept})
+        return outputs.loss
+"""
+
+LIGHTNING = """
+import torch
+import lightning as L
+
+
+class Model(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(8, 1)
+        self.losses = []
+
+    def {method}(self, batch, batch_idx):
+        loss = self.net(batch).square().mean()
+        self.losses.append({kept})
+        return loss
+{more}
+"""
+
+
+def test_a_trainer_that_keeps_each_steps_logits_is_flagged() -> None:
+    assert codes(HF_TRAINER.format(kept="outputs.logits"), "train.py") == ["TM013"]
+    found = lint_source(textwrap.dedent(HF_TRAINER.format(kept="outputs.logits")), "train.py")[0]
+    assert (
+        "`MyTrainer.compute_loss` stores `outputs.logits`" in found.message and "forward" not in found.message
+    )
+
+
+def test_a_lightning_training_step_that_keeps_its_loss_is_flagged() -> None:
+    assert codes(LIGHTNING.format(method="training_step", kept="loss", more=""), "m.py") == ["TM013"]
+
+
+def test_kept_numbers_detached_tensors_cleared_lists_and_validation_steps_are_not() -> None:
+    assert codes(HF_TRAINER.format(kept="outputs.logits.detach().cpu()"), "train.py") == []
+    assert codes(LIGHTNING.format(method="training_step", kept="loss.item()", more=""), "m.py") == []
+    assert codes(LIGHTNING.format(method="training_step", kept="loss.detach()", more=""), "m.py") == []
+    cleared = "\n    def on_train_epoch_end(self):\n        self.losses.clear()\n"
+    assert codes(LIGHTNING.format(method="training_step", kept="loss", more=cleared), "m.py") == []
+    # Lightning runs validation_step under no_grad: what it keeps has no graph
+    assert codes(LIGHTNING.format(method="validation_step", kept="loss", more=""), "m.py") == []
+    # a plain class whose method is only named so
+    plain = LIGHTNING.format(method="training_step", kept="loss", more="").replace(
+        "class Model(L.LightningModule):", "class Model:"
+    )
+    assert codes(plain, "m.py") == []
