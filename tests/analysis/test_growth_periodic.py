@@ -105,3 +105,14 @@ def test_jumps_below_the_threshold_are_said_with_their_period_and_the_option() -
     )  # read every 10 steps: 25 +- the grid
     assert "one-time" not in reason and "--min-growth" in reason, reason
     assert 0.8 * 4 * MiB / 25 < rate < 1.2 * 4 * MiB / 25
+
+
+def test_steady_growth_read_every_few_steps_is_not_said_to_come_in_jumps() -> None:
+    """+80 KiB every step, read every 12 steps: each reading sees a rise of ~1 MiB. Below the threshold it is
+    said to rise at every reading, not "every 12 steps, flat between"."""
+    t = GrowthTrack(256 * KiB, warmup=3)
+    for step in range(12, 601, 12):
+        t.add(step, 100 * MiB + 80 * KiB * step)
+    verdict, reason, _, _ = t.verdict(600, 12)
+    assert verdict == "below_threshold", (verdict, reason)
+    assert "flat between" not in reason, reason

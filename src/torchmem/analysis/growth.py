@@ -540,11 +540,12 @@ def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tu
     readings of at least the threshold, oldest first, since the figure last fell by as much (a jump happened
     somewhere between those two readings: each gap is judged over that range, so a grid of readings coarser
     than the jumps' period does not hide it); ``step``/``value``: the newest reading. The last 4 to 8 jumps
-    must agree in size (each within 0.5x..2x of their median) and in spacing (each gap can be within
-    0.5x..2x of the mean gap), nothing of them may have been given back since (the figure now is at least
-    3/4 of their sum above where the first began), and the newest reading may not lie more than 1.5 gaps
-    after the last jump: growth that stopped for two of its own periods is not periodic any more. The rate
-    is the jumps after the first over the steps they span; the period, the median jump over the rate.
+    must agree in size (each within 0.5x..2x of their median, times the periods its two readings span) and
+    in spacing (each gap can be within 0.5x..2x of the mean gap), nothing of them may have been given back
+    since (the figure now is at least 3/4 of their sum above where the first began), and the newest reading
+    may not lie more than 1.5 gaps after the last jump: growth that stopped for two of its own periods is
+    not periodic any more. The rate is the jumps after the first over the steps they span; the period, the
+    median jump over the rate.
 
     Example:
         >>> periodic_rate([(25 * k, 4 << 20, (4 << 20) * k) for k in range(1, 6)], 130, 5 * (4 << 20))
@@ -561,8 +562,12 @@ def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tu
     size, gap = _median(sizes), (at[-1] - at[0]) / (len(at) - 1)  # the mean gap: the grid averages out
     if gap <= 0 or step - at[-1] > 1.5 * gap:
         return None
-    if any(not 0.5 * size <= v <= 2 * size for v in sizes):
-        return None
+    # each jump is 0.5x..2x of the median, times the periods (the shortest gap seen) its two readings span:
+    # a stride that widened late in the run reads several jumps as one
+    shortest = max(1, min(b - a for a, b in itertools.pairwise(at)))
+    for v, a, b in zip(sizes, at, since):
+        if not 0.5 * size <= v <= 2 * size * max(1, math.ceil((a - b) / shortest)):
+            return None
     for i in range(len(at) - 1):  # the gap lies between (since[i+1] - at[i]) and (at[i+1] - since[i])
         if at[i + 1] - since[i] < 0.5 * gap or since[i + 1] - at[i] > 2 * gap:
             return None
@@ -570,6 +575,17 @@ def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tu
         return None
     rate = sum(sizes[1:]) / (at[-1] - at[0])
     return rate, int(size), size / rate  # (the period: two jumps read as one count as one, twice the size)
+
+
+def periodic_words(jumps: Sequence[tuple[int, ...]], size: float, period: float) -> str:
+    """How growth of ``size`` every ``period`` steps was seen: in jumps with flat readings between them, or
+    at every reading (steady growth read every few steps looks the same to :func:`periodic_rate`, and is
+    not called periodic)."""
+    use = list(jumps)[-8:]
+    flat_between = any(len(b) > 3 and b[3] > a[0] for a, b in itertools.pairwise(use))
+    if flat_between:
+        return f"rises by about {fmt_bytes(size)} every {period:.0f} steps, flat between"
+    return f"rises at every reading, about {fmt_bytes(size)} every {period:.0f} steps"
 
 
 def _periodic_growth(jumps: Sequence[tuple[int, ...]], step: int, value: int, thr: float) -> Growth | None:
@@ -588,7 +604,7 @@ def _periodic_growth(jumps: Sequence[tuple[int, ...]], step: int, value: int, th
         0.5 + len(use) / 16,
         "periodic",
         len(use),
-        f"rose by about {fmt_bytes(size)} every {gap:.0f} steps, {len(use)} times, and never gave it back",
+        f"{periodic_words(use, size, gap)}, {len(use)} times, and never gave it back",
         "leak",
         rate,
         thr,
@@ -685,6 +701,11 @@ class GrowthStream:
         return periodic_rate(self._jumps, self.steps[-1], self.values[-1])
 
     @property
+    def jumps(self) -> tuple[tuple[int, int, int, int], ...]:
+        """The jumps the periodic test judges (``(step, rise, value before, step of the reading before)``)."""
+        return tuple(self._jumps)
+
+    @property
     def rose(self) -> bool:
         """Whether the newest reading rose at 0.8x the threshold's rate or more since the one before."""
         return self._rises > 0
@@ -698,10 +719,17 @@ class GrowthStream:
         else:
             self._rises = 0
         rise = value - self._last_value
-        if self.added and rise >= self.min_bytes_per_step:
-            self._jumps.append((step, rise, self._last_value, int(self._last_step)))
-        elif self.added and -rise >= self.min_bytes_per_step:
-            self._jumps.clear()  # memory given back: the jumps before are no evidence of a leak
+        if self.added and abs(rise) >= self.min_bytes_per_step:
+            # a rise or fall under 4 thresholds and under a quarter of the jumps seen so far is noise beside
+            # them (a low threshold meets the program's small allocations): it neither adds a jump nor clears
+            jumps = self._jumps
+            noise = 0.0
+            if len(jumps) >= 3:
+                noise = min(0.25 * _median([j[1] for j in jumps]), 4 * self.min_bytes_per_step)
+            if rise >= max(self.min_bytes_per_step, noise):
+                jumps.append((step, rise, self._last_value, int(self._last_step)))
+            elif -rise >= max(self.min_bytes_per_step, noise):
+                jumps.clear()  # memory given back: the jumps before are no evidence of a leak
         self._last_step = step
         self._last_value = value
         steps, values = self.steps, self.values
@@ -755,6 +783,7 @@ __all__ = [
     "detect_growth",
     "inner_growth",
     "periodic_rate",
+    "periodic_words",
     "short_run_growth",
     "suggested_threshold",
 ]

@@ -11,7 +11,12 @@ the threshold (with the value that would report it), stopped, or growth inside e
 from __future__ import annotations
 
 from torchmem._format import fmt_bytes
-from torchmem.analysis.growth import STEADY_READINGS, WINDOW_READINGS, below_threshold_reason
+from torchmem.analysis.growth import (
+    STEADY_READINGS,
+    WINDOW_READINGS,
+    below_threshold_reason,
+    periodic_words,
+)
 from torchmem.analysis.leaks import (
     STEADY_EVIDENCE,
     GrowthStream,
@@ -169,7 +174,7 @@ class GrowthTrack:
                 # hold only a few of them and call the last "a one-time rise")
                 rate, size, gap = periodic
                 reason = (
-                    f"rises by about {fmt_bytes(size)} every {gap:.0f} steps and never gives it back; "
+                    f"{periodic_words(self.stream.jumps, size, gap)}, and never gives it back; "
                     + below_threshold_reason(rate, self.min_bytes_per_step)
                 )
                 g = Growth(

@@ -18,7 +18,9 @@ from torchmem.lint._imported import forward_off
 from torchmem.lint._rules import WARNING, severity
 from torchmem.lint._syntax import (
     METER_NAMES,
+    OPT_NAMES,
     RANK_VARS,
+    SCHEDULER_NAMES,
     TENSOR,
     container_key,
     dotted,
@@ -145,8 +147,10 @@ class Rules(ForwardChecks, WorkerChecks):
 
     def _on_empty_cache(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         loop = ctx.loop
-        if loop is None or not loop.direct_trains or ctx.guard is loop or ctx.in_handler:
+        if loop is None or not loop.direct_trains or ctx.in_handler:
             return
+        if ctx.guard is loop and not _with_optimizer_step(loop.node, node):
+            return  # `if i % 100 == 0: empty_cache()`; not `if acc >= n: opt.step(); ...` (round AA)
         if self.fixed_cases(loop, scope):
             return  # between listed cases of different shapes (a test's configurations), not every step
         # "optimizer-step" (shown by default): the loop steps an optimizer and trains the same model on
@@ -609,6 +613,31 @@ def check_tree(tree: ast.Module, path: str) -> list[RawFinding]:
     """Every finding in one parsed module, unfiltered (suppression and selection come after)."""
     walker = Walker(tree, path)
     return Rules(walker).run()
+
+
+def _with_optimizer_step(loop: ast.AST, call: ast.AST) -> bool:
+    """Whether the innermost ``if`` arm of ``loop`` that holds ``call`` also steps an optimizer
+    (``opt.step()``, ``scaler.step(optimizer)``): the call then runs on every optimizer step of a loop that
+    accumulates gradients (Marigold's trainers, round AA)."""
+    line = node_line(call)
+    best: list[ast.stmt] | None = None
+    for n in ast.walk(loop):
+        if not isinstance(n, ast.If) or n is loop:
+            continue
+        for arm in (n.body, n.orelse):
+            inside = arm and arm[0].lineno <= line <= (arm[-1].end_lineno or arm[-1].lineno)
+            if inside and (best is None or arm[0].lineno >= best[0].lineno):
+                best = arm
+    if best is None:
+        return False
+    for stmt in best:
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step":
+                recv = last_name(n.func.value)
+                arg = last_name(n.args[0]) if n.args else ""
+                if (OPT_NAMES.search(recv) and not SCHEDULER_NAMES.search(recv)) or OPT_NAMES.search(arg):
+                    return True
+    return False
 
 
 def _under_no_grad_closure(w: Walker) -> None:

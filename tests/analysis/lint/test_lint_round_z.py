@@ -280,3 +280,35 @@ def test_kept_numbers_detached_tensors_cleared_lists_and_validation_steps_are_no
         "class Model(L.LightningModule):", "class Model:"
     )
     assert codes(plain, "m.py") == []
+
+
+# -- round AA (Marigold's trainers, a recall miss): empty_cache() in the `if` that steps the optimizer -----
+ACCUMULATE = """
+import torch
+
+
+def train(model, loader, optimizer, n):
+    acc = 0
+    for batch in loader:
+        loss = model(batch).mean() / n
+        loss.backward()
+        acc += 1
+        if {test}:
+            {step}
+            optimizer.zero_grad()
+            acc = 0
+            torch.cuda.empty_cache()
+"""
+
+
+def test_empty_cache_in_the_if_that_steps_the_optimizer_runs_every_optimizer_step() -> None:
+    assert codes(ACCUMULATE.format(test="acc >= n", step="optimizer.step()"), "t.py") == ["TM003"]
+    assert codes(ACCUMULATE.format(test="acc >= n", step="scaler.step(optimizer)"), "t.py") == ["TM003"]
+
+
+def test_empty_cache_in_an_if_that_steps_no_optimizer_is_periodic_and_not_flagged() -> None:
+    """`if i % 100 == 0: empty_cache()` beside a step made elsewhere: now and then, not every step."""
+    src = ACCUMULATE.format(test="acc >= n", step="lr_scheduler.step()").replace(
+        "        loss.backward()\n", "        loss.backward()\n        optimizer.step()\n"
+    )
+    assert codes(src, "t.py") == []
