@@ -633,3 +633,43 @@ def test_cpu_tensors_kept_are_named_in_a_process_with_a_large_heap() -> None:
     assert r.leaking, str(r)
     assert any("'kept'" in str(c.holder) for c in r.culprits), str(r)
     assert len(ballast) == 50_000 and len(kept) == 40
+
+
+def _device_graphs_kept(steps: int, graph: bool) -> tuple[LeakReport, list[torch.Tensor]]:
+    """A training step whose logits (8 x 2 floats) are kept each step after the backward, moved to another
+    device (``meta`` stands for the GPU: the host watcher of a GPU run): with their graph, ~100 autograd nodes
+    a step stay on the host (a Trainer subclass's ``compute_loss`` keeping its logits, session 21); detached,
+    nothing of the host's grows."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(24)], torch.nn.Linear(16, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    kept: list[torch.Tensor] = []
+    w = HostWatcher(max_stride=1, holder_time_limit=30.0)
+    w.cpu_tensors = True  # a GPU run's host watcher
+    w.start()
+    for _ in range(steps):
+        logits = model(torch.randn(8, 16))
+        logits.square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        out = logits.to("meta")
+        kept.append(out if graph else out.detach())
+        w.step()
+    w.stop()
+    return w.report(), kept
+
+
+def test_device_tensors_kept_with_their_graph_after_backward_are_named_on_the_host() -> None:
+    r, kept = _device_graphs_kept(80, graph=True)
+    _clean_after(r)
+    named = [c for c in r.culprits if c.kind == RETAINED_GRAPH and "kept" in str(c.holder)]
+    assert named, str(r)
+    assert "its nodes on the host" in named[0].fix and "x.detach()" in named[0].fix, named[0].fix
+    assert named[0].bytes_per_step > 4096, named[0]  # the nodes, not the 64-byte tensors
+    assert kept[-1].grad_fn is not None
+
+
+def test_device_tensors_kept_detached_are_not_named_on_the_host() -> None:
+    r, _ = _device_graphs_kept(80, graph=False)
+    _clean_after(r)
+    assert not [c for c in r.culprits if "kept" in str(c.holder)], str(r)

@@ -303,7 +303,8 @@ bounded window (`collections.deque(maxlen=...)`), write them out and clear `hist
         )
     if graph:
         return (
-            f"{what}: each carries its autograd graph, whose saved tensors stay alive with it; keep "
+            f"{what}: each carries its autograd graph (its nodes on the host, its saved tensors until a "
+            "backward frees them); keep "
             f"`x.detach()` (or compute it under `torch.no_grad()`), or numbers (`.item()`, `.tolist()`)"
         )
     if is_tensor:

@@ -50,10 +50,11 @@ class HostKept:
 def kept_items(
     found: dict[int, Any], lens: dict[int, tuple[int, ...]], steps: int, cpu_tensors: bool = False
 ) -> list[HostKept]:
-    """The containers that grew at every scan and keep at least 256 B per step (a few, most bytes per step
-    first), with their newest entries (numpy arrays, strings, lists, dicts, ...; tensors are the device
-    report's, CPU tensors too unless ``cpu_tensors``: a run that watches a GPU): instance counts per type
-    cannot see untracked objects, and mix a type's new instances of every holder."""
+    """The containers that grew at every scan and keep at least 256 B per step, or tensors with their
+    autograd graphs (a few, most bytes per step first), with their newest entries (numpy arrays, strings,
+    lists, dicts, ...; tensors are the device report's, CPU tensors too unless ``cpu_tensors``: a run that
+    watches a GPU): instance counts per type cannot see untracked objects, and mix a type's new instances
+    of every holder."""
     rows: list[HostKept] = []
     for i, ls in lens.items():
         if len(ls) < 3 or not ls[2] > ls[1] > ls[0]:
@@ -65,7 +66,11 @@ def kept_items(
         exact = [o for _, o in entries if type(o).__module__ != "builtins"]
         sites = collections.Counter(s for s in map(creation_line, exact) if s)
         row = HostKept(c, entries, ls, sites.most_common(1)[0][0] if sites else None)
-        if row.size * (ls[-1] - ls[0]) / max(1, steps) >= 256:
+        # (entries that carry an autograd graph keep its nodes, which their size does not count: a kept
+        # 64-byte logits tensor holds ~100 nodes on the host)
+        if row.size * (ls[-1] - ls[0]) / max(1, steps) >= 256 or any(
+            _has_graph(t) for t in _tensors_in_entries(row.items)
+        ):
             rows.append(row)
     rows.sort(key=lambda r: -r.size * (r.lens[-1] - r.lens[0]))
     return rows[:MAX_TYPES]

@@ -165,15 +165,24 @@ def newest(container: Any, k: int) -> list[tuple[Any, Any]]:
 
 def kept_entries(entries: Sequence[tuple[Any, Any]], cpu_tensors: bool = False) -> list[tuple[Any, Any]]:
     """The entries that say what a container keeps: tensors aside (their memory is the device report's; CPU
-    tensors stay where ``cpu_tensors``: a run that watches a GPU does not watch the CPU's), and values the
-    whole interpreter shares (``None``, small ints: nothing keeps them per step)."""
+    tensors stay where ``cpu_tensors``: a run that watches a GPU does not watch the CPU's; tensors with an
+    autograd graph stay on any device: its nodes are the host's), and values the whole interpreter shares
+    (``None``, small ints: nothing keeps them per step)."""
     return [
         (k, o)
         for k, o in entries
         if not isinstance(o, type)
-        and (not isinstance(o, torch.Tensor) or (cpu_tensors and _on_cpu(o)))
+        and (not isinstance(o, torch.Tensor) or (cpu_tensors and _on_cpu(o)) or _carries_graph(o))
         and _shared_value(o) is None
     ]
+
+
+def _carries_graph(t: torch.Tensor) -> bool:
+    """A tensor with a ``grad_fn``: on any device, its graph's autograd nodes are on the host."""
+    try:
+        return t.grad_fn is not None
+    except Exception:  # a tensor subclass that refuses
+        return False
 
 
 def _on_cpu(t: torch.Tensor) -> bool:
@@ -211,8 +220,8 @@ def measure(o: Any) -> tuple[int, dict[str, int]]:
         except Exception:
             continue
         nbytes = getattr(x, "nbytes", None)
-        if isinstance(nbytes, int) and nbytes > size:
-            size += nbytes
+        if isinstance(nbytes, int) and nbytes > size and not (isinstance(x, torch.Tensor) and not _on_cpu(x)):
+            size += nbytes  # (a device tensor's bytes are not the host's)
         total += size
         if x is not o:
             name = type(x).__name__

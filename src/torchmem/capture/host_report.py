@@ -10,11 +10,18 @@ from collections.abc import Sequence
 from torchmem._format import fmt_bytes
 from torchmem.analysis.growth import STEADY_READINGS
 from torchmem.analysis.host import PYTHON_OBJECTS
-from torchmem.analysis.host_state import ANOMALY, CUDNN_BENCHMARK, MEMORY_HISTORY, PROFILER, checked_note
+from torchmem.analysis.host_state import (
+    ANOMALY,
+    CUDNN_BENCHMARK,
+    MEMORY_HISTORY,
+    NODE_BYTES,
+    PROFILER,
+    checked_note,
+)
 from torchmem.analysis.leak_fixes import RETAINED_GRAPH
 from torchmem.analysis.leaks import detect_growth, detect_run_growth
 from torchmem.capture.host_readings import HostReadings
-from torchmem.capture.host_scan import NODE_BYTES, HostNodeCounts, HostScanner
+from torchmem.capture.host_scan import HostNodeCounts, HostScanner
 from torchmem.capture.host_schedule import HostSchedule
 from torchmem.capture.host_trace import HostTracer
 from torchmem.capture.host_walk import short
