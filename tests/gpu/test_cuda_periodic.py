@@ -92,3 +92,42 @@ def test_the_same_loops_keeping_numbers_or_one_snapshot_are_not(tmp_path: Path, 
     out, _ = _run(tmp_path, name)
     assert out.returncode == 0, out.stderr
     assert "LEAK" not in out.stderr and "below the leak threshold" not in out.stderr, out.stderr
+
+
+GRAPHS_AFTER_BACKWARD = textwrap.dedent(
+    """
+    import torch; nn = torch.nn
+    dev = torch.device("cuda", 0)
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(24)], nn.Linear(64, 2)).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    kept = []
+    for step in range(240):
+        logits = model(torch.randn(8, 64, device=dev))
+        logits.square().mean().backward(); opt.step(); opt.zero_grad(set_to_none=True)
+        kept.append(logits{detach})  # a 64-byte tensor a step; with its graph, ~75 nodes on the host
+    """
+)
+
+
+@pytest.mark.parametrize("detach", ["", ".detach()"])
+def test_device_tensors_kept_with_their_graph_are_named_on_the_host(tmp_path: Path, detach: str) -> None:
+    """Each step's logits kept after the backward: the device grows by 512 B a step (below any threshold),
+    the host by the graph's nodes: named on the host with holder, line and the detach fix; detached, not."""
+    script = tmp_path / "kept.py"
+    script.write_text(GRAPHS_AFTER_BACKWARD.replace("{detach}", detach))
+    out = subprocess.run(
+        [sys.executable, "-m", "torchmem", "run", str(script)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=SRC),
+        cwd=tmp_path,
+        check=False,
+    )
+    print(out.stderr[-3000:])
+    assert out.returncode == 0, out.stderr
+    if detach:
+        assert "LEAK on host" not in out.stderr and "retained_graph" not in out.stderr, out.stderr
+    else:
+        assert "LEAK on host" in out.stderr and "retained_graph" in out.stderr, out.stderr
+        assert "__main__.kept[" in out.stderr, out.stderr
+        assert "kept.py:8" in out.stderr or "kept.py:10" in out.stderr, out.stderr  # made, or kept
