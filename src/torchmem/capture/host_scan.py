@@ -529,8 +529,7 @@ class HostScanner:
         floor = max(256.0, 0.02 * min(rates)) if rates else 256.0
         objects: tuple[Culprit, ...] = ()
         if self.object_facts:
-            facts = self._with_graph_nodes(self.object_facts, heap)
-            objects = object_culprits(facts, min_bytes_per_step=floor, steps=steps)
+            objects = object_culprits(self.object_facts, min_bytes_per_step=floor, steps=steps)
             culprits += objects
         self.state_notes = ()
         if self._state_facts is not None:
@@ -552,22 +551,6 @@ class HostScanner:
                 )
         culprits.sort(key=lambda c: -c.bytes_per_step)
         return tuple(culprits)
-
-    def _with_graph_nodes(self, facts: tuple[ObjectFact, ...], heap: float) -> tuple[ObjectFact, ...]:
-        """``facts`` with the autograd nodes of the graphs their tensors keep counted in their size: a list
-        that keeps each step's logits with their graph after the backward (a Trainer subclass's
-        ``compute_loss``, session 21) grows by a 64-byte tensor a step and ~100 autograd nodes on the host.
-        The live nodes added per step, where no chain explains them, are shared among the growing entries
-        that carry a graph (no more than the host figure's growth)."""
-        nodes = self._account.nodes_per_step
-        graph = [f for f in facts if f.graph]
-        if not graph or self.chain_facts or not nodes or nodes <= 0:
-            return facts
-        added = nodes * NODE_BYTES
-        if heap > 0:
-            added = min(added, heap)
-        each = added / (sum(f.per_step for f in graph) or 1.0)
-        return tuple(dataclasses.replace(f, size_each=f.size_each + each) if f.graph else f for f in facts)
 
     def _end_sequence(self, n: int, *, found: bool) -> None:
         self._scans = []
