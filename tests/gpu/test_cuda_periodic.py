@@ -66,16 +66,21 @@ def _run(tmp: Path, name: str) -> tuple[subprocess.CompletedProcess[str], int]:
     script.write_text(code)
     lines = code.splitlines()
     line = 1 + next(i for i, x in enumerate(lines) if "kept.append(" in x or "best = {" in x)
+    return _torchmem_run(script), line
+
+
+def _torchmem_run(script: Path) -> subprocess.CompletedProcess[str]:
+    """``torchmem run script`` with no flag, in the script's folder; its stderr's end printed."""
     out = subprocess.run(
         [sys.executable, "-m", "torchmem", "run", str(script)],
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=SRC),
-        cwd=tmp,
+        cwd=script.parent,
         check=False,
     )
     print(out.stderr[-3000:])
-    return out, line
+    return out
 
 
 @pytest.mark.parametrize("name", ["val_graphs", "snapshots"])
@@ -115,15 +120,7 @@ def test_device_tensors_kept_with_their_graph_are_named_on_the_host(tmp_path: Pa
     the host by the graph's nodes: named on the host with holder, line and the detach fix; detached, not."""
     script = tmp_path / "kept.py"
     script.write_text(GRAPHS_AFTER_BACKWARD.replace("{detach}", detach))
-    out = subprocess.run(
-        [sys.executable, "-m", "torchmem", "run", str(script)],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, PYTHONPATH=SRC),
-        cwd=tmp_path,
-        check=False,
-    )
-    print(out.stderr[-3000:])
+    out = _torchmem_run(script)
     assert out.returncode == 0, out.stderr
     if detach:
         assert "LEAK on host" not in out.stderr and "retained_graph" not in out.stderr, out.stderr
