@@ -165,14 +165,18 @@ def newest(container: Any, k: int) -> list[tuple[Any, Any]]:
 
 def kept_entries(entries: Sequence[tuple[Any, Any]], cpu_tensors: bool = False) -> list[tuple[Any, Any]]:
     """The entries that say what a container keeps: tensors aside (their memory is the device report's; CPU
-    tensors stay where ``cpu_tensors``: a run that watches a GPU does not watch the CPU's; tensors with an
-    autograd graph stay on any device: its nodes are the host's), and values the whole interpreter shares
+    tensors stay where ``cpu_tensors``: a run that watches a GPU does not watch the CPU's; a device tensor
+    with an autograd graph stays: its nodes are the host's), and values the whole interpreter shares
     (``None``, small ints: nothing keeps them per step)."""
     return [
         (k, o)
         for k, o in entries
         if not isinstance(o, type)
-        and (not isinstance(o, torch.Tensor) or (cpu_tensors and _on_cpu(o)) or _carries_graph(o))
+        and (
+            not isinstance(o, torch.Tensor)
+            or (cpu_tensors and _on_cpu(o))
+            or (not _on_cpu(o) and _carries_graph(o))
+        )
         and _shared_value(o) is None
     ]
 
