@@ -17,7 +17,7 @@ from torchmem.analysis.host import ChainFact, ChainGrowth, ObjectFact
 from torchmem.analysis.host_state import NODE_BYTES, LineGrowth, StateEvidence, closest_line
 from torchmem.analysis.leaks import holder_name, holder_pattern, through_hook
 from torchmem.capture.host_objects import creation_line, kept_entries, measure, newest, type_label
-from torchmem.capture.host_walk import SAMPLES_PER_TYPE, mean_size, short
+from torchmem.capture.host_walk import SAMPLES_PER_TYPE, count_nodes, mean_size, short
 from torchmem.capture.host_windows import HostSiteWindow
 from torchmem.devices._ledger import Site
 from torchmem.results.holders import HolderPath, HolderStep, StepKind
@@ -147,7 +147,7 @@ def name_facts(
         graph = any(_has_graph(t) for t in tensors)
         # an entry that carries a graph keeps its autograd nodes on the host: counted in its size (one
         # entry's graph, walked; the parameters' AccumulateGrad leaves are shared by every step's graph)
-        size = row.size + (graph_nodes(tensors[-1:]) * NODE_BYTES if graph else 0)
+        size = row.size + (count_nodes(tensors[-1:], 0.01, leaves=False)[0] * NODE_BYTES if graph else 0)
         held.append(ObjectFact(label, per_step, size, entry_paths, False, where, graph))
         if not graph and label in _DATA and all(k in _DATA for k in row.inside):
             data_paths.update(str(p) for p in entry_paths if not through_hook(p))
@@ -178,34 +178,6 @@ def _tensors_in_entries(items: Sequence[Any]) -> list[torch.Tensor]:
         except Exception:  # changed while read
             continue
     return out
-
-
-def graph_nodes(tensors: Sequence[torch.Tensor], limit: int = 20_000) -> int:
-    """The autograd nodes the graphs of ``tensors`` hold, their parameters' ``AccumulateGrad`` leaves aside
-    (shared by every step's graph); at most ``limit`` are walked."""
-    seen: set[int] = set()
-    stack: list[Any] = []
-    for t in tensors:
-        try:
-            fn = t.grad_fn
-        except Exception:  # a tensor subclass that refuses
-            continue
-        if fn is not None:
-            stack.append(fn)
-    count = 0
-    while stack and len(seen) < limit:
-        fn = stack.pop()
-        if id(fn) in seen:
-            continue
-        seen.add(id(fn))
-        if type(fn).__name__ == "AccumulateGrad":
-            continue
-        count += 1
-        try:
-            stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
-        except Exception:  # a node that refuses
-            continue
-    return count
 
 
 def _has_graph(t: torch.Tensor) -> bool:

@@ -253,9 +253,10 @@ def tensors_in(objs: list[Any], counts: Mapping[type, int] | None = None) -> lis
     return list(itertools.compress(objs, map(ttypes.__contains__, map(type, objs))))
 
 
-def count_nodes(tensors: Sequence[torch.Tensor], budget: float) -> tuple[int, bool]:
+def count_nodes(tensors: Sequence[torch.Tensor], budget: float, *, leaves: bool = True) -> tuple[int, bool]:
     """Autograd nodes reachable from ``tensors`` (a walk bounded by ``budget`` s of this thread's CPU time:
-    ``(count, capped)``)."""
+    ``(count, capped)``); ``leaves=False`` leaves the parameters' ``AccumulateGrad`` nodes out of the count
+    (every step's graph shares them)."""
     roots = []
     with no_torch_function():
         for t in tensors:
@@ -282,6 +283,8 @@ def count_nodes(tensors: Sequence[torch.Tensor], budget: float) -> tuple[int, bo
                 seen[id(child)] = child
                 stack.append(child)
     n = len(seen)
+    if not leaves:
+        n -= sum(1 for node in seen.values() if type(node).__name__ == "AccumulateGrad")
     seen.clear()
     stack.clear()
     return n, capped
