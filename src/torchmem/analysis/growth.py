@@ -529,8 +529,10 @@ def _staircase_growth(xs: Sequence[int], ys: Sequence[int], thr: float) -> Growt
 
 PERIODIC_JUMPS = 4
 """Jumps the periodic test needs: growth that comes every N steps (a validation pass every 25 steps that
-keeps its outputs) is judged on its last :data:`PERIODIC_JUMPS` to 8 jumps, wherever the readings fell
-between them."""
+keeps its outputs) is judged on its last :data:`PERIODIC_JUMPS` to :data:`PERIODIC_LAST` jumps, wherever the
+readings fell between them."""
+PERIODIC_LAST = 8
+"""The most jumps the periodic test reads (and a stream keeps)."""
 
 
 def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tuple[float, int, float] | None:
@@ -555,7 +557,7 @@ def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tu
     """
     if len(jumps) < PERIODIC_JUMPS:
         return None
-    use = list(jumps)[-8:]
+    use = list(jumps)[-PERIODIC_LAST:]
     at = [j[0] for j in use]
     since = [j[3] if len(j) > 3 else j[0] for j in use]  # the reading before each jump's, where known
     sizes = [j[1] for j in use]
@@ -581,7 +583,7 @@ def periodic_words(jumps: Sequence[tuple[int, ...]], size: float, period: float)
     """How growth of ``size`` every ``period`` steps was seen: in jumps with flat readings between them, or
     at every reading (steady growth read every few steps looks the same to :func:`periodic_rate`, and is
     not called periodic)."""
-    use = list(jumps)[-8:]
+    use = list(jumps)[-PERIODIC_LAST:]
     flat_between = any(len(b) > 3 and b[3] > a[0] for a, b in itertools.pairwise(use))
     if flat_between:
         return f"rises by about {fmt_bytes(size)} every {period:.0f} steps, flat between"
@@ -595,7 +597,7 @@ def _periodic_growth(jumps: Sequence[tuple[int, ...]], step: int, value: int, th
     if found is None:
         return None
     rate, size, gap = found
-    use = list(jumps)[-8:]
+    use = list(jumps)[-PERIODIC_LAST:]
     if rate < thr or sum(j[1] for j in use) < STEADY_EVIDENCE * thr:
         return None
     return Growth(
@@ -629,8 +631,9 @@ class GrowthStream:
     verdict may come up to ``robust_every - 1`` readings late (``robust_every=1``: exactly
     :func:`detect_growth`'s verdict at every reading), and that where neither test finds a leak the periodic
     test (:func:`periodic_rate`) judges the last jumps of the threshold or more between two readings, kept
-    over the whole run (8 at most), not only the window's: a validation pass every 25 steps that keeps its
-    outputs rises once per 25 steps, and a window of 32 readings may hold only three of its jumps.
+    over the whole run (:data:`PERIODIC_LAST` at most), not only the window's: a validation pass every 25
+    steps that keeps its outputs rises once per 25 steps, and a window of 32 readings may hold only three of
+    its jumps.
     ``leaking`` is an attribute (O(1)).
 
     Example:
@@ -692,7 +695,7 @@ class GrowthStream:
         self._min_at: float = -math.inf
         # (step, rise, value before, step of the reading before) of each rise of the threshold or more
         # between two readings, since the figure last fell by as much (the periodic test's evidence; bounded)
-        self._jumps: collections.deque[tuple[int, int, int, int]] = collections.deque(maxlen=8)
+        self._jumps: collections.deque[tuple[int, int, int, int]] = collections.deque(maxlen=PERIODIC_LAST)
 
     def periodic(self) -> tuple[float, int, float] | None:
         """:func:`periodic_rate` of this stream's jumps at its newest reading, whatever the threshold."""
@@ -769,6 +772,7 @@ class GrowthStream:
 
 __all__ = [
     "PERIODIC_JUMPS",
+    "PERIODIC_LAST",
     "ROBUST_EVERY",
     "ROBUST_SAMPLES",
     "SHORT_BAND",
