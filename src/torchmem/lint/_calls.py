@@ -11,7 +11,6 @@ from torchmem.lint._syntax import (
     HOOK_METHODS,
     OPT_NAMES,
     RANK_VARS,
-    SCHEDULER_NAMES,
     SINK_METHODS,
     container_key,
     dotted,
@@ -21,6 +20,7 @@ from torchmem.lint._syntax import (
     keyword_arg,
     last_name,
     names_in,
+    optimizer_step,
     short,
     turns_off_grad,
 )
@@ -132,11 +132,7 @@ class CallEvents:
                 if loop is not None:
                     loop.backwards.append(((call.lineno, call.col_offset), retains))
             elif name == "step" and isinstance(func, ast.Attribute):
-                opt_name = last_name(func.value)
-                # (`self.model_optimizer_scheduler.step()` is a learning-rate scheduler's step, round Z)
-                if (OPT_NAMES.search(opt_name) and not SCHEDULER_NAMES.search(opt_name)) or (
-                    call.args and OPT_NAMES.search(last_name(call.args[0]))
-                ):
+                if optimizer_step(call):
                     scope.trains = True
                     self._mark_training(loop, None, False)
                     for lp in loop.chain() if loop is not None else ():

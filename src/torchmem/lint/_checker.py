@@ -18,9 +18,7 @@ from torchmem.lint._imported import forward_off
 from torchmem.lint._rules import WARNING, severity
 from torchmem.lint._syntax import (
     METER_NAMES,
-    OPT_NAMES,
     RANK_VARS,
-    SCHEDULER_NAMES,
     TENSOR,
     container_key,
     dotted,
@@ -31,6 +29,7 @@ from torchmem.lint._syntax import (
     keyword_arg,
     last_name,
     node_line,
+    optimizer_step,
     short,
 )
 from torchmem.lint._walk import Binding, Ctx, Loop, Scope, Walker, names_in, same_path
@@ -630,14 +629,7 @@ def _with_optimizer_step(loop: ast.AST, call: ast.AST) -> bool:
                 best = arm
     if best is None:
         return False
-    for stmt in best:
-        for n in ast.walk(stmt):
-            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "step":
-                recv = last_name(n.func.value)
-                arg = last_name(n.args[0]) if n.args else ""
-                if (OPT_NAMES.search(recv) and not SCHEDULER_NAMES.search(recv)) or OPT_NAMES.search(arg):
-                    return True
-    return False
+    return any(isinstance(n, ast.Call) and optimizer_step(n) for stmt in best for n in ast.walk(stmt))
 
 
 def _under_no_grad_closure(w: Walker) -> None:

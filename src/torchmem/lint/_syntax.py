@@ -221,6 +221,18 @@ def is_loss_callee(func: ast.AST) -> bool:
     return not words or words[-1] not in _ABOUT_LOSS
 
 
+def optimizer_step(call: ast.Call) -> bool:
+    """``opt.step()`` or ``scaler.step(optimizer)``: a call named ``step`` on a receiver named like an
+    optimizer (not a scheduler: ``self.model_optimizer_scheduler.step()``, round Z), or given one."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr == "step"):
+        return False
+    recv = last_name(func.value)
+    if OPT_NAMES.search(recv) and not SCHEDULER_NAMES.search(recv):
+        return True
+    return bool(call.args) and OPT_NAMES.search(last_name(call.args[0])) is not None
+
+
 def no_grad_item(expr: ast.AST) -> int:
     """1 when a ``with`` item (or decorator) turns autograd off, -1 when it may (a variable), else 0."""
     if isinstance(expr, ast.IfExp):
