@@ -7,6 +7,8 @@ the host: growth only containers of detached data keep (or nothing named) is sai
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from torchmem.results.leaks import Culprit, LeakReport
@@ -84,3 +86,45 @@ def test_training_graphs_states_hooks_unnamed_growth_and_the_cpu_keep_the_host_l
     state = _host(1 * MiB, _kept("profiler_running", "__main__.prof"))
     assert host_verdict(state, None, GPU, backward=False, data=data).leaking
     assert host_verdict(rows, None, torch.device("cpu"), backward=False, data=data).leaking  # the CPU's rules
+
+
+SAMPLES = "__main__.samples[0].grad_fn -> saved tensor of MmBackward0"
+
+
+def _device_leak(*culprits: Culprit) -> LeakReport:
+    series = tuple((s, 1024 * MiB + 10 * MiB * s) for s in range(4, 30, 2))
+    return LeakReport(
+        "cuda:0", "allocated", "light", 29, 3, True, 10 * MiB, 1.0, 12, None, "grew", culprits, series
+    )
+
+
+def test_host_growth_held_through_the_graphs_the_device_names_is_that_leak_said_once() -> None:
+    """A GPU inference loop keeping every 10th output with its graph: the device names `samples` (retained
+    graph); the host saw Python objects grow, held through a kept graph (the loop's `logits` variable,
+    `.grad_fn -> saved tensor ...`) — the same leak: not a second one whose fix speaks of `.item()`."""
+    device = _device_leak(
+        _kept("retained_graph", "__main__.samples[0].grad_fn -> saved tensor of MmBackward0")
+    )
+    objects = _kept("python_objects", "__main__.logits.grad_fn -> saved tensor of EmbeddingBackward0")
+    r = host_verdict(_host(1.5 * KiB, objects), device, GPU, backward=False)
+    assert not r.leaking and r.verdict == "device_graphs" and r.culprits == (), r
+    assert "`__main__.samples[0]`" in r.reason and "autograd graphs" in r.reason, r.reason
+    assert str(r).startswith("no other leak on host over 29 steps: host memory grew by 1.50 KiB/step"), str(r)
+    # a kept graph the host names itself (session 21's Trainer) beside a device graph leak: the same
+    graph = _kept("retained_graph", "__main__.samples[42]")
+    assert host_verdict(_host(50 * KiB, graph), device, GPU, backward=True).verdict == "device_graphs"
+
+
+def test_host_growth_with_a_holder_of_its_own_stays_a_leak_beside_a_device_graph_leak() -> None:
+    device = _device_leak(
+        _kept("retained_graph", "__main__.samples[0].grad_fn -> saved tensor of MmBackward0")
+    )
+    rows = _kept("python_objects", "__main__.loss_rows[21]")  # no graph: a container of its own
+    assert host_verdict(_host(128 * KiB, rows), device, GPU, backward=True).leaking
+    # a device leak that keeps no graph does not account for host graphs
+    plain = _device_leak(_kept("device_accumulation", "__main__.outs[3]"))
+    graph = _kept("retained_graph", "__main__.samples[42]")
+    assert host_verdict(_host(50 * KiB, graph), plain, GPU, backward=True).leaking
+    # nor does a device report that is no leak
+    quiet = dataclasses.replace(device, leaking=False, verdict="flat")
+    assert host_verdict(_host(50 * KiB, graph), quiet, GPU, backward=True).leaking

@@ -116,3 +116,36 @@ def test_steady_growth_read_every_few_steps_is_not_said_to_come_in_jumps() -> No
     verdict, reason, _, _ = t.verdict(600, 12)
     assert verdict == "below_threshold", (verdict, reason)
     assert "flat between" not in reason, reason
+
+
+def test_jumps_that_resume_after_a_flat_stretch_clear_the_stopped_verdict() -> None:
+    """A loop that ran fast at first (+1 MiB every step: a leak), paused, then keeps 1.5 MiB every 10 steps
+    (below the 256 KiB/step threshold): growth did not stop. The watcher had said "growth seen at step 60
+    stopped at step 100" to the end of a run whose memory still rose every 10 steps; now the jumps after the
+    flat stretch clear it, and the verdict is the growth below the threshold with its period."""
+    t = GrowthTrack(256 * KiB, warmup=3)
+    value = 1024 * MiB  # (a total that doubles the figure would be a leak whatever the rate)
+    stopped = None
+    for step in range(1, 601):
+        if step <= 60:
+            value += MiB
+        elif step > 150 and step % 10 == 0:
+            value += 3 * MiB // 2
+        if step % 5 == 0:
+            t.add(step, value)
+        if step == 150:
+            stopped = t.stopped_at
+    assert t.detected_at is not None and stopped is not None  # the first growth did stop, for a while
+    assert t.stopped_at is None
+    verdict, reason, _, _ = t.verdict(600, 5)
+    assert verdict == "below_threshold", (verdict, reason)
+    assert "1.50 MiB every 10 steps, flat between" in reason, reason
+
+
+def test_growth_that_stopped_stays_stopped_when_nothing_rises_after() -> None:
+    """Must not: the same first growth, then flat to the end — stopped, whatever the readings."""
+    t = GrowthTrack(256 * KiB, warmup=3)
+    for step in range(5, 601, 5):
+        t.add(step, 1024 * MiB + MiB * min(step, 60))
+    assert t.detected_at is not None and t.stopped_at is not None
+    assert t.verdict(600, 5)[0] == "stopped"

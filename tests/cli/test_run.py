@@ -448,3 +448,32 @@ def test_min_growth_takes_a_positive_size_only(tmp_path: Path, capsys: pytest.Ca
         err = capsys.readouterr().err
         assert "--min-growth" in err and "a positive size such as 4KiB" in err, err
         assert "ran" not in capsys.readouterr().out
+
+
+KEPT_OUTPUTS = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.LayerNorm(512), nn.Linear(512, 1000))
+x = torch.randn(256, 256)
+samples = []
+for i in range(300):
+    logits = model(x)  # no torch.no_grad(): every output has its graph
+    if i % 5 == 0:
+        samples.append(logits)
+"""
+
+
+def test_outputs_kept_every_5_steps_without_no_grad_are_a_retained_graph(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A newcomer's inference loop keeping every 5th output: the holder path ends at the output (no
+    ``.grad_fn`` hop), but its graph holds the activations: a retained graph, fixed by ``torch.no_grad()``
+    — not "accumulates CPU tensors: keep numbers (.item())" (said of a 1 MB output)."""
+    script = _write(tmp_path, "infer.py", KEPT_OUTPUTS)
+    assert main(["run", "--no-status", "-o", str(tmp_path / "a.jsonl"), str(script)]) == 0
+    err = capsys.readouterr().err
+    assert "LEAK on cpu" in err and "retained_graph" in err and "__main__.samples[" in err, err
+    assert "torch.no_grad()" in err and "no backward() ran" in err and ".item()" not in err, err
+    assert "stopped" not in err and "device_accumulation" not in err, err

@@ -36,7 +36,7 @@ from torchmem.analysis.leak_fixes import (
     grad_graph_fix,
     metric_state_fix,
 )
-from torchmem.results.holders import HolderPath, HolderStep, StepKind
+from torchmem.results.holders import GRAPH_NODES, GRAPH_SAVED, HolderPath, HolderStep, StepKind
 from torchmem.results.leaks import Culprit, SiteGrowth
 
 
@@ -260,15 +260,21 @@ def _kind(g: SiteGrowth, main: Sequence[HolderPath] = (), carried: Collection[st
         return CYCLE
     if any(_through_exception(p) for p in paths):
         return EXCEPTION
-    graph = g.saved_bytes > 0 or any(_GRAPH_HOPS.intersection(p.kinds) for p in paths)
+    # A tensor held with its graph: a hop into the graph, or a kept output whose graph still holds the
+    # tensors it saved for backward (the path ends at the output; the activations hang from it).
+    graph = (
+        g.saved_bytes > 0
+        or any(_GRAPH_HOPS.intersection(p.kinds) for p in paths)
+        or any(p.graph == GRAPH_SAVED for p in paths)
+    )
     if any(through_hook(p) for p in paths):
         return HOOK
     if graph:
         # One variable whose graph grows (no container item before the grad_fn hop), or a container.
-        holders = [_before(p, frozenset({StepKind.GRAD_FN})) for p in paths if StepKind.GRAD_FN in p.kinds]
+        holders = [_before(p, frozenset({StepKind.GRAD_FN})) for p in paths if _holds_graph(p)]
         if holders and not any(_has_item(h) for h in holders):
             return GRAPH_CHAIN
-        if _carried_state([p for p in main if StepKind.GRAD_FN in p.kinds], carried):
+        if _carried_state([p for p in main if _holds_graph(p)], carried):
             return GRAPH_CHAIN
         return RETAINED_GRAPH
     if g.storages_per_step < 0.5 and g.bytes_per_step > 0:
@@ -290,6 +296,12 @@ def _kind(g: SiteGrowth, main: Sequence[HolderPath] = (), carried: Collection[st
     if not _in_frame(path, head) and _module_level_container(path, head):
         return GLOBAL
     return CACHE if keyed else ACCUMULATION
+
+
+def _holds_graph(p: HolderPath) -> bool:
+    """The path reaches a graph: through a ``.grad_fn`` hop, or it ends at a tensor whose graph keeps what
+    it saved for backward."""
+    return StepKind.GRAD_FN in p.kinds or p.graph == GRAPH_SAVED
 
 
 def _growing_key_type(paths: Sequence[HolderPath]) -> str | None:
@@ -505,6 +517,10 @@ def attribute(
                     device=device,
                     backward=backward,
                     state=state,
+                    entry_bytes=per_step / merged.storages_per_step
+                    if unit == "step" and merged.storages_per_step >= 0.5
+                    else None,
+                    nodes=any(p.graph == GRAPH_NODES for p in main),
                 ),
             )
         )

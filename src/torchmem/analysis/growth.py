@@ -536,7 +536,7 @@ PERIODIC_LAST = 8
 
 
 def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tuple[float, int, float] | None:
-    """``(bytes per step, median jump, period in steps)`` of growth that comes in regular jumps, or None.
+    """``(bytes per step, one jump, period in steps)`` of growth that comes in regular jumps, or None.
 
     ``jumps``: ``(step, rise, value before[, step of the reading before])`` of each rise between two
     readings of at least the threshold, oldest first, since the figure last fell by as much (a jump happened
@@ -546,8 +546,8 @@ def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tu
     in spacing (each gap can be within 0.5x..2x of the mean gap), nothing of them may have been given back
     since (the figure now is at least 3/4 of their sum above where the first began), and the newest reading
     may not lie more than 1.5 gaps after the last jump: growth that stopped for two of its own periods is
-    not periodic any more. The rate is the jumps after the first over the steps they span; the period, the
-    median jump over the rate.
+    not periodic any more. The rate is the jumps after the first over the steps they span; one jump, the
+    smallest (a reading that spans two sees both); the period, one jump over the rate.
 
     Example:
         >>> periodic_rate([(25 * k, 4 << 20, (4 << 20) * k) for k in range(1, 6)], 130, 5 * (4 << 20))
@@ -576,7 +576,10 @@ def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tu
     if value - use[0][2] < 0.75 * sum(sizes):
         return None
     rate = sum(sizes[1:]) / (at[-1] - at[0])
-    return rate, int(size), size / rate  # (the period: two jumps read as one count as one, twice the size)
+    # One jump is the smallest seen: readings that span two of them see twice its size (the median of
+    # a coarse grid's readings would give a period too long).
+    base = min(sizes)
+    return rate, int(base), base / rate
 
 
 def periodic_words(jumps: Sequence[tuple[int, ...]], size: float, period: float) -> str:

@@ -23,6 +23,10 @@ KEPT_OPTIMIZER = "kept_optimizer"
 METRIC_STATE = "metric_state"
 UNKNOWN = "unknown"
 
+# One kept tensor above this many bytes is no scalar (a 0-d tensor, or the smallest block a device allocator
+# gives it): ``.item()`` cannot be kept of it.
+SCALAR_BYTES = 512
+
 KINDS = (
     RETAINED_GRAPH,
     GRAPH_CHAIN,
@@ -98,6 +102,8 @@ def fix_for(
     device: str | None = None,
     backward: bool | None = None,
     state: bool = False,
+    entry_bytes: float | None = None,
+    nodes: bool = False,
 ) -> str:
     """The one-line fix for a culprit kind, naming the holder.
 
@@ -106,7 +112,9 @@ def fix_for(
     speaks of CPU tensors and memory, and never suggests ``.cpu()`` copies (they would be the same tensors).
     ``backward``: whether the program ran a backward (``False``: a graph carried from step to step needs
     only ``torch.no_grad()``; ``None``: not known). ``state``: the holder is a structure the loop hands
-    from one iteration to the next (``past`` of a decode loop), not a running total.
+    from one iteration to the next (``past`` of a decode loop), not a running total. ``entry_bytes``: the size
+    of one kept tensor where known (above :data:`SCALAR_BYTES` no ``.item()`` can be kept of it); ``nodes``:
+    the kept tensors still have a ``grad_fn`` (a backward freed what it saved; its nodes stay).
 
     Example:
         >>> fix_for("device_accumulation", "keep", 2**20, unit="s", device="cpu")
@@ -186,12 +194,20 @@ def fix_for(
         )
     if kind == ACCUMULATION:
         every = " every step" if per_step_unit else ""
+        graph = "; each keeps its autograd graph's nodes too: `.detach()` what you keep" if nodes else ""
+        if entry_bytes is not None and entry_bytes > SCALAR_BYTES:
+            instead = (
+                "keep only what you need of each (a reduction, `.argmax(-1)`, a metric's running state)"
+                + ("" if cpu else ", `.cpu()` copies")
+                + " or a bounded number (`collections.deque(maxlen=...)`)"
+            )
+            return f"`{name}` accumulates {tensors}{every} ({rate}): {instead}{graph}"
         instead = (
             "keep numbers (`.item()`) or a running sum"
             if cpu
             else ("keep numbers (`.item()`), `.cpu()` copies, or a running sum")
         )
-        return f"`{name}` accumulates {tensors}{every} ({rate}): {instead} instead"
+        return f"`{name}` accumulates {tensors}{every} ({rate}): {instead} instead{graph}"
     memory = "memory" if cpu else "device memory"
     return f"{memory} born here is never freed ({rate}): find who keeps it with torchmem.holders()"
 

@@ -79,7 +79,14 @@ class GrowthTrack:
             self.stopped_at = None
         elif self.detected_at is not None and self.stopped_at is None and self._flat():
             self.stopped_at = n
+        elif self.stopped_at is not None and self._rose_since(self.stopped_at):
+            self.stopped_at = None  # the flat stretch was the gap between two jumps of regular growth
         return growth
+
+    def _rose_since(self, step: int) -> bool:
+        """Growth in regular jumps (:meth:`GrowthStream.periodic`) went on after ``step``."""
+        jumps = self.stream.jumps
+        return bool(jumps) and jumps[-1][0] > step and self.stream.periodic() is not None
 
     def _over_the_run(self, n: int, value: int, growth: Growth) -> Growth:
         """``growth``, or a leak where growth below ``min_bytes_per_step`` is large over the run.

@@ -24,6 +24,10 @@ from typing import Any
 
 from torchmem.results._dicts import ResultFormatError, from_mapping
 
+# What the autograd graph of a held tensor still keeps (:attr:`HolderPath.graph`).
+GRAPH_SAVED = "saved"
+GRAPH_NODES = "nodes"
+
 
 class StepKind(str, Enum):
     """What one step of a holder path follows (the value is the name stored in ``to_dict()``)."""
@@ -152,6 +156,10 @@ class HolderPath:
         typed_steps: The same steps with their kinds and names, one :class:`HolderStep` per fragment of
             ``steps``. A path built from fragments alone (an older record) gets ``root`` for its first step
             and ``other`` for the rest.
+        graph: What the autograd graph of the held tensor keeps, where the search looked: ``"saved"``
+            (tensors saved for backward: no backward ran through it), ``"nodes"`` (a ``grad_fn`` whose saved
+            tensors a backward freed: only its nodes), ``""`` (no graph, or not looked at). Not part of the
+            path's text.
 
     Example:
         >>> p = HolderPath("module", ("__main__", ".cache", "['x']"), 2)
@@ -174,6 +182,7 @@ class HolderPath:
     steps: tuple[str, ...]
     depth: int
     typed_steps: tuple[HolderStep, ...] = ()
+    graph: str = ""
 
     def __post_init__(self) -> None:
         if not self.typed_steps:
@@ -211,6 +220,7 @@ class HolderPath:
             "steps": list(self.steps),
             "depth": self.depth,
             "typed_steps": [s.to_dict() for s in self.typed_steps],
+            **({"graph": self.graph} if self.graph else {}),
         }
 
     @classmethod

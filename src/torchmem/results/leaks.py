@@ -264,8 +264,9 @@ class LeakReport:
         verdict: ``"leak"``, ``"stopped"`` (growth seen earlier stopped), or why nothing is reported:
             ``"below_threshold"``, ``"no_steps"``, ``"too_few"``, ``"flat"``, ``"shrinking"``, ``"noisy"``
             (see :class:`Growth`), ``"inner_growth"`` (the peak grows inside each call), ``"gathered"`` (a
-            GPU run's host memory holds what an inference loop gathers: its culprits say where); ``""`` in
-            reports written before it existed.
+            GPU run's host memory holds what an inference loop gathers: its culprits say where),
+            ``"device_graphs"`` (a GPU run's host growth is held by the autograd graphs the device's leak
+            report names: the same leak, said once); ``""`` in reports written before it existed.
         trend_per_step: The measured growth per step, also below the threshold (``bytes_per_step`` stays 0
             unless leaking).
         min_bytes_per_step: The reporting threshold the watch used (0: unknown).
@@ -340,6 +341,8 @@ class LeakReport:
             head = f"growth below the leak threshold on {self.device} over {over}: {self.reason}"
         elif self.verdict == "gathered":
             head = f"no leak on {self.device}, results gathered over {over}: {self.reason}"
+        elif self.verdict == "device_graphs":
+            head = f"no other leak on {self.device} over {over}: {self.reason}"
         elif self.verdict in ("no_steps", "too_few"):
             head = f"not enough steps to judge on {self.device}: {self.reason}"
         elif self.verdict == "noisy":

@@ -62,10 +62,11 @@ def timeline_report(
 
 
 def timeline_culprits(
-    device: torch.device, born_before: set[int], rate: float, unit: str = "s"
+    device: torch.device, born_before: set[int], rate: float, unit: str = "s", backward: bool | None = None
 ) -> tuple[tuple[Any, ...], list[str]]:
     """Who holds what grew, without steps: the tensors born during the run (not in ``born_before``) and still
-    alive, their holders named (there is no allocation site: the exact ledger never ran without a step)."""
+    alive, their holders named (there is no allocation site: the exact ledger never ran without a step).
+    ``backward``: whether the program ran a backward (words the fix of a kept graph; ``None``: not known)."""
     from torchmem.analysis.holders.survivors import holder_paths_of_storages
     from torchmem.analysis.leaks import attribute
     from torchmem.results.leaks import SiteGrowth
@@ -82,7 +83,7 @@ def timeline_culprits(
     samples.clear()
     flat = tuple(p for ps in paths for p in ps)
     fact = SiteGrowth(None, rate, live, len(paths), 1.0, flat)
-    culprits = attribute([fact], min_bytes_per_step=0.0, unit=unit, device=str(device))
+    culprits = attribute([fact], min_bytes_per_step=0.0, unit=unit, device=str(device), backward=backward)
     return culprits, [
         "per second: without a step the allocation site is unknown; what holds the tensors born "
         "during the run is named (name the loop's function with --step-marker for the site)"

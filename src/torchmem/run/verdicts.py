@@ -67,7 +67,7 @@ def named(
         )
     else:
         try:
-            culprits, _ = timeline_culprits(device, born_before, rate, unit)
+            culprits, _ = timeline_culprits(device, born_before, rate, unit, backward)
         except Exception:
             culprits = ()
         if culprits:
@@ -137,7 +137,36 @@ def host_verdict(
         )
     if host.leaking and leak is not None and leak.verdict == "inner_growth":
         host = _host_inner(host)  # the device saw growth inside each call: the host's is the same
+    if host.leaking and device.type != "cpu" and leak is not None and leak.leaking:
+        host = _held_by_device_graphs(host, leak)
     return host
+
+
+_GRAPH_KINDS = ("retained_graph", "graph_chain")
+
+
+def _held_by_device_graphs(host: LeakReport, leak: LeakReport) -> LeakReport:
+    """Host growth that the autograd graphs of the device's leak hold (a GPU loop that keeps its outputs
+    with their graphs: the graphs keep the Python objects of the tensors they saved, and their nodes) is
+    that leak, said once: when the device names a kept graph and every host culprit is reached through a
+    graph (a ``.grad_fn`` hop) or is itself a kept graph. Host growth with any other holder stays a leak."""
+    graphs = [c for c in leak.culprits if c.kind in _GRAPH_KINDS]
+    if not graphs or not host.culprits:
+        return host
+    if not all(c.kind in _GRAPH_KINDS or ".grad_fn" in (c.holder or "") for c in host.culprits):
+        return host
+    rate = max(host.bytes_per_step, host.trend_per_step)
+    holders = sorted({c.holder.split(".grad_fn")[0] for c in graphs if c.holder})
+    by = f" (held by `{holders[0]}`)" if len(holders) == 1 else ""
+    return _not_a_leak(
+        host,
+        "device_graphs",
+        rate,
+        f"host memory grew by {fmt_bytes(int(rate))}/step through the autograd graphs that the device's "
+        f"leak report names{by}: their nodes and the Python objects of the tensors they saved stay on the "
+        "host with them; the device report's fix frees both",
+        culprits=(),  # (named from the host's side: the loop's variable, a fix for other objects)
+    )
 
 
 def _host_inner(host: LeakReport) -> LeakReport:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from torchmem.analysis.holders.index import HeapIndex
-from torchmem.results.holders import HolderStep, StepKind
+from torchmem.results.holders import GRAPH_NODES, GRAPH_SAVED, HolderStep, StepKind
 
 # A virtual edge into a target: (the object holding the reference, the steps that name it, its weight).
 VirtualEdge = tuple[Any, tuple[HolderStep, ...], int]
@@ -57,6 +57,57 @@ def saved_attributes(node_type: type) -> tuple[str, ...]:
         )
         _saved_names[node_type] = names
     return names
+
+
+def graph_state(tensors: Sequence[Any], max_nodes: int = 32) -> str:
+    """What the autograd graphs of ``tensors`` keep: ``"saved"`` where a node still holds tensors it saved
+    for backward (no backward ran through it: the activations stay with it), ``"nodes"`` where they have a
+    ``grad_fn`` whose saved tensors a backward freed (or that saved none: only its nodes stay), ``""`` where
+    none has a ``grad_fn``. Looks at the first ``max_nodes`` nodes of each graph (a backward frees all of a
+    graph's saved tensors at once, so the nodes nearest the output tell).
+
+    Example:
+        >>> import torch
+        >>> w = torch.randn(3, 3, requires_grad=True)
+        >>> y = (torch.randn(2, 3) @ w).tanh()
+        >>> graph_state([y]), graph_state([y.detach()])
+        ('saved', '')
+        >>> y.sum().backward()
+        >>> graph_state([y])
+        'nodes'
+    """
+    state = ""
+    seen: set[int] = set()
+    for t in tensors:
+        try:
+            fn = GRAD_FN(t)
+        except Exception:
+            continue
+        if fn is None:
+            continue
+        state = GRAPH_NODES
+        stack = [fn]
+        k = 0
+        while stack and k < max_nodes:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            k += 1
+            for a in saved_attributes(type(node)):
+                try:
+                    v = getattr(node, a)
+                except Exception:  # freed by backward, or unpacking failed
+                    continue
+                if isinstance(v, torch.Tensor) or (
+                    isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v)
+                ):
+                    return GRAPH_SAVED
+            try:
+                stack.extend(c for c, _ in node.next_functions if c is not None)
+            except Exception:
+                continue
+    return state
 
 
 def subclasses(base: type) -> set[type]:

@@ -3,7 +3,8 @@
 A storage has no holder paths of its own: the tensors on it do. :func:`holder_paths_of_storages` finds up
 to 8 live tensors per storage (one pass over ``gc.get_objects()``), adds a probe tensor on the same storage
 (so that tensors autograd saved, which only a data-pointer match finds, are named too) and runs one holder
-search for all of them; the paths of a storage's tensors are merged, deduplicated by their text. Used to name
+search for all of them; the paths of a storage's tensors are merged, deduplicated by their text, and carry
+what the autograd graph of those tensors still keeps (:attr:`HolderPath.graph`). Used to name
 what survives ``release()``/``scope()``, a leak's holders in ``watch()``, and what a failing ``limit()``
 block keeps. Cost: one heap scan plus one search (bounded by ``time_limit``).
 """
@@ -11,10 +12,12 @@ block keeps. Cost: one heap scan plus one search (bounded by ``time_limit``).
 from __future__ import annotations
 
 import gc
+from dataclasses import replace
 from typing import Any
 
 import torch
 
+from torchmem.analysis.holders.autograd import graph_state
 from torchmem.analysis.holders.find import find_holders
 from torchmem.results.holders import HolderPath
 
@@ -63,7 +66,10 @@ def holder_paths_of_storages(
             for p in paths:
                 merged.setdefault(str(p), p)
         i += len(g)
-        out.append(tuple(merged.values())[:max_paths])
+        found = tuple(merged.values())[:max_paths]
+        # What the storage's tensors drag along: a kept output whose graph still holds its activations.
+        state = graph_state(g[:-1]) if found else ""
+        out.append(tuple(replace(p, graph=state) for p in found) if state else found)
     flat.clear()
     groups.clear()
     return out
