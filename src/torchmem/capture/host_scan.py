@@ -22,6 +22,7 @@ import torch
 from torchmem._format import fmt_bytes
 from torchmem.analysis.holders import find_holders
 from torchmem.analysis.host import (
+    AUTOGRAD_CHAIN,
     ChainFact,
     ChainGrowth,
     ObjectFact,
@@ -43,6 +44,7 @@ from torchmem.analysis.host_state import (
     state_culprits,
     state_through,
 )
+from torchmem.analysis.leak_fixes import RETAINED_GRAPH
 from torchmem.capture.host_naming import MAX_TYPES, HostKept, kept_items, name_facts
 from torchmem.capture.host_objects import container_lengths, cpu_storage_bytes, still_growing
 from torchmem.capture.host_readings import HostReadings, HostSeries
@@ -65,6 +67,8 @@ from torchmem.capture.host_windows import HostInstruments, HostSiteWindow
 from torchmem.capture.process_state import read_state, running_profilers
 from torchmem.results.leaks import Culprit
 
+# Host culprits that keep autograd graphs (their nodes are the live nodes that rise).
+_GRAPH_KINDS = frozenset({AUTOGRAD_CHAIN, RETAINED_GRAPH, ANOMALY})
 _MAX_ATTEMPTS = 4  # scan sequences that found nothing before scanning stops
 
 
@@ -499,7 +503,7 @@ class HostScanner:
         self.chain_facts, self.object_facts, self.facts_at = named.chains, named.objects, n
         self.data_paths = named.data_paths
         culprits = self.culprits(n)
-        self._end_sequence(n, found=bool(culprits))
+        self._end_sequence(n, found=bool(culprits), graphs=any(c.kind in _GRAPH_KINDS for c in culprits))
         if not culprits:
             self.chain_facts, self.object_facts, self.facts_at = (), (), None
             self._tracer.forget_lines()
@@ -552,7 +556,9 @@ class HostScanner:
         culprits.sort(key=lambda c: -c.bytes_per_step)
         return tuple(culprits)
 
-    def _end_sequence(self, n: int, *, found: bool) -> None:
+    def _end_sequence(self, n: int, *, found: bool, graphs: bool = False) -> None:
+        """The end of a scan sequence (``found``: it named culprits; ``graphs``: one of them keeps autograd
+        graphs, so the live nodes rising with it are the same growth)."""
         self._scans = []
         self.due = None
         self._instruments.close_window(on_thread=True)  # scans run on the watch's thread only
@@ -567,9 +573,10 @@ class HostScanner:
         self._readings.afresh(figure=self._source == "rss")
         if found:
             self._found_on |= self._scanning_for
-            if self.chain_facts:
-                # the live autograd nodes keep rising with the chain just named: not a new kind of growth to
-                # scan for again (a second sequence named the same chain, seconds later)
+            if self.chain_facts or graphs:
+                # the live autograd nodes keep rising with the chain, kept graphs or anomaly stacks just
+                # named: not a new kind of growth to scan for again (a second sequence named the same
+                # culprit, seconds later: twice the naming cost on a big heap)
                 self._found_on.add("nodes")
             return
         # Nothing found: wait longer before the next try, and as long again as the scans took, x200.
