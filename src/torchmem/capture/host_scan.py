@@ -251,9 +251,16 @@ class HostScanner:
         """Growth of a kind the last culprits were not found on (the heap after the RSS...) is scanned again,
         at most at twice the step of the last scans."""
         new = triggers - self._found_on
+        if new == {"rss"} and "heap" in self._found_on and self._rss_is_the_heap():
+            return  # the RSS holds the C heap: rising with the growth already named, it is that growth
         if new and (self.facts_at is None or n >= 2 * self.facts_at):
             self._scanning_for = triggers
             self.scan(n)
+
+    def _rss_is_the_heap(self) -> bool:
+        """The C heap's growth makes up most (3/4 or more) of the RSS's: the RSS rises with the heap."""
+        heap, rss = self._readings.heap_rate(), self._readings.rss_series.rate()
+        return heap > 0 and rss > 0 and heap >= 0.75 * rss
 
     def scan(self, n: int) -> None:
         t0 = time.perf_counter()
