@@ -703,7 +703,8 @@ def test_live_nodes_rising_with_the_kept_graphs_just_named_are_not_scanned_for_a
     r, w = _first_sequence(graphs=True)
     _clean_after(r)
     assert len(w._scanner.scan_steps) == 3, w._scanner.scan_steps
-    assert any(c.kind == "anomaly_mode" for c in r.culprits), str(r)
+    # named in the culprits, or (under load, when the verdict at that step is no leak yet) in the notes
+    assert "anomaly mode is on" in str(r), str(r)
     assert "nodes" in w._scanner._found_on, w._scanner._found_on
     w._scanner.scan_for(10_000, {"nodes", *w._scanner._found_on})  # as the watcher asks, later
     assert len(w._scanner.scan_steps) == 3 and w._scanner.due is None
