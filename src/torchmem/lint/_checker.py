@@ -97,7 +97,24 @@ class Rules(ForwardChecks, WorkerChecks):
     def _on_aug(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         if ctx.no_grad or scope.no_grad_all:
             return  # total += loss under no_grad: the sum has no graph
+        if isinstance(extra, tuple) and isinstance(extra[0], str) and self._own_iadd(extra[0], scope):
+            return  # `meter += loss`, a class of this file with its own `__iadd__`: it decides what it keeps
         self.kept(scope, node, ctx, extra, "accumulates")
+
+    def _own_iadd(self, key: str, scope: Scope) -> bool:
+        """Whether ``key`` (a plain name) was made by a class defined in this file that has its own
+        ``__iadd__`` (ATISS's ``AverageMeter``, round BB: ``meter += loss`` stores ``loss.sum().item()``)."""
+        if "." in key:
+            return False
+        bound = [*scope.bindings.get(key, ()), *self.w.module.bindings.get(key, ())]
+        made = [
+            b.value for b in bound if isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name)
+        ]
+        return any(
+            self.w.functions.get(f"{c.func.id}.__iadd__") is not None
+            for c in made
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+        )
 
     def _on_store(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         self.kept(scope, node, ctx, extra, "stores")

@@ -21,6 +21,8 @@ from torchmem.lint._walk import Scope, Walker
 _UP = 4  # folders above the checked file's where an absolute import may start
 _CACHE: dict[tuple[str, int, int], ast.Module | None] = {}
 _CACHE_MAX = 256
+# A class found in another file of the project -> (the class, that file's tree, its path).
+_TREES: dict[int, tuple[ast.ClassDef, ast.Module, str]] = {}
 
 
 def forward_off(call: ast.Call, scope: Scope, w: Walker) -> bool:
@@ -41,7 +43,9 @@ def forward_off(call: ast.Call, scope: Scope, w: Walker) -> bool:
     forward = methods.get("forward")
     if forward is None:
         return False
-    if _decorated_off(forward):
+    if _decorated_off(forward) or _body_off(forward):
+        return True
+    if _head_only(cls, forward, w):
         return True
     choices = [
         (k.arg, k.value.value)
@@ -59,6 +63,86 @@ def _may_be_module(cls: ast.ClassDef) -> bool:
 
 def _decorated_off(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     return any(no_grad_item(d) == 1 for d in fn.decorator_list)
+
+
+# Parts that record one small graph of their own on top of a part that records none (a head).
+_HEAD_PARTS = frozenset({"Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "Identity"})
+
+
+def _head_only(cls: ast.ClassDef, forward: ast.FunctionDef | ast.AsyncFunctionDef, w: Walker) -> bool:
+    """Whether ``forward`` runs a part whose forward records nothing (a backbone under ``no_grad``) and,
+    besides it, only head layers (``nn.Linear``, norms): qserve's ``LlamaForCausalLM`` (round BB), a linear
+    probe on a frozen backbone. The graph it records is the head's, on an input that needs no grad: no
+    training-sized activations. Parts are what ``__init__`` assigns to ``self.<name>``, their classes looked
+    up where ``cls`` is defined."""
+    init = next((s for s in cls.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+    if init is None:
+        return False
+    made: dict[str, ast.Call] = {}
+    for node in ast.walk(init):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            for t in node.targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    made[t.attr] = node.value
+    entry = _TREES.get(id(cls))
+    tree, path = (entry[1], entry[2]) if entry is not None and entry[0] is cls else (w.module.node, w.path)
+    off = 0
+    for node in ast.walk(forward):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if not (isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self"):
+            continue
+        part = made.get(f.attr)
+        if part is None:
+            return False  # a method of its own, or a part not made in __init__: not known
+        name = part.func.attr if isinstance(part.func, ast.Attribute) else getattr(part.func, "id", "")
+        if name in _HEAD_PARTS:
+            continue
+        inner = _class_in(tree, path, name) if isinstance(part.func, ast.Name) else None
+        fwd = (
+            next((s for s in inner.body if isinstance(s, ast.FunctionDef) and s.name == "forward"), None)
+            if inner is not None
+            else None
+        )
+        if fwd is None or not (_decorated_off(fwd) or _body_off(fwd)):
+            return False
+        off += 1
+    return off > 0
+
+
+def _class_in(tree: ast.AST, path: str, name: str) -> ast.ClassDef | None:
+    """The class ``name`` defined at the top of ``tree`` (the file at ``path``) or imported there."""
+    if not isinstance(tree, ast.Module):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    found = _binding_import(tree, name)
+    if found is None:
+        return None
+    imp, original = found
+    return _find_class(path, imp.module, imp.level, original, 0)
+
+
+def _body_off(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Whether ``fn``'s work all runs under ``with torch.no_grad():`` (qserve's ``LlamaModel.forward``, round
+    BB): every statement but a docstring and a ``return`` of what the block computed (no call) is such a
+    block."""
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    blocks = [s for s in body if isinstance(s, (ast.With, ast.AsyncWith))]
+    if not blocks:
+        return False
+    for s in body:
+        if isinstance(s, (ast.With, ast.AsyncWith)):
+            if not any(no_grad_item(i.context_expr) == 1 for i in s.items):
+                return False
+        elif isinstance(s, ast.Return):
+            if s.value is not None and any(isinstance(n, ast.Call) for n in ast.walk(s.value)):
+                return False
+        else:
+            return False
+    return True
 
 
 def _calls_own_part(
@@ -91,11 +175,14 @@ def _class_of(name: str, scope: Scope, w: Walker) -> ast.ClassDef | None:
     bound = [b for b in scope.bindings.get(name, ()) if b.value is not None] or [
         b for b in w.module.bindings.get(name, ()) if b.value is not None
     ]
-    if not bound:
-        return None
-    value = max(bound, key=lambda b: b.line).value
-    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
-        value = value.func.value  # `.cuda()`, `.to(device)`, `.eval()` on the model made
+    value: ast.expr | None = None
+    for b in sorted(bound, key=lambda b: -b.line):
+        value = b.value
+        while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+            value = value.func.value  # `.cuda()`, `.to(device)`, `.eval()` on the model made
+        if not (isinstance(value, ast.Name) and value.id == name):
+            break
+        # `model = model.eval()` (qserve, round BB): the same object, made by an earlier binding
     if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name):
         return None
     if not isinstance(w.module.node, ast.Module):
@@ -127,6 +214,9 @@ def _find_class(path: str, module: str | None, level: int, name: str, depth: int
         return None
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
+            if len(_TREES) >= _CACHE_MAX:
+                _TREES.clear()
+            _TREES[id(node)] = (node, tree, where)  # (its parts' classes are looked up there)
             return node
     found = _binding_import(tree, name) if depth < 2 else None
     if found is not None:  # a package's `__init__` that imports the class from one of its modules

@@ -1,0 +1,171 @@
+"""Round BB's false findings (docs/lint_corpus.md: 60 fresh repositories), each reduced to its data flow,
+with the twin that must still be flagged."""
+
+from __future__ import annotations
+
+import textwrap
+
+from torchmem.lint import lint_source
+
+
+def codes(src: str, path: str = "extract.py") -> list[str]:
+    return [f.code for f in lint_source(textwrap.dedent(src), path)]
+
+
+# -- ATISS: `loss_meter += loss` into a meter of the file whose `__iadd__` keeps `.item()` ----------------
+METER = """
+import torch
+
+
+class {cls}:
+    def __init__(self):
+        self._value = 0
+        self._cnt = 0
+{iadd}
+
+def train(model, optimizer, loader, epochs):
+    for e in range(epochs):
+        loss_meter = {made}
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            loss_meter += loss
+"""
+
+IADD = """
+    def __iadd__(self, x):
+        self._value += x.sum().item()
+        self._cnt += x.numel()
+        return self
+"""
+
+
+def test_a_meter_of_the_file_with_its_own_iadd_is_not_a_kept_graph() -> None:
+    assert codes(METER.format(cls="AverageMeter", iadd=IADD, made="AverageMeter()")) == []
+
+
+def test_a_plain_running_total_of_the_loss_is_still_flagged() -> None:
+    """The twins: a tensor total (`0` then `+= loss`), and a class of the file with no `__iadd__`."""
+    assert "TM001" in codes(METER.format(cls="AverageMeter", iadd=IADD, made="0"))
+    no_iadd = "\n    def value(self):\n        return self._value\n"
+    assert "TM001" in codes(METER.format(cls="Box", iadd=no_iadd, made="torch.zeros(())"))
+
+
+# -- qserve: `model = model.eval()`, a model whose forward runs under no_grad -------------------------------
+EVAL_LOOP = """
+import torch
+import torch.nn as nn
+
+
+class Decoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(64, 64)
+
+{forward}
+
+
+def generate(engine, steps=50):
+    model = Decoder().cuda()
+    {eval_line}
+    for _ in range(steps):
+        output = model(engine.step())
+        engine.append(output.argmax(-1).tolist())
+"""
+
+DECORATED = """    @torch.no_grad()
+    def forward(self, x):
+        return self.layer(x)
+"""
+
+BODY_OFF = """    def forward(self, x):
+        with torch.no_grad():
+            h = self.layer(x)
+            h = h.relu()
+        return h
+"""
+
+PLAIN = """    def forward(self, x):
+        return self.layer(x)
+"""
+
+BODY_AUTOCAST = """    def forward(self, x):
+        with torch.autocast("cuda"):
+            h = self.layer(x)
+        return h
+"""
+
+BODY_THEN_HEAD = """    def forward(self, x):
+        with torch.no_grad():
+            h = self.layer(x)
+        return self.layer(h)
+"""
+
+
+def test_rebinding_the_model_to_its_eval_keeps_its_class() -> None:
+    assert codes(EVAL_LOOP.format(forward=DECORATED, eval_line="model = model.eval()")) == []
+    assert codes(EVAL_LOOP.format(forward=DECORATED, eval_line="model = model.eval().half()")) == []
+    # the twin: the same rebinding of a model whose forward records a graph
+    assert "TM002" in codes(EVAL_LOOP.format(forward=PLAIN, eval_line="model = model.eval()"))
+
+
+def test_a_forward_whose_work_all_runs_under_no_grad_records_nothing() -> None:
+    assert codes(EVAL_LOOP.format(forward=BODY_OFF, eval_line="model.eval()")) == []
+    assert codes(EVAL_LOOP.format(forward=BODY_OFF, eval_line="model = model.eval()")) == []
+    # the twins: a block that is no switch, and a call after the block, record a graph
+    assert "TM002" in codes(EVAL_LOOP.format(forward=BODY_AUTOCAST, eval_line="model.eval()"))
+    assert "TM002" in codes(EVAL_LOOP.format(forward=BODY_THEN_HEAD, eval_line="model.eval()"))
+
+
+# -- qserve: a causal LM whose decoder runs under no_grad, with only its head recording a graph -------------
+HEADED = """
+import torch
+import torch.nn as nn
+
+
+class Backbone(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(64, 64) for _ in range(8))
+
+    def forward(self, x):
+{backbone}
+        return h
+
+
+class CausalLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = Backbone()
+        self.lm_head = nn.Linear(64, 100)
+
+    def forward(self, x):
+        h = self.model(x)
+        return self.lm_head(h[:, -1])
+
+
+def generate(engine, steps=50):
+    model = CausalLM().cuda()
+    model = model.eval()
+    for _ in range(steps):
+        output = model(engine.step())
+        engine.append(output.argmax(-1).tolist())
+"""
+
+OFF = """        with torch.no_grad():
+            h = x
+            for layer in self.layers:
+                h = layer(h)"""
+
+ON = """        h = x
+        for layer in self.layers:
+            h = layer(h)"""
+
+
+def test_a_head_on_a_backbone_that_records_nothing_is_no_eval_loop_with_a_graph() -> None:
+    assert codes(HEADED.format(backbone=OFF)) == []
+    # the twins: a backbone that records its graph, and a head that is a model of its own
+    assert "TM002" in codes(HEADED.format(backbone=ON))
+    assert "TM002" in codes(HEADED.format(backbone=OFF).replace("nn.Linear(64, 100)", "Decoder(64, 100)"))
