@@ -9,6 +9,7 @@ import io
 import multiprocessing
 import os
 import re
+import sys
 import threading
 import tokenize
 import warnings
@@ -30,6 +31,29 @@ SKIP_DIRS = frozenset(
 )  # fmt: skip
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[\s,]+[A-Z]+[0-9]+)*))?", re.IGNORECASE)
+
+
+# Syntax newer than some supported Pythons: (the version that reads it, what it is, the line's pattern).
+_NEWER = (
+    ((3, 12), "type parameters", re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+\w+\s*\[")),
+    ((3, 12), "a `type` alias", re.compile(r"^\s*type\s+\w+\s*(?:\[[^=]*\])?\s*=")),
+    ((3, 11), "`except*`", re.compile(r"^\s*except\s*\*")),
+)
+
+
+def newer_syntax(source: str, line: int, msg: str) -> tuple[str, str, bool] | None:
+    """``(version, what, sure)`` where a parse error at ``line`` may come from syntax a later Python reads and
+    this Python is older: PEP 695's type parameters and aliases and ``except*`` (``sure``: no older Python
+    reads such a line), or an f-string error (not sure: PEP 701's nested quotes, or a real error); ``None``
+    otherwise."""
+    lines = source.splitlines()
+    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    for version, what, pattern in _NEWER:
+        if sys.version_info < version and pattern.match(text):
+            return f"{version[0]}.{version[1]}", what, True
+    if sys.version_info < (3, 12) and msg.startswith("f-string"):
+        return "3.12", "an f-string with nested quotes, a backslash or a comment", False
+    return None
 
 
 def _enabled(code: str, select: Iterable[str] | None, ignore: Iterable[str]) -> bool:
@@ -107,6 +131,26 @@ def lint_source(
         line = getattr(exc, "lineno", None) or 1
         col = getattr(exc, "offset", None) or 1
         msg = getattr(exc, "msg", None) or str(exc)
+        newer = newer_syntax(source, line, msg)
+        if newer is not None:
+            need, what, sure = newer
+            here = f"{sys.version_info.major}.{sys.version_info.minor}"
+            said = (
+                f"the line uses Python {need} syntax ({what})"
+                if sure
+                else f"if it is {what}, that is Python {need} syntax"
+            )
+            fix = f"run torchmem lint with Python {need} or later" + ("" if sure else " to tell")
+            return [
+                LintFinding(
+                    path,
+                    line,
+                    max(col, 1),
+                    PARSE_ERROR,
+                    f"cannot parse with Python {here} ({msg}): {said}",
+                    fix,
+                )
+            ]
         return [
             LintFinding(path, line, max(col, 1), PARSE_ERROR, f"cannot parse: {msg}", RULES[PARSE_ERROR].fix)
         ]

@@ -169,3 +169,30 @@ def test_a_head_on_a_backbone_that_records_nothing_is_no_eval_loop_with_a_graph(
     # the twins: a backbone that records its graph, and a head that is a model of its own
     assert "TM002" in codes(HEADED.format(backbone=ON))
     assert "TM002" in codes(HEADED.format(backbone=OFF).replace("nn.Linear(64, 100)", "Decoder(64, 100)"))
+
+
+# -- TM000 on syntax a later Python reads (rounds V-AA counted such files among the parse errors) ------------
+def _tm000(src: str) -> list[str]:
+    return [f.message + " | " + f.fix for f in lint_source(src, "newer.py") if f.code == "TM000"]
+
+
+def test_syntax_of_a_later_python_is_said_as_such_not_as_invalid() -> None:
+    import sys
+
+    pep695 = "def first[T](xs: list[T]) -> T:\n    return xs[0]\n"
+    alias = "type Pair[T] = tuple[T, T]\n"
+    if sys.version_info >= (3, 12):
+        assert _tm000(pep695) == [] and _tm000(alias) == []  # read: nothing to say
+    else:
+        (said,) = _tm000(pep695)
+        assert "uses Python 3.12 syntax (type parameters)" in said and "with Python 3.12 or later" in said
+        (said,) = _tm000(alias)
+        assert "uses Python 3.12 syntax (a `type` alias)" in said
+        # an f-string error may be PEP 701's or a real one: said as a condition, not a claim
+        (said,) = _tm000('x = f"{"a"}"\n')
+        assert said.startswith("cannot parse with Python 3.") and "if it is an f-string" in said
+    # must not: a genuine syntax error says nothing of versions, on any Python
+    (said,) = _tm000("def f(:\n    pass\n")
+    assert said.startswith("cannot parse: ") and "Python 3." not in said, said
+    (said,) = _tm000("type = [1, 2\n")
+    assert "Python 3.12" not in said, said
