@@ -108,6 +108,10 @@ class CallEvents:
                     key = dotted(recv)
                     if key is not None and call.args == [] and name == "backward":
                         scope.backwarded.add(key)
+                if name == "backward" and call.args and isinstance(func, ast.Attribute):
+                    engine = dotted(func.value)
+                    if engine is not None:
+                        scope.backwarded_engines.add(engine)  # `engine.backward(loss)`
                 if (call.args and dotted(call.args[0]) is not None and name == "manual_backward") or (
                     name == "backward" and call.args and isinstance(func, ast.Attribute)
                     and last_name(func.value) in ("accelerator", "autograd", "engine", "model_engine")
@@ -134,9 +138,12 @@ class CallEvents:
             elif name == "step" and isinstance(func, ast.Attribute):
                 if optimizer_step(call):
                     scope.trains = True
+                    scope.steps = scope.steps or loop is None
                     self._mark_training(loop, None, False)
                     for lp in loop.chain() if loop is not None else ():
                         lp.steps = True
+                elif not call.args and dotted(func.value) in scope.backwarded_engines and loop is None:
+                    scope.steps = True  # `self.model.backward(loss); self.model.step()`: a DeepSpeed engine
             elif name == "zero_grad":
                 kw = keyword_arg(call, "set_to_none")
                 if kw is not None and is_const(kw.value, False):

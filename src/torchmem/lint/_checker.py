@@ -101,6 +101,29 @@ class Rules(ForwardChecks, WorkerChecks):
             return  # `meter += loss`, a class of this file with its own `__iadd__`: it decides what it keeps
         self.kept(scope, node, ctx, extra, "accumulates")
 
+    def _training_helper(self, loop: Loop, scope: Scope) -> str | None:
+        """The function or method of this file that the loop's own body calls (``self.train_step(batch)``,
+        not in a nested loop or function) and that runs a backward and an optimizer step: its name."""
+        todo: list[ast.AST] = list(getattr(loop.node, "body", ()))
+        while todo:
+            n = todo.pop()
+            if isinstance(
+                n, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+            ):
+                continue
+            if isinstance(n, ast.Call):
+                f = n.func
+                key = None
+                if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self":
+                    key = f"{scope.cls.name}.{f.attr}" if scope.cls is not None else None
+                elif isinstance(f, ast.Name):
+                    key = f.id
+                callee = self.w.functions.get(key) if key is not None else None
+                if callee is not None and callee is not scope and callee.trains and callee.steps:
+                    return ast.unparse(f)
+            todo.extend(ast.iter_child_nodes(n))
+        return None
+
     def _own_iadd(self, key: str, scope: Scope) -> bool:
         """Whether ``key`` (a plain name) was made by a class defined in this file that has its own
         ``__iadd__`` (ATISS's ``AverageMeter``, round BB: ``meter += loss`` stores ``loss.sum().item()``)."""
@@ -163,7 +186,21 @@ class Rules(ForwardChecks, WorkerChecks):
 
     def _on_empty_cache(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         loop = ctx.loop
-        if loop is None or not loop.direct_trains or ctx.in_handler:
+        if loop is None or ctx.in_handler:
+            return
+        if not loop.direct_trains:
+            step = self._training_helper(loop, scope)
+            if step is None or ctx.guard is loop:
+                return
+            # align-anything (round BB): `info = self.train_step(batch)` steps the model every iteration
+            self.add(
+                node,
+                "TM003",
+                f"`empty_cache()` on every step of the training loop at line {node_line(loop.node)} (its "
+                f"`{step}(...)` runs the backward and the optimizer step): it frees nothing the program "
+                "holds, only the cache the next step must allocate again (slow)",
+                "optimizer-step",
+            )
             return
         if ctx.guard is loop and not _with_optimizer_step(loop.node, node):
             return  # `if i % 100 == 0: empty_cache()`; not `if acc >= n: opt.step(); ...` (round AA)

@@ -80,6 +80,9 @@ class Scope:
     grad_handled: bool = False  # any no_grad / inference_mode / set_grad_enabled in the scope
     enable_grad: bool = False
     trains: bool = False
+    # one optimizer step per call: `opt.step()` (a DeepSpeed engine's `engine.step()`) outside any loop of it
+    steps: bool = False
+    backwarded_engines: set[str] = field(default_factory=set)  # `engine` of `engine.backward(loss)`
     eval_called: bool = False
     eval_receivers: set[str] = field(default_factory=set)  # `model` of `model.eval()`, `model.cuda().eval()`
     eval_branches: dict[str, list[Branch]] = field(default_factory=dict)  # where each receiver's eval() is

@@ -196,3 +196,66 @@ def test_syntax_of_a_later_python_is_said_as_such_not_as_invalid() -> None:
     assert said.startswith("cannot parse: ") and "Python 3." not in said, said
     (said,) = _tm000("type = [1, 2\n")
     assert "Python 3.12" not in said, said
+
+
+# -- align-anything: `empty_cache()` after `self.train_step(batch)`, whose engine steps the model -----------
+TRAINER = """
+import torch
+
+
+class SupervisedTrainer:
+    def train_step(self, batch):
+        loss = self.model(**batch)["loss"]
+{step_body}
+        return {{"train/loss": loss.item()}}
+
+    def train(self):
+        for epoch in range(self.epochs):
+            self.model.train()
+            for i, batch in enumerate(self.train_dataloader):
+                info = self.train_step(batch)
+{cache}
+                self.logger.log(info)
+"""
+
+ENGINE = "        self.model.backward(loss)\n        self.model.step()"
+OPTIMIZER = "        loss.backward()\n        self.optimizer.step()\n        self.optimizer.zero_grad()"
+BACKWARD_ONLY = "        loss.backward()"
+EVAL_ONLY = "        loss = loss.detach()"
+EVERY = "                torch.cuda.empty_cache()"
+PERIODIC = "                if i % 100 == 0:\n                    torch.cuda.empty_cache()"
+
+
+def test_empty_cache_after_a_method_that_steps_the_model_is_flagged() -> None:
+    assert codes(TRAINER.format(step_body=ENGINE, cache=EVERY)) == ["TM003"]
+    assert codes(TRAINER.format(step_body=OPTIMIZER, cache=EVERY)) == ["TM003"]
+
+
+def test_empty_cache_after_a_method_that_does_not_step_or_now_and_then_is_not() -> None:
+    assert codes(TRAINER.format(step_body=BACKWARD_ONLY, cache=EVERY)) == []
+    assert codes(TRAINER.format(step_body=EVAL_ONLY, cache=EVERY)) == []
+    assert codes(TRAINER.format(step_body=ENGINE, cache=PERIODIC)) == []
+
+
+EPOCH_LOOP = """
+import torch
+
+
+def train(loader, model, optimizer):
+    for x, y in loader:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def main(loader, model, optimizer, epochs):
+    for epoch in range(epochs):
+        train(loader, model, optimizer)
+        torch.cuda.empty_cache()
+"""
+
+
+def test_empty_cache_after_a_whole_epoch_of_training_is_not_every_step() -> None:
+    """Must not (rounds V-Z re-run): `train(...)` runs an epoch's loop: once per epoch is not every step."""
+    assert codes(EPOCH_LOOP) == []
