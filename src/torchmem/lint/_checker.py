@@ -97,47 +97,9 @@ class Rules(ForwardChecks, WorkerChecks):
     def _on_aug(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         if ctx.no_grad or scope.no_grad_all:
             return  # total += loss under no_grad: the sum has no graph
-        if isinstance(extra, tuple) and isinstance(extra[0], str) and self._own_iadd(extra[0], scope):
+        if isinstance(extra, tuple) and isinstance(extra[0], str) and own_iadd(self.w, extra[0], scope):
             return  # `meter += loss`, a class of this file with its own `__iadd__`: it decides what it keeps
         self.kept(scope, node, ctx, extra, "accumulates")
-
-    def _training_helper(self, loop: Loop, scope: Scope) -> str | None:
-        """The function or method of this file that the loop's own body calls (``self.train_step(batch)``,
-        not in a nested loop or function) and that runs a backward and an optimizer step: its name."""
-        todo: list[ast.AST] = list(getattr(loop.node, "body", ()))
-        while todo:
-            n = todo.pop()
-            if isinstance(
-                n, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
-            ):
-                continue
-            if isinstance(n, ast.Call):
-                f = n.func
-                key = None
-                if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self":
-                    key = f"{scope.cls.name}.{f.attr}" if scope.cls is not None else None
-                elif isinstance(f, ast.Name):
-                    key = f.id
-                callee = self.w.functions.get(key) if key is not None else None
-                if callee is not None and callee is not scope and callee.trains and callee.steps:
-                    return ast.unparse(f)
-            todo.extend(ast.iter_child_nodes(n))
-        return None
-
-    def _own_iadd(self, key: str, scope: Scope) -> bool:
-        """Whether ``key`` (a plain name) was made by a class defined in this file that has its own
-        ``__iadd__`` (ATISS's ``AverageMeter``, round BB: ``meter += loss`` stores ``loss.sum().item()``)."""
-        if "." in key:
-            return False
-        bound = [*scope.bindings.get(key, ()), *self.w.module.bindings.get(key, ())]
-        made = [
-            b.value for b in bound if isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name)
-        ]
-        return any(
-            self.w.functions.get(f"{c.func.id}.__iadd__") is not None
-            for c in made
-            if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
-        )
 
     def _on_store(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         self.kept(scope, node, ctx, extra, "stores")
@@ -189,7 +151,7 @@ class Rules(ForwardChecks, WorkerChecks):
         if loop is None or ctx.in_handler:
             return
         if not loop.direct_trains:
-            step = self._training_helper(loop, scope)
+            step = training_helper(self.w, loop, scope)
             if step is None or ctx.guard is loop:
                 return
             # align-anything (round BB): `info = self.train_step(batch)` steps the model every iteration
@@ -308,7 +270,7 @@ class Rules(ForwardChecks, WorkerChecks):
         # at once (`.detach().cpu()`, `make_np`, `float(...)`): they keep no graph. A meter's running sum
         # (`self.sum += val * n`) does: each step's graph is chained to the last.
         recv = dotted(func.value) or ""
-        keeps = self._meter_keeps(func.value, scope, call.lineno)
+        keeps = meter_keeps(self, func.value, scope, call.lineno)
         if keeps is False or (keeps is None and not METER_NAMES.search(recv.rsplit(".", 1)[-1])):
             return
         values = [*call.args[:1], *(k.value for k in call.keywords if k.arg in ("val", "value"))]
@@ -323,36 +285,6 @@ class Rules(ForwardChecks, WorkerChecks):
                     f"({self.growth(v, scope, line)})",
                 )
                 return
-
-    def _meter_keeps(self, recv: ast.expr, scope: Scope, line: int) -> bool | None:
-        """Whether the receiver's class (defined in this file) adds what ``update`` is given into an
-        attribute; None when its class is not known."""
-        if not isinstance(recv, ast.Name):
-            return None
-        bound = [b for b in (*scope.bindings.get(recv.id, ()), *self.w.module.bindings.get(recv.id, ()))]
-        made = [
-            b.value for b in bound if isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name)
-        ]
-        if not made:
-            return None
-        assert isinstance(made[-1], ast.Call) and isinstance(made[-1].func, ast.Name)
-        update = self.w.functions.get(f"{made[-1].func.id}.update")
-        if update is None:
-            cls = made[-1].func.id  # an imported meter class (`AverageMeter()`, round W) keeps a running sum
-            return False if cls in self.facts.classes else (True if METER_NAMES.search(cls) else None)
-        if len(update.params) < 2:
-            return False
-        self.flow.assume, self.flow.assume_in = {update.params[1]: TENSOR}, update
-        try:
-            return any(
-                kind == "aug"
-                and isinstance(extra, tuple)
-                and str(extra[0]).startswith("self.")
-                and self.flow.kind(extra[1], update, node_line(node) + 1) == TENSOR
-                for kind, node, _ctx, extra in update.events
-            )
-        finally:
-            self.flow.assume, self.flow.assume_in = {}, None
 
     def _on_dataloader(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         call = node
@@ -749,3 +681,70 @@ def _grad_helpers(scopes: list[Scope]) -> set[str]:
     return {
         s.name for s in scopes if s.kind == "function" and set(s.params) & (s.backward_roots | s.backwarded)
     }
+
+
+def training_helper(w: Walker, loop: Loop, scope: Scope) -> str | None:
+    """The function or method of this file that the loop's own body calls (``self.train_step(batch)``,
+    not in a nested loop or function) and that runs a backward and an optimizer step: its name."""
+    todo: list[ast.AST] = list(getattr(loop.node, "body", ()))
+    while todo:
+        n = todo.pop()
+        if isinstance(
+            n, (ast.For, ast.AsyncFor, ast.While, ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+        ):
+            continue
+        if isinstance(n, ast.Call):
+            f = n.func
+            key = None
+            if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "self":
+                key = f"{scope.cls.name}.{f.attr}" if scope.cls is not None else None
+            elif isinstance(f, ast.Name):
+                key = f.id
+            callee = w.functions.get(key) if key is not None else None
+            if callee is not None and callee is not scope and callee.trains and callee.steps:
+                return ast.unparse(f)
+        todo.extend(ast.iter_child_nodes(n))
+    return None
+
+
+def own_iadd(w: Walker, key: str, scope: Scope) -> bool:
+    """Whether ``key`` (a plain name) was made by a class defined in this file that has its own
+    ``__iadd__`` (ATISS's ``AverageMeter``, round BB: ``meter += loss`` stores ``loss.sum().item()``)."""
+    if "." in key:
+        return False
+    bound = [*scope.bindings.get(key, ()), *w.module.bindings.get(key, ())]
+    made = [b.value for b in bound if isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name)]
+    return any(
+        w.functions.get(f"{c.func.id}.__iadd__") is not None
+        for c in made
+        if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+    )
+
+
+def meter_keeps(c: Rules, recv: ast.expr, scope: Scope, line: int) -> bool | None:
+    """Whether the receiver's class (defined in this file) adds what ``update`` is given into an
+    attribute; None when its class is not known."""
+    if not isinstance(recv, ast.Name):
+        return None
+    bound = [b for b in (*scope.bindings.get(recv.id, ()), *c.w.module.bindings.get(recv.id, ()))]
+    made = [b.value for b in bound if isinstance(b.value, ast.Call) and isinstance(b.value.func, ast.Name)]
+    if not made:
+        return None
+    assert isinstance(made[-1], ast.Call) and isinstance(made[-1].func, ast.Name)
+    update = c.w.functions.get(f"{made[-1].func.id}.update")
+    if update is None:
+        cls = made[-1].func.id  # an imported meter class (`AverageMeter()`, round W) keeps a running sum
+        return False if cls in c.facts.classes else (True if METER_NAMES.search(cls) else None)
+    if len(update.params) < 2:
+        return False
+    c.flow.assume, c.flow.assume_in = {update.params[1]: TENSOR}, update
+    try:
+        return any(
+            kind == "aug"
+            and isinstance(extra, tuple)
+            and str(extra[0]).startswith("self.")
+            and c.flow.kind(extra[1], update, node_line(node) + 1) == TENSOR
+            for kind, node, _ctx, extra in update.events
+        )
+    finally:
+        c.flow.assume, c.flow.assume_in = {}, None
