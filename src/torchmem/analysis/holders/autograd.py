@@ -59,6 +59,22 @@ def saved_attributes(node_type: type) -> tuple[str, ...]:
     return names
 
 
+def saved_values(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors autograd node ``node`` saved for backward and still holds, as ``(attribute, tensor)``
+    (``_saved_tensors[1]`` for an element of a saved list); none once a backward freed them."""
+    for a in saved_attributes(type(node)):
+        try:
+            v = getattr(node, a)
+        except Exception:  # freed by backward, or unpacking failed
+            continue
+        if isinstance(v, torch.Tensor):
+            yield a, v
+        elif isinstance(v, (list, tuple)):
+            for j, x in enumerate(v):
+                if isinstance(x, torch.Tensor):
+                    yield f"{a}[{j}]", x
+
+
 def graph_state(tensors: Sequence[Any], max_nodes: int = 32) -> str:
     """What the autograd graphs of ``tensors`` keep: ``"saved"`` where a node still holds tensors it saved
     for backward (no backward ran through it: the activations stay with it), ``"nodes"`` where they have a
@@ -94,15 +110,8 @@ def graph_state(tensors: Sequence[Any], max_nodes: int = 32) -> str:
                 continue
             seen.add(id(node))
             k += 1
-            for a in saved_attributes(type(node)):
-                try:
-                    v = getattr(node, a)
-                except Exception:  # freed by backward, or unpacking failed
-                    continue
-                if isinstance(v, torch.Tensor) or (
-                    isinstance(v, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in v)
-                ):
-                    return GRAPH_SAVED
+            for _ in saved_values(node):
+                return GRAPH_SAVED
             try:
                 stack.extend(c for c, _ in node.next_functions if c is not None)
             except Exception:
@@ -180,17 +189,8 @@ def _saved_by_node(node: Any, match: Callable[[Any], list[tuple[int, str]]]) -> 
     def saved(a: str, shares: str) -> HolderStep:
         return HolderStep(StepKind.SAVED_TENSOR, f" -> saved tensor of {name} ({a}{shares})", a, name)
 
-    for a in saved_attributes(type(node)):
-        try:
-            v = getattr(node, a)
-        except Exception:  # freed by backward, or unpacking failed
-            continue
-        if isinstance(v, torch.Tensor):
-            out.extend((ti, saved(a, s)) for ti, s in match(v))
-        elif isinstance(v, (list, tuple)):
-            for j, x in enumerate(v):
-                if isinstance(x, torch.Tensor):
-                    out.extend((ti, saved(f"{a}[{j}]", s)) for ti, s in match(x))
+    for a, t in saved_values(node):
+        out.extend((ti, saved(a, s)) for ti, s in match(t))
     if name == "AccumulateGrad":
         try:
             v = node.variable
