@@ -248,15 +248,7 @@ class GradCycle:
     def saved(self) -> Iterator[Any]:
         """Every tensor the cycle's graph nodes keep (saved for backward, and graph leaves)."""
         for n in self.nodes:
-            for a in saved_attributes(type(n)):
-                try:
-                    v = getattr(n, a)
-                except Exception:  # freed by backward, or unpacking failed
-                    continue
-                if isinstance(v, torch.Tensor):
-                    yield v
-                elif isinstance(v, (list, tuple)):
-                    yield from (x for x in v if isinstance(x, torch.Tensor))
+            yield from (t for _, t in saved_values(n))
             if type(n).__name__ == "AccumulateGrad":
                 v = getattr(n, "variable", None)
                 if isinstance(v, torch.Tensor):
