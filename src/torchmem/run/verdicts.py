@@ -142,18 +142,18 @@ def host_verdict(
     return host
 
 
-_GRAPH_KINDS = ("retained_graph", "graph_chain")
-
-
 def _held_by_device_graphs(host: LeakReport, leak: LeakReport) -> LeakReport:
     """Host growth that the autograd graphs of the device's leak hold (a GPU loop that keeps its outputs
     with their graphs: the graphs keep the Python objects of the tensors they saved, and their nodes) is
     that leak, said once: when the device names a kept graph and every host culprit is reached through a
     graph (a ``.grad_fn`` hop) or is itself a kept graph. Host growth with any other holder stays a leak."""
-    graphs = [c for c in leak.culprits if c.kind in _GRAPH_KINDS]
+    from torchmem.analysis.leak_fixes import GRAPH_CHAIN, RETAINED_GRAPH
+
+    kinds = (RETAINED_GRAPH, GRAPH_CHAIN)
+    graphs = [c for c in leak.culprits if c.kind in kinds]
     if not graphs or not host.culprits:
         return host
-    if not all(c.kind in _GRAPH_KINDS or ".grad_fn" in (c.holder or "") for c in host.culprits):
+    if not all(c.kind in kinds or ".grad_fn" in (c.holder or "") for c in host.culprits):
         return host
     rate = max(host.bytes_per_step, host.trend_per_step)
     holders = sorted({c.holder.split(".grad_fn")[0] for c in graphs if c.holder})
