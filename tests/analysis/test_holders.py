@@ -693,3 +693,50 @@ def test_printing_the_result_shows_readable_paths(
     assert isinstance(both, list) and all(isinstance(p, list) for p in both)
     assert repr(both) == f"[{paths!r}, [{MOD}.ALIAS]]"
     assert str(HolderPaths()) == "no holders found" and repr(HolderPaths()) == "[]"
+
+
+def test_a_dict_another_thread_changes_meanwhile_still_names_the_holder(
+    put: Callable[[str, Any], None],
+) -> None:
+    # A data loader, a producer thread or pytest's own I/O thread changes dicts while the search reads them:
+    # naming a key must read a copy, or the search fails ("dictionary changed size during iteration") and
+    # says "no holders found" for a tensor a global plainly holds.
+    big: dict[Any, Any] = {i: i for i in range(20_000)}
+    big["t"] = torch.zeros(2)
+    put("BIG", big)
+    stop = threading.Event()
+
+    def churn() -> None:
+        i = 0
+        while not stop.is_set():
+            big[-1 - i % 7] = 0
+            big.pop(-1 - (i + 3) % 7, None)
+            i += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    th = threading.Thread(target=churn, daemon=True)
+    th.start()
+    try:
+        found = [texts(holders(THIS.BIG["t"])) for _ in range(4)]
+    finally:
+        stop.set()
+        th.join()
+        sys.setswitchinterval(interval)
+    assert all(f"{__name__}.BIG['t']" in f for f in found), found
+
+
+def test_a_failed_search_is_logged_with_where_it_broke(
+    put: Callable[[str, Any], None], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from torchmem.analysis.holders.index import HeapIndex
+
+    def refuse(self: Any, ids: Any, fan_in: int) -> Any:
+        raise RuntimeError("refused")
+
+    put("KEPT_ONE", {"k": torch.zeros(2)})
+    monkeypatch.setattr(HeapIndex, "referrers", refuse)
+    with caplog.at_level("WARNING", logger="torchmem"):
+        search = find_holders([THIS.KEPT_ONE["k"]])
+    assert search.truncated and search.reason == "error: RuntimeError"
+    assert "the search failed at test_holders.py:" in caplog.text and "in refuse()" in caplog.text

@@ -217,9 +217,9 @@ class _Walker:
             for k, v in list(frame.f_locals.items()):
                 items = [v] if isinstance(v, torch.Tensor) else []
                 if isinstance(v, (list, tuple)):
-                    items = [x for x in v if isinstance(x, torch.Tensor)]
+                    items = [x for x in list(v) if isinstance(x, torch.Tensor)]
                 elif isinstance(v, dict):
-                    items = [x for x in v.values() if isinstance(x, torch.Tensor)]
+                    items = [x for x in list(v.values()) if isinstance(x, torch.Tensor)]
                 for x in items:
                     self.add_tensor(x, EXCEPTION_LOCAL, f"frame {where} local {k!r}")
             cur = cur.tb_next

@@ -445,12 +445,12 @@ class PathNamer:
                 cache = self.positions_cache.get(id(d))
                 if cache is None:
                     cache = {}
-                    for k, v in dict.items(d):
+                    for k, v in list(dict.items(d)):  # a copy: another thread may change `d` meanwhile
                         cache.setdefault(id(v), []).append(k)
                     self.positions_cache[id(d)] = cache
                 keys = [k for k in cache.get(id(child), ()) if dict.get(d, k, MISSING) is child]
             else:
-                keys = [k for k, v in dict.items(d) if v is child]
+                keys = [k for k, v in list(dict.items(d)) if v is child]
         else:
             try:
                 keys = [k for k, v in list(d.items()) if v is child]
@@ -499,7 +499,7 @@ class PathNamer:
         children: set[int] = set()
         for m in mods:
             sub = m.__dict__.get("_modules") or {}
-            children.update(id(x) for x in sub.values() if x is not None)
+            children.update(id(x) for x in list(sub.values()) if x is not None)
         for m in mods:
             if id(m) in children:
                 continue

@@ -71,6 +71,17 @@ def torchmem_owned(obj: Any) -> bool:
     return own
 
 
+def _raised_at(e: BaseException) -> str:
+    """``file:line`` of the innermost frame of ``e``'s traceback (where a failed search broke)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return "?"
+    code = tb.tb_frame.f_code
+    return f"{code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno} in {code.co_name}()"
+
+
 # An edge up from a node: (parent node, the steps of a virtual edge or None, weight in references).
 ParentEdge = tuple[int, "tuple[HolderStep, ...] | None", int]
 # A partial path from a target upward: (node, steps of the edge below it, weight, the link below) or None.
@@ -180,7 +191,7 @@ class _BackwardSearch:
                     self._search_up()
                     paths = self._all_paths()
         except Exception as e:  # an object that refused inspection must not break release() or a report
-            _log.warning("holders(): the search failed: %r", e)
+            _log.warning("holders(): the search failed at %s: %r", _raised_at(e), e)
             self._truncate(f"error: {type(e).__name__}")
         return HolderSearch(
             tuple(paths),
