@@ -199,6 +199,14 @@ class HostReadings:
         g = detect_growth(list(self.ps), list(self.pv), min_bytes_per_step=self.min_bytes_per_step)
         return max(g.bytes_per_step, g.trend_per_step, 0.0)
 
+    def fresh_rss_rate(self) -> float | None:
+        """The RSS's growth per step over its readings since it was last judged afresh (the last ``WINDOW``
+        of them; ``None`` before three): the whole run's RSS series spans the scans' own memory."""
+        rs, rv = self.rs, self.rv  # (bounded to the last WINDOW readings)
+        if len(rs) < 3 or rs[-1] <= rs[0]:
+            return None
+        return max(0.0, (rv[-1] - rv[0]) / (rs[-1] - rs[0]))
+
     def afresh(self, *, figure: bool) -> None:
         """After a scan sequence: the RSS (and with ``figure`` the host figure, an RSS) is judged afresh (the
         scans' memory stays resident after it is freed, and the program reuses it before the RSS grows)."""

@@ -258,9 +258,14 @@ class HostScanner:
             self.scan(n)
 
     def _rss_is_the_heap(self) -> bool:
-        """The C heap's growth makes up most (3/4 or more) of the RSS's: the RSS rises with the heap."""
-        heap, rss = self._readings.heap_rate(), self._readings.rss_series.rate()
-        return heap > 0 and rss > 0 and heap >= 0.75 * rss
+        """The C heap's growth makes up most (3/4 or more) of the RSS's since the last sequence ended: the RSS
+        rises with the heap (or not at all yet). The whole run's RSS series would not do: it holds the scans'
+        own memory (tens of MB at once, then flat while the program reuses it), which made a second sequence
+        name the same autograd chain again, seconds later."""
+        heap, rss = self._readings.heap_rate(), self._readings.fresh_rss_rate()
+        if rss is None:
+            return True  # too few readings since: judged at a later step
+        return rss <= 0 or (heap > 0 and heap >= 0.75 * rss)
 
     def scan(self, n: int) -> None:
         t0 = time.perf_counter()
