@@ -231,6 +231,10 @@ class CallEvents:
             scope.events.append(("cuda", call, ctx, None))
         if ctx.no_grad and name:
             self.facts.called_under_no_grad.add(name)
+        if loop is not None and isinstance(func, ast.Attribute) and not call.args and not call.keywords:
+            recv_key = dotted(func.value)
+            if recv_key is not None and name not in ("clear", "pop", "popleft", "popitem"):
+                self.facts.loop_method_calls.append((loop, recv_key, name))
         if isinstance(func, ast.Name) or (
             isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "self"
         ):
@@ -355,3 +359,63 @@ def is_cuda_use(call: ast.Call) -> bool:
         return True  # decided by cuda_ish on the argument
     kw = keyword_arg(call, "device")
     return kw is not None
+
+
+_EMPTY_CALLS = frozenset({"list", "dict", "set", "deque", "OrderedDict", "defaultdict"})
+
+
+def attributes_emptied(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The ``self`` attributes a method empties: ``del self.x[:]``, ``del self.x``, ``self.x.clear()``,
+    ``self.x = []`` (or ``{}``, ``list()``, ``deque(...)``...)."""
+    out: set[str] = set()
+
+    def own(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            return node.attr
+        return None
+
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Delete):
+            out.update(a for a in map(own, n.targets) if a is not None)
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "clear":
+            a = own(n.func.value)
+            if a is not None and not n.args:
+                out.add(a)
+        elif isinstance(n, ast.Assign):
+            v = n.value
+            empty = isinstance(v, (ast.List, ast.Dict, ast.Set)) and not getattr(
+                v, "elts", getattr(v, "keys", [])
+            )
+            empty = empty or (
+                isinstance(v, ast.Call)
+                and (v.func.id if isinstance(v.func, ast.Name) else getattr(v.func, "attr", ""))
+                in _EMPTY_CALLS
+                and not (v.args and isinstance(v.args[0], (ast.Name, ast.Attribute, ast.Call)))
+            )
+            if empty:
+                out.update(a for a in (own(t) for t in n.targets if not isinstance(t, ast.Subscript)) if a)
+    return out
+
+
+def clear_through_methods(facts: ModuleFacts) -> None:
+    """``memory.clear_memory()`` in a loop, where a class of the file defines ``clear_memory`` to empty
+    ``self.actions``: ``memory.actions`` is cleared in that loop and the loops around it, as a direct
+    ``memory.actions.clear()`` would be (rl4co's PPO rollout buffer, round CC: TM001 said it kept each step's
+    tensors). Where several classes define the method, what any of them empties counts."""
+    if not facts.loop_method_calls:
+        return
+    emptied: dict[str, set[str]] = {}
+    called = {method for _, _, method in facts.loop_method_calls}
+    for cls in facts.classes.values():
+        for m in cls.body:
+            if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name in called:
+                attrs = attributes_emptied(m)
+                if attrs:
+                    emptied.setdefault(m.name, set()).update(attrs)
+    for loop, recv, method in facts.loop_method_calls:
+        for attr in emptied.get(method, ()):
+            key = f"{recv}.{attr}"
+            for lp in loop.chain():
+                lp.cleared.add(key)

@@ -11,10 +11,16 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from torchmem.lint._calls import clear_through_methods
 from torchmem.lint._flow import DataFlow
 from torchmem.lint._forward import ForwardChecks, in_forward
 from torchmem.lint._grad_wanted import attack_fix, feeds_grad_input, grad_inputs
-from torchmem.lint._imported import forward_off
+from torchmem.lint._imported import (
+    called_under_no_grad_elsewhere,
+    forward_off,
+    frozen_model,
+    imported_update_keeps,
+)
 from torchmem.lint._rules import WARNING, severity
 from torchmem.lint._syntax import (
     METER_NAMES,
@@ -72,6 +78,7 @@ class Rules(ForwardChecks, WorkerChecks):
         self._mutated: frozenset[str] | None = None  # the module's names changed in place (when needed)
         self._tm010: list[tuple[int, str]] = []  # (line, form) of each TM010 finding
         _under_no_grad_closure(walker)
+        clear_through_methods(walker.facts)
 
     def add(self, node: ast.AST, code: str, message: str, form: str = "", fix: str = "") -> None:
         """Record a finding; ``form`` names the rule's variant where a rule has several
@@ -402,6 +409,12 @@ class Rules(ForwardChecks, WorkerChecks):
         if found is None:
             return  # functions of this file (`validate_network(...)`), or not the model put in eval mode
         loop, call, form = found
+        if (
+            scope.kind == "function"
+            and scope.cls is None
+            and called_under_no_grad_elsewhere(scope.name, self.w)
+        ):
+            return  # its callers in other files of the project run it under no_grad
         if self.tm010_within(loop.node, severity("TM002", form) == WARNING):
             return  # the loop also keeps its outputs: one finding, TM010's (the growth), with the same fix
         if form == "eval-mode":
@@ -449,6 +462,7 @@ class Rules(ForwardChecks, WorkerChecks):
             and not self._foreign(c, scope)
             and not self._trained_in(c, scope, loop)
             and not forward_off(c, scope, self.w)  # `model(x, mode="inference")`: its forward's no_grad
+            and not (isinstance(c.func, ast.Name) and frozen_model(c.func.id, scope, self.w))
         ]  # a model whose parameters require no grad records no graph from data
         this_loops = bound_eval | {
             key
@@ -734,7 +748,12 @@ def meter_keeps(c: Rules, recv: ast.expr, scope: Scope, line: int) -> bool | Non
     update = c.w.functions.get(f"{made[-1].func.id}.update")
     if update is None:
         cls = made[-1].func.id  # an imported meter class (`AverageMeter()`, round W) keeps a running sum
-        return False if cls in c.facts.classes else (True if METER_NAMES.search(cls) else None)
+        if cls in c.facts.classes:
+            return False
+        found = imported_update_keeps(recv.id, scope, c.w)  # its `update`, read in the project's file
+        if found is not None:
+            return found
+        return True if METER_NAMES.search(cls) else None
     if len(update.params) < 2:
         return False
     c.flow.assume, c.flow.assume_in = {update.params[1]: TENSOR}, update

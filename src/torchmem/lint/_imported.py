@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import ast
 import os
+import re
+import weakref
 
 from torchmem.lint._syntax import no_grad_item
 from torchmem.lint._walk import Scope, Walker
@@ -303,3 +305,263 @@ def _tests(test: ast.expr, arg: str, value: str) -> bool:
     if isinstance(test.ops[0], ast.In) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
         return any(isinstance(e, ast.Constant) and e.value == value for e in right.elts)
     return False
+
+
+# Calls that leave no graph of what they are given: `val.detach()`, `val.item()`, `float(val)`, ...
+_CUTS = frozenset({"detach", "item", "tolist", "numpy", "float", "int", "detach_"})
+
+
+def imported_update_keeps(name: str, scope: Scope, w: Walker) -> bool | None:
+    """Whether ``name.update(x)``, ``name`` made by a class imported from a module of the project, keeps
+    ``x`` with its graph in an attribute: its ``update`` stores the argument itself (``self.sum += val``)
+    rather than what cuts the graph (``val.detach().cpu()``, ``val.item()``, anycost-gan's
+    ``DistributedMeter``, round CC: TM007 said it kept each step's loss); ``None`` when the class or its
+    ``update`` is not found or stores nothing of the argument."""
+    cls = _class_of(name, scope, w)
+    members = cls.body if cls is not None else []
+    update = next(
+        (s for s in members if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef)) and s.name == "update"),
+        None,
+    )
+    if update is None or len(update.args.args) < 2:
+        return None
+    arg = update.args.args[1].arg
+    cut: set[int] = set()  # ids of the argument's uses under a call that cuts the graph
+    for n in ast.walk(update):
+        fn = n.func if isinstance(n, ast.Call) else None
+        called = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else None
+        if called in _CUTS:
+            cut.update(id(x) for x in ast.walk(n) if isinstance(x, ast.Name) and x.id == arg)
+    rebinds = [
+        n.value for n in ast.walk(update)
+        if isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == arg for t in n.targets)
+    ]  # fmt: skip
+    if rebinds:
+        # `val = val.detach()` first: what is stored later is cut; any other rebinding is not read here
+        made_clean = all(
+            any(id(x) in cut for x in ast.walk(v) if isinstance(x, ast.Name) and x.id == arg) for v in rebinds
+        )
+        return False if made_clean and _stores(update, arg) else None
+    uses = _stores(update, arg)
+    return any(id(x) not in cut for x in uses) if uses else None
+
+
+def _stores(fn: ast.AST, arg: str) -> list[ast.Name]:
+    """The uses of ``arg`` in what ``fn`` stores on ``self`` (assigned, added to, appended)."""
+    out: list[ast.Name] = []
+    for n in ast.walk(fn):
+        value: list[ast.AST] = []
+        if (isinstance(n, ast.Assign) and any(_on_self(t) for t in n.targets)) or (
+            isinstance(n, ast.AugAssign) and _on_self(n.target)
+        ):
+            value = [n.value]
+        elif (
+            isinstance(n, ast.Call)
+            and isinstance(n.func, ast.Attribute)
+            and n.func.attr in ("append", "extend", "add")
+            and _on_self(n.func.value)
+        ):
+            value = list(n.args)
+        out += [x for v in value for x in ast.walk(v) if isinstance(x, ast.Name) and x.id == arg]
+    return out
+
+
+def _on_self(node: ast.AST) -> bool:
+    while isinstance(node, (ast.Subscript, ast.Attribute)):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            return True
+        node = node.value
+    return False
+
+
+_PROJECT_FILES_MAX = 3000  # files of a project read to find who imports a function (more: not looked for)
+_IMPORTERS: dict[str, list[tuple[str, frozenset[str]]]] = {}  # project root -> (file, names it imports)
+_IMPORT_RE = re.compile(r"^[ \t]*from[ \t]+[\w.]+[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
+
+
+def _project_root(path: str) -> str:
+    """The folder above the checked file's top package (its own folder for a file in no package)."""
+    here = os.path.dirname(os.path.abspath(path))
+    while os.path.isfile(os.path.join(here, "__init__.py")) and os.path.dirname(here) != here:
+        here = os.path.dirname(here)
+    return here
+
+
+def _importers(root: str) -> list[tuple[str, frozenset[str]]]:
+    """Every Python file under ``root`` (bounded) with the names its ``from ... import`` lines import."""
+    found = _IMPORTERS.get(root)
+    if found is not None:
+        return found
+    found = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("node_modules", "site-packages")]
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            if len(found) >= _PROJECT_FILES_MAX:
+                break
+            p = os.path.join(folder, f)
+            try:
+                with open(p, encoding="utf-8", errors="replace") as fh:
+                    text = fh.read()
+            except OSError:
+                continue
+            names = {w for m in _IMPORT_RE.findall(text) for w in re.findall(r"\w+", m)}
+            found.append((p, frozenset(names)))
+    if len(_IMPORTERS) >= 16:
+        _IMPORTERS.clear()
+    _IMPORTERS[root] = found
+    return found
+
+
+def called_under_no_grad_elsewhere(name: str, w: Walker) -> bool:
+    """Whether another file of the project imports the function ``name`` from the checked file and calls it
+    under ``no_grad`` (a ``@torch.no_grad()`` entry point, a ``with torch.no_grad():`` block): as a caller in
+    the same file does, it decides that the function's forward passes record no graph (smoothquant's
+    ``get_act_scales``, called only from ``examples/generate_act_scales.py``'s ``@torch.no_grad()`` ``main``,
+    round CC: TM002 said otherwise). Looked for only where a finding is about to be made."""
+    me = os.path.abspath(w.path)
+    for path, names in _importers(_project_root(w.path)):
+        if name not in names or os.path.abspath(path) == me:
+            continue
+        tree = _parsed(path)
+        found = _binding_import(tree, name) if tree is not None else None
+        if found is None or found[1] != name:
+            continue
+        _, where = _module_tree(path, found[0].module, found[0].level)
+        if where is None or os.path.abspath(where) != me:
+            continue
+        try:
+            caller = Walker(tree, path)  # type: ignore[arg-type]
+        except Exception:  # a file the walker cannot read decides nothing
+            continue
+        if name in caller.facts.called_under_no_grad:
+            return True
+    return False
+
+
+def frozen_model(name: str, scope: Scope, w: Walker, depth: int = 0) -> bool:
+    """Whether the model ``name`` (bound from a class, or a parameter that every caller in the file fills
+    with one, through up to three callers' own parameters) is an instance of a class whose ``__init__``
+    turns off ``requires_grad`` for all of its parameters (pytorch-fid's ``InceptionV3(requires_grad=
+    False)``, PickScore, round CC: TM002 said its forward passes record graphs)."""
+    cls = _class_of(name, scope, w)
+    if cls is not None:
+        return _freezes_itself(cls, _made_by(name, scope))
+    if scope.kind != "function" or name not in scope.params or scope.cls is not None:
+        return False
+    pos = scope.params.index(name)
+    callers = 0
+    for other, n in _calls_by_name(w).get(scope.name, ()):
+        if other is scope:
+            continue
+        positional = n.args[pos] if pos < len(n.args) else None
+        arg = next((k.value for k in n.keywords if k.arg == name), positional)
+        if not isinstance(arg, ast.Name):
+            return False
+        given = _class_of(arg.id, other, w)
+        if given is not None:
+            if not _freezes_itself(given, _made_by(arg.id, other)):
+                return False
+        elif depth >= 3 or not frozen_model(arg.id, other, w, depth + 1):  # a caller's own parameter
+            return False
+        callers += 1
+    return callers > 0
+
+
+_CALLS: weakref.WeakKeyDictionary[Walker, dict[str, list[tuple[Scope, ast.Call]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _calls_by_name(w: Walker) -> dict[str, list[tuple[Scope, ast.Call]]]:
+    """Every ``f(...)`` call of the file by the name called, with the scope it is written in (built once)."""
+    found = _CALLS.get(w)
+    if found is None:
+        found = {}
+        for sc in w.scopes:
+            for n in _own_nodes(sc.node):
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Name):
+                    found.setdefault(n.func.id, []).append((sc, n))
+        _CALLS[w] = found
+    return found
+
+
+def _own_nodes(node: ast.AST) -> list[ast.AST]:
+    """The nodes of a scope's own code: not inside the functions, lambdas and classes written in it."""
+    out: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(node))
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        out.append(n)
+        todo.extend(ast.iter_child_nodes(n))
+    return out
+
+
+def _made_by(name: str, scope: Scope) -> ast.Call | None:
+    """The constructor call ``name`` was last bound from (``InceptionV3([3])``, under ``.cuda()``...)."""
+    bound = sorted((b for b in scope.bindings.get(name, ()) if b.value is not None), key=lambda b: -b.line)
+    value = bound[0].value if bound else None
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+        value = value.func.value
+    return value if isinstance(value, ast.Call) else None
+
+
+def _freezes_itself(cls: ast.ClassDef, made: ast.Call | None) -> bool:
+    """``__init__`` sets ``requires_grad`` off for every parameter: ``self.requires_grad_(False)``, or
+    ``for p in self.parameters(): p.requires_grad = flag`` with ``flag`` False, or an ``__init__`` argument
+    whose default is False that the constructor call ``made`` does not give."""
+    init = next((s for s in cls.body if isinstance(s, ast.FunctionDef) and s.name == "__init__"), None)
+    if init is None:
+        return False
+    args = init.args.args
+    defaults = dict(zip([a.arg for a in args[len(args) - len(init.args.defaults) :]], init.args.defaults))
+
+    def off(v: ast.AST) -> bool:
+        if isinstance(v, ast.Constant):
+            return v.value is False
+        if isinstance(v, ast.Name) and v.id in defaults and _is_false(defaults[v.id]):
+            given = made is not None and (
+                any(k.arg == v.id for k in made.keywords)
+                or len(made.args) >= [a.arg for a in args].index(v.id)  # positional (self not counted)
+            )
+            return not given
+        return False
+
+    for n in init.body:
+        if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call):
+            f = n.value.func
+            if (
+                isinstance(f, ast.Attribute)
+                and f.attr == "requires_grad_"
+                and _is_self(f.value)
+                and n.value.args
+                and off(n.value.args[0])
+            ):
+                return True
+        if (
+            isinstance(n, ast.For)
+            and isinstance(n.target, ast.Name)
+            and isinstance(n.iter, ast.Call)
+            and isinstance(n.iter.func, ast.Attribute)
+            and n.iter.func.attr == "parameters"
+            and _is_self(n.iter.func.value)
+        ):
+            for s in n.body:
+                if (
+                    isinstance(s, ast.Assign)
+                    and any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" for t in s.targets)
+                    and off(s.value)
+                ):
+                    return True
+    return False
+
+
+def _is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
+
+
+def _is_false(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value is False

@@ -117,6 +117,9 @@ class ModuleFacts:
     worker_names: set[str] = field(default_factory=set)
     worker_lambdas: set[int] = field(default_factory=set)
     called_under_no_grad: set[str] = field(default_factory=set)
+    # (loop, receiver, method) of each ``memory.clear_memory()`` called in a loop with no argument: a method
+    # of the file's classes that empties attributes empties ``memory``'s (resolved before the rules run)
+    loop_method_calls: list[tuple[Loop, str, str]] = field(default_factory=list)
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
     foreign_names: set[str] = field(default_factory=set)  # names imported from a non-torch runtime
     other_framework: bool = False  # the file imports another deep-learning framework (MXNet, TensorFlow, ...)
