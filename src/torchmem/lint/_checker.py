@@ -155,6 +155,19 @@ class Rules(ForwardChecks, WorkerChecks):
 
     def _on_empty_cache(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         loop = ctx.loop
+        if loop is None and framework_step(scope, ctx):
+            # MiniCPM-o (round CC): an HF Trainer subclass's `training_step` empties the cache between the
+            # forward and the backward; the framework calls it on every step, as a loop would
+            self.add(
+                node,
+                "TM003",
+                f"`empty_cache()` in `{scope.name}`, which the training framework calls on every step: it "
+                "frees nothing the program holds, only the cache the next step must allocate again (slow)",
+                "optimizer-step",
+                "remove it (the allocator reuses its cache), or call it where the framework runs once per "
+                "epoch (`on_train_epoch_end`, a callback's `on_epoch_end`)",
+            )
+            return
         if loop is None or ctx.in_handler:
             return
         if not loop.direct_trains:
@@ -767,3 +780,19 @@ def meter_keeps(c: Rules, recv: ast.expr, scope: Scope, line: int) -> bool | Non
         )
     finally:
         c.flow.assume, c.flow.assume_in = {}, None
+
+
+def framework_step(scope: Scope, ctx: Ctx) -> bool:
+    """Whether code at ``ctx`` runs on every training step of a framework: unconditionally (no ``if``, no
+    ``except`` around it) in the ``training_step`` of a class derived from another (Lightning's, HF
+    Trainer's), outside any loop of the method."""
+    return (
+        scope.kind == "function"
+        and scope.name == "training_step"
+        and scope.cls is not None
+        and bool(scope.cls.bases)
+        and ctx.loop is None
+        and not ctx.branch
+        and not ctx.in_handler
+        and ctx.trial is None
+    )

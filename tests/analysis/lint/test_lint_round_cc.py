@@ -237,3 +237,43 @@ def test_a_model_built_with_its_parameters_requiring_grad_is_flagged() -> None:
         "for param in self.parameters():\n            param.requires_grad = requires_grad", "pass"
     )
     assert "TM002" in codes(plain.format(made="InceptionV3([3])"))
+
+
+# -- MiniCPM-o (recall): `empty_cache()` in an HF Trainer subclass's `training_step` ------------------------
+STEP = """
+import torch
+from {module} import {base}
+
+
+class Tuned({base}):
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = self.compute_loss(model, inputs)
+{cache}
+        self.accelerator.backward(loss)
+        return loss.detach()
+
+    def validation_step(self, batch, batch_idx):
+        torch.cuda.empty_cache()
+        return self.model(batch).mean()
+"""
+
+
+def test_empty_cache_in_a_frameworks_training_step_is_flagged_as_every_step() -> None:
+    for module, base in (("transformers", "Trainer"), ("lightning", "LightningModule")):
+        src = STEP.format(module=module, base=base, cache="        torch.cuda.empty_cache()")
+        found = [f for f in lint_source(textwrap.dedent(src), "trainer.py") if f.code == "TM003"]
+        assert len(found) == 1 and "`training_step`, which the training framework calls" in found[0].message
+        assert found[0].line == 9 and found[0].severity == "warning", found
+
+
+def test_empty_cache_every_n_steps_on_recovery_or_in_a_class_of_no_framework_is_not() -> None:
+    """The twins: under `if` (every 50 steps), in an `except` (out-of-memory recovery), in a class with no
+    base (nothing calls it per step that the file shows), in `validation_step` (no optimizer step)."""
+    guarded = "        if self.state.global_step % 50 == 0:\n            torch.cuda.empty_cache()"
+    handler = (
+        "        try:\n            pass\n        except RuntimeError:\n            torch.cuda.empty_cache()"
+    )
+    for cache in (guarded, handler):
+        assert "TM003" not in codes(STEP.format(module="transformers", base="Trainer", cache=cache)), cache
+    plain = STEP.format(module="transformers", base="Trainer", cache="        torch.cuda.empty_cache()")
+    assert "TM003" not in codes(plain.replace("class Tuned(Trainer):", "class Tuned:"))
