@@ -419,3 +419,19 @@ def clear_through_methods(facts: ModuleFacts) -> None:
             key = f"{recv}.{attr}"
             for lp in loop.chain():
                 lp.cleared.add(key)
+
+
+def framework_step(scope: Scope, ctx: Ctx) -> bool:
+    """Whether code at ``ctx`` runs on every training step of a framework: unconditionally (no ``if``, no
+    ``except`` around it) in the ``training_step`` of a class derived from another (Lightning's, HF
+    Trainer's), outside any loop of the method."""
+    return (
+        scope.kind == "function"
+        and scope.name == "training_step"
+        and scope.cls is not None
+        and bool(scope.cls.bases)
+        and ctx.loop is None
+        and not ctx.branch
+        and not ctx.in_handler
+        and ctx.trial is None
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from torchmem.lint._calls import clear_through_methods
+from torchmem.lint._calls import clear_through_methods, framework_step
 from torchmem.lint._flow import DataFlow
 from torchmem.lint._forward import ForwardChecks, in_forward
 from torchmem.lint._grad_wanted import attack_fix, feeds_grad_input, grad_inputs
@@ -156,17 +156,7 @@ class Rules(ForwardChecks, WorkerChecks):
     def _on_empty_cache(self, scope: Scope, node: ast.AST, ctx: Ctx, extra: object) -> None:
         loop = ctx.loop
         if loop is None and framework_step(scope, ctx):
-            # MiniCPM-o (round CC): an HF Trainer subclass's `training_step` empties the cache between the
-            # forward and the backward; the framework calls it on every step, as a loop would
-            self.add(
-                node,
-                "TM003",
-                f"`empty_cache()` in `{scope.name}`, which the training framework calls on every step: it "
-                "frees nothing the program holds, only the cache the next step must allocate again (slow)",
-                "optimizer-step",
-                "remove it (the allocator reuses its cache), or call it where the framework runs once per "
-                "epoch (`on_train_epoch_end`, a callback's `on_epoch_end`)",
-            )
+            empty_cache_per_step(self, scope, node)  # MiniCPM-o (round CC): an HF Trainer's training_step
             return
         if loop is None or ctx.in_handler:
             return
@@ -782,17 +772,15 @@ def meter_keeps(c: Rules, recv: ast.expr, scope: Scope, line: int) -> bool | Non
         c.flow.assume, c.flow.assume_in = {}, None
 
 
-def framework_step(scope: Scope, ctx: Ctx) -> bool:
-    """Whether code at ``ctx`` runs on every training step of a framework: unconditionally (no ``if``, no
-    ``except`` around it) in the ``training_step`` of a class derived from another (Lightning's, HF
-    Trainer's), outside any loop of the method."""
-    return (
-        scope.kind == "function"
-        and scope.name == "training_step"
-        and scope.cls is not None
-        and bool(scope.cls.bases)
-        and ctx.loop is None
-        and not ctx.branch
-        and not ctx.in_handler
-        and ctx.trial is None
+def empty_cache_per_step(c: Rules, scope: Scope, node: ast.AST) -> None:
+    """TM003 for ``empty_cache()`` in a framework's ``training_step`` (see :func:`framework_step`): an HF
+    Trainer subclass that empties the cache between the forward and the backward, on every step."""
+    c.add(
+        node,
+        "TM003",
+        f"`empty_cache()` in `{scope.name}`, which the training framework calls on every step: it "
+        "frees nothing the program holds, only the cache the next step must allocate again (slow)",
+        "optimizer-step",
+        "remove it (the allocator reuses its cache), or call it where the framework runs once per "
+        "epoch (`on_train_epoch_end`, a callback's `on_epoch_end`)",
     )

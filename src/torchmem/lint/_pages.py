@@ -197,9 +197,10 @@ If memory grows step after step, find what holds it (`torchmem run train.py`) in
 ## When it does not fire
 
 Outside a loop, in a loop that does not train itself (once per epoch), under an `if` inside the loop (a
-periodic call), or in an `except` handler (recovery after an out-of-memory error). It does fire, outside any loop,
-in the `training_step` of a class derived from a framework's (an HF `Trainer`, a `LightningModule`): the framework
-calls it on every step, as a loop would (not under an `if` or in an `except` there either). Shown by default (the
+periodic call), or in an `except` handler (recovery after an out-of-memory error). It does fire, outside
+any loop, in the `training_step` of a class derived from a framework's (an HF `Trainer`, a
+`LightningModule`): the framework calls it on every step, as a loop would (not under an `if` or in an
+`except` there either). Shown by default (the
 "optimizer-step" form) when the loop steps an optimizer and the model it calls is not built inside it; a
 loop over a zoo of models (each of another size) or one with only a backward is reported by
 `torchmem lint --all`.
