@@ -43,11 +43,17 @@ class HostSeries:
 
     def rate(self) -> float:
         """Growth per step over the last readings (0 when falling or unknown)."""
-        if len(self.steps) < 2:
-            return 0.0
-        i = max(0, len(self.steps) - WINDOW)
-        s0, v0, s1, v1 = self.steps[i], self.values[i], self.steps[-1], self.values[-1]
-        return max(0.0, (v1 - v0) / (s1 - s0)) if s1 > s0 else 0.0
+        return _rate(self.steps, self.values)
+
+
+def _rate(steps: Sequence[int], values: Sequence[int]) -> float:
+    """Growth per step from the first to the last of the last ``WINDOW`` readings (0 when falling, flat or
+    fewer than two)."""
+    if len(steps) < 2:
+        return 0.0
+    i = max(0, len(steps) - WINDOW)
+    s0, v0, s1, v1 = steps[i], values[i], steps[-1], values[-1]
+    return max(0.0, (v1 - v0) / (s1 - s0)) if s1 > s0 else 0.0
 
 
 class HostReadings:
@@ -202,10 +208,7 @@ class HostReadings:
     def fresh_rss_rate(self) -> float | None:
         """The RSS's growth per step over its readings since it was last judged afresh (the last ``WINDOW``
         of them; ``None`` before three): the whole run's RSS series spans the scans' own memory."""
-        rs, rv = self.rs, self.rv  # (bounded to the last WINDOW readings)
-        if len(rs) < 3 or rs[-1] <= rs[0]:
-            return None
-        return max(0.0, (rv[-1] - rv[0]) / (rs[-1] - rs[0]))
+        return _rate(self.rs, self.rv) if len(self.rs) >= 3 else None
 
     def afresh(self, *, figure: bool) -> None:
         """After a scan sequence: the RSS (and with ``figure`` the host figure, an RSS) is judged afresh (the

@@ -17,7 +17,7 @@ import os
 import re
 import weakref
 
-from torchmem.lint._syntax import no_grad_item
+from torchmem.lint._syntax import is_const, no_grad_item
 from torchmem.lint._walk import Scope, Walker
 
 _UP = 4  # folders above the checked file's where an absolute import may start
@@ -522,7 +522,7 @@ def _freezes_itself(cls: ast.ClassDef, made: ast.Call | None) -> bool:
     def off(v: ast.AST) -> bool:
         if isinstance(v, ast.Constant):
             return v.value is False
-        if isinstance(v, ast.Name) and v.id in defaults and _is_false(defaults[v.id]):
+        if isinstance(v, ast.Name) and v.id in defaults and is_const(defaults[v.id], False):
             given = made is not None and (
                 any(k.arg == v.id for k in made.keywords)
                 or len(made.args) >= [a.arg for a in args].index(v.id)  # positional (self not counted)
@@ -561,7 +561,3 @@ def _freezes_itself(cls: ast.ClassDef, made: ast.Call | None) -> bool:
 
 def _is_self(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id == "self"
-
-
-def _is_false(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and node.value is False
