@@ -29,6 +29,7 @@ import torch
 
 from torchmem.analysis.holders.find import _shared_value
 from torchmem.analysis.holders.roots import FrameSnapshots
+from torchmem.capture.host_walk import Heap, as_heap
 from torchmem.devices._ledger_sites import internal_dirs as _internal_dirs
 from torchmem.devices._storage import key_of_storage
 
@@ -68,15 +69,16 @@ def _program_modules() -> dict[str, Any]:
     return out
 
 
-def _containers(objs: Sequence[Any]) -> list[Any]:
+def _containers(objs: Heap | list[Any]) -> list[Any]:
     """The lists, dicts and deques among ``objs``, and the dicts the garbage collector does not track (a dict
     whose keys and values are all untracked, such as ``{"k3": ndarray}``, is untracked itself:
     ``gc.get_objects()`` does not list it) that the program's own namespaces refer to: its modules' globals,
     the instances of its classes, the running frames' locals. C-speed filtering; ~0.1 s at 300,000
     objects."""
-    kinds = set(map(type, objs))
+    heap = as_heap(objs)
+    kinds = heap.types()
     types = {t for t in kinds if issubclass(t, _CONTAINERS)}
-    out = list(itertools.compress(objs, map(types.__contains__, map(type, objs))))
+    out = list(heap.of_types(types))
     modules = _program_modules()
     mine = {t for t in kinds if getattr(t, "__module__", "") in modules}
     namespaces: list[Any] = [
@@ -89,9 +91,7 @@ def _containers(objs: Sequence[Any]) -> list[Any]:
                 loc = snapshots.read_dict(f)  # (3.13+: a copy of the proxy, dropped below)
                 if loc is not None:
                     namespaces.append(loc)
-        refs = gc.get_referents(
-            *namespaces, *itertools.compress(objs, map(mine.__contains__, map(type, objs)))
-        )
+        refs = gc.get_referents(*namespaces, *heap.of_types(mine))
         namespaces.clear()
     finally:
         snapshots.release()
@@ -118,7 +118,7 @@ def _lengths(conts: list[Any]) -> list[int]:
         return out
 
 
-def container_lengths(objs: Sequence[Any], own: Iterable[Any]) -> dict[int, int]:
+def container_lengths(objs: Heap | list[Any], own: Iterable[Any]) -> dict[int, int]:
     """``{id: len}`` of the lists, dicts and deques among ``objs`` with at least 4 entries (bounded),
     torchmem's own objects left out."""
     conts = _containers(objs)[:_MAX_CONTAINERS]
@@ -129,7 +129,7 @@ def container_lengths(objs: Sequence[Any], own: Iterable[Any]) -> dict[int, int]
 
 
 def still_growing(
-    objs: Sequence[Any], before: Mapping[int, tuple[int, ...]]
+    objs: Heap | list[Any], before: Mapping[int, tuple[int, ...]]
 ) -> tuple[dict[int, tuple[int, ...]], dict[int, Any]]:
     """The containers of ``before`` (``{id: (lengths so far)}``) that are longer now than at every earlier
     reading: ``({id: lengths with now's}, {id: container})``. A container that shrank or stayed drops out."""

@@ -53,6 +53,7 @@ from torchmem.capture.host_trace import HostNotes, HostTracer
 from torchmem.capture.host_walk import (
     NO_SEQ,
     SAMPLES_PER_TYPE,
+    Heap,
     HostScan,
     count_nodes,
     count_types,
@@ -291,7 +292,7 @@ class HostScanner:
         lines = tracer.end_line_window() if phase == 1 else None
         self._states.append(read_state())
         c0 = time.thread_time()
-        objs = gc.get_objects()
+        objs = Heap(gc.get_objects())  # each object's type read once, for every pass below
         tensors: list[torch.Tensor] = []
         samples: dict[str, list[Any]] = {}
         created: dict[str, str | None] = {}
@@ -360,6 +361,7 @@ class HostScanner:
                 scan.lens = {k: (v,) for k, v in container_lengths(objs, own).items()}
                 self.containers_seen = len(scan.lens)
         finally:
+            objs.clear()
             del objs
         if phase == 1 and self._tensors_explain(prev, scan):
             self._end_sequence(n, found=False)

@@ -10,13 +10,12 @@ shapes keep coming.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from torchmem.analysis.host_state import ProcessState
+from torchmem.capture.host_walk import Heap, as_heap
 from torchmem.devices._state import cudnn_benchmark_on, memory_history_recording
 
 
@@ -74,17 +73,18 @@ def _recording(p: Any) -> bool:
     return bool(getattr(inner, "entered", False)) and getattr(inner, "kineto_results", None) is None
 
 
-def running_profilers(objs: Sequence[Any]) -> list[Any]:
+def running_profilers(objs: Heap | list[Any]) -> list[Any]:
     """The recording profiler objects among ``objs`` (a heap listing): the outer ``torch.profiler.profile``
     where there is one (what the program holds), else the autograd profile itself. C-speed filtering.
     """
     kinds = _profile_types()
     if not kinds:
         return []
-    types = {t for t in set(map(type, objs)) if issubclass(t, kinds)}
+    heap = as_heap(objs)
+    types = {t for t in heap.types() if issubclass(t, kinds)}
     if not types:
         return []
-    found = [p for p in itertools.compress(objs, map(types.__contains__, map(type, objs))) if _recording(p)]
+    found = [p for p in heap.of_types(types) if _recording(p)]
     inner = {id(getattr(p, "profiler", None)) for p in found}
     return [p for p in found if id(p) not in inner][:4]
 
