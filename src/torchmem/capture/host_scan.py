@@ -678,5 +678,6 @@ def own_objects(watcher: object) -> list[Any]:
         if isinstance(o, (list, collections.deque)) and (not o or not gc.is_tracked(o[0])):
             continue  # numbers (the series): nothing more of ours is inside
         if isinstance(o, _OWN_STATE):
-            stack.extend(filter(gc.is_tracked, gc.get_referents(o)))  # numbers and strings: skipped at C speed
+            # (numbers and strings, untracked, are skipped at C speed)
+            stack.extend(filter(gc.is_tracked, gc.get_referents(o)))
     return out
