@@ -108,6 +108,7 @@ class CallEvents:
                     key = dotted(recv)
                     if key is not None and call.args == [] and name == "backward":
                         scope.backwarded.add(key)
+                        scope.backward_lines.setdefault(key, []).append(call.lineno)
                 if name == "backward" and call.args and isinstance(func, ast.Attribute):
                     engine = dotted(func.value)
                     if engine is not None:
@@ -119,6 +120,7 @@ class CallEvents:
                     key = dotted(call.args[0])
                     if key is not None:
                         scope.backwarded.add(key)
+                        scope.backward_lines.setdefault(key, []).append(call.lineno)
                 if retains and loop is not None:
                     create = any(k.arg == "create_graph" and is_const(k.value, True) for k in call.keywords)
                     if not create:

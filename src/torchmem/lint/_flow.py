@@ -107,9 +107,11 @@ class DataFlow:
                 found = self._binding_kind(key, scope, line, depth)
                 if found != UNKNOWN:
                     return found
-                if key in scope.backwarded:
+                if key in scope.backwarded and _backwarded_since_bound(key, scope, line):
                     return TENSOR
             if isinstance(expr, ast.Attribute):
+                if expr.attr not in _TENSOR_ATTRS and self._loss_object(expr.value, scope, line):
+                    return UNKNOWN  # a field of what a loss function returned: not a tensor's attribute
                 return TENSOR if self.kind(expr.value, scope, line, depth + 1) == TENSOR else UNKNOWN
             return UNKNOWN
         if isinstance(expr, ast.Subscript):
@@ -156,6 +158,28 @@ class DataFlow:
     def _elements(self, elts: Iterable[ast.AST | None], scope: Scope, line: int, depth: int) -> int:
         kinds = {self.kind(e, scope, line, depth + 1) for e in elts if not isinstance(e, ast.Starred)}
         return TENSOR if TENSOR in kinds else (SAFE if kinds <= {SAFE} else UNKNOWN)
+
+    def _loss_object(self, expr: ast.expr, scope: Scope, line: int) -> bool:
+        """Whether ``expr`` names what a loss function of another module returned (``losses =
+        component.compute_loss(batch)``): taken as the loss tensor, but a field read from it
+        (``losses.intermediate_losses``) says it is an object, whose fields the data flow does not know (iris,
+        round DD: a dict of ``.item()`` floats). A model's output keeps its fields (``out.logits``)."""
+        key = dotted(expr) if isinstance(expr, (ast.Name, ast.Attribute)) else None
+        if key is None:
+            return False
+        bound = [b for b in scope.bindings.get(key, ()) if b.line < line]
+        if not bound:
+            return False
+        best = max(bound, key=lambda b: b.line)
+        value = best.value
+        return (
+            isinstance(value, ast.Call)
+            and best.index is None
+            and best.path is None
+            and is_loss_callee(value.func)
+            and not is_model_callee(value.func)
+            and self.function_of(value, scope) is None
+        )
 
     def _binding_kind(self, key: str, scope: Scope, line: int, depth: int) -> int:
         best: Binding | None = None
@@ -352,6 +376,21 @@ class DataFlow:
 
 _TO_NUMBER_METHODS = frozenset({"item", "tolist"})
 _TO_NUMBER_BUILTINS = frozenset({"float", "int"})
+
+
+# What a tensor has as attributes that are tensors themselves (others are metadata: SAFE_ATTRS).
+_TENSOR_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag", "grad_fn"})
+
+
+def _backwarded_since_bound(key: str, scope: Scope, line: int) -> bool:
+    """Whether the value ``key`` holds at ``line`` is one that ``.backward()`` runs on: a backward of the name
+    at or after its last binding before ``line``. A name rebound after its backward to what an unknown
+    function returns (``[loss] = reduce_to_floats([loss])``: SimpleAICV, round DD) is not that tensor."""
+    bound = [b.line for b in scope.bindings.get(key, ()) if b.line < line]
+    if not bound:
+        return True  # a parameter, a name bound elsewhere: the backward is the evidence
+    last = max(bound)
+    return any(at >= last for at in scope.backward_lines.get(key, ()))
 
 
 def _number_or_itself(expr: ast.IfExp) -> bool:

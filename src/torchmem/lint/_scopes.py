@@ -76,6 +76,7 @@ class Scope:
     kind: str  # "module", "function", "lambda"
     bindings: dict[str, list[Binding]] = field(default_factory=dict)
     backwarded: set[str] = field(default_factory=set)
+    backward_lines: dict[str, list[int]] = field(default_factory=dict)  # the lines each name is backwarded at
     no_grad_all: bool = False  # decorated with no_grad / set_grad_enabled(False) as a statement
     grad_handled: bool = False  # any no_grad / inference_mode / set_grad_enabled in the scope
     enable_grad: bool = False
