@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from torchmem._gc import items_now
+
 _ATOMIC = (type(None), bool, int, float, complex, str, bytes, bytearray, range, type, types.ModuleType)
 _MAX_OBJECTS = 2_000_000
 
@@ -170,7 +172,7 @@ class _Walker:
                         b, BUFFER, f"{n}.{sub_name}.{bname}" if sub_name else f"{n}.{bname}", sub, bname
                     )
             # Tensors kept as plain attributes and in hooks' closures.
-            for attr, v in list(vars(sub).items()):
+            for attr, v in items_now(vars(sub)):
                 if attr in ("_parameters", "_buffers", "_modules"):
                     continue
                 prefix = f"{n}.{sub_name}" if sub_name else n
@@ -189,7 +191,7 @@ class _Walker:
                 for k, v in list(state.items()):
                     if isinstance(v, torch.Tensor):
                         self.add_tensor(v, OPTIMIZER_STATE, f"{n}.state[{pname}][{k!r}]", opt, (p, k))
-        for attr, v in list(vars(opt).items()):
+        for attr, v in items_now(vars(opt)):
             if attr not in ("state", "param_groups"):
                 stack.append((v, f"{n}.{attr}"))
 
@@ -240,7 +242,7 @@ class _Walker:
                 stack.append((getattr(o, fld.name, None), f"{n}.{fld.name}"))
         d = getattr(o, "__dict__", None)
         if isinstance(d, dict):
-            for k, v in list(d.items()):
+            for k, v in items_now(d):
                 stack.append((v, f"{n}.{k}"))
         for cls in type(o).__mro__:
             for slot in getattr(cls, "__slots__", ()) or ():

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from torchmem._gc import items_now, values_now
 from torchmem.analysis.host import ChainFact, ChainGrowth, ObjectFact
 from torchmem.analysis.host_state import NODE_BYTES, LineGrowth, StateEvidence, closest_line
 from torchmem.analysis.leaks import holder_name, holder_pattern, through_hook
@@ -204,10 +205,10 @@ def _own_type_names() -> frozenset[str]:
     samplers), less the run parts' common names."""
     if not _OWN_TYPES:
         names = set()
-        for name, mod in list(sys.modules.items()):
+        for name, mod in items_now(sys.modules):
             run = name.startswith("torchmem.run")
             if (run or name.startswith("torchmem.capture")) and mod is not None:
-                for v in list(vars(mod).values()):
+                for v in values_now(vars(mod)):
                     mine = isinstance(v, type) and getattr(v, "__module__", "") == name
                     if mine and not (run and v.__name__ in _COMMON_NAMES):
                         names.add(v.__name__)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from torchmem._gc import items_now
 from torchmem.analysis.holders.find import _shared_value
 from torchmem.analysis.holders.roots import FrameSnapshots
 from torchmem.capture.host_walk import Heap, as_heap
@@ -60,7 +61,7 @@ def _program_modules() -> dict[str, Any]:
     library and installed packages."""
     internal = _internal()
     out: dict[str, Any] = {}
-    for name, mod in list(sys.modules.items()):
+    for name, mod in items_now(sys.modules):
         fn = getattr(mod, "__file__", None) or ""
         if name == "__main__" or (
             fn and not fn.startswith(internal) and _LIBRARY not in fn and _LIBRARY_DEB not in fn

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from torchmem._gc import items_now, values_now
 from torchmem.analysis.holders.autograd import subclasses
 from torchmem.analysis.holders.index import HeapIndex
 from torchmem.analysis.holders.roots import IPYTHON_HISTORY, SYS_LAST, FrameSnapshots, Root, frame_description
@@ -445,12 +446,14 @@ class PathNamer:
                 cache = self.positions_cache.get(id(d))
                 if cache is None:
                     cache = {}
-                    for k, v in list(dict.items(d)):  # a copy: another thread may change `d` meanwhile
+                    for k, v in items_now(
+                        d
+                    ):  # a copy: another thread or a collection may change `d` meanwhile
                         cache.setdefault(id(v), []).append(k)
                     self.positions_cache[id(d)] = cache
                 keys = [k for k in cache.get(id(child), ()) if dict.get(d, k, MISSING) is child]
             else:
-                keys = [k for k, v in list(dict.items(d)) if v is child]
+                keys = [k for k, v in items_now(d) if v is child]
         else:
             try:
                 keys = [k for k, v in list(d.items()) if v is child]
@@ -499,7 +502,7 @@ class PathNamer:
         children: set[int] = set()
         for m in mods:
             sub = m.__dict__.get("_modules") or {}
-            children.update(id(x) for x in list(sub.values()) if x is not None)
+            children.update(id(x) for x in values_now(sub) if x is not None)
         for m in mods:
             if id(m) in children:
                 continue

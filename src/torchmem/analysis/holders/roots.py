@@ -27,6 +27,8 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
+from torchmem._gc import items_now, values_now
+
 CO_OPTIMIZED = 0x0001  # a function frame: f_locals is a snapshot (<= 3.12) or a proxy (3.13+)
 # A generator's, coroutine's or async generator's code. Before Python 3.11 the frame of one is an object of
 # its own that its generator refers to: an executing one is a link of a path (a generator that iterates the
@@ -178,7 +180,7 @@ class RootSet:
     def collect(self) -> None:
         """Find every root: module globals, IPython's namespace, live frames, exceptions being handled."""
         roots = self.by_id
-        for name, mod in list(sys.modules.items()):
+        for name, mod in items_now(sys.modules):
             if isinstance(mod, types.ModuleType):
                 try:
                     d = mod.__dict__
@@ -272,7 +274,7 @@ class RootSet:
         found = self._namespaces
         if found is None:
             found = {}
-            for m in list(sys.modules.values()):
+            for m in values_now(sys.modules):
                 d = getattr(m, "__dict__", None)
                 if isinstance(d, dict):
                     found[id(d)] = d

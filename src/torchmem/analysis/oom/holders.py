@@ -38,6 +38,7 @@ import torch
 
 from torchmem._exceptions import exception_chain
 from torchmem._format import fmt_bytes
+from torchmem._gc import items_now
 from torchmem.analysis.holders.cycles import expression
 from torchmem.analysis.holders.roots import CO_OPTIMIZED, FrameSnapshots
 from torchmem.analysis.live import LiveCensus, Storage, census, graph_tensors, tensor_parts
@@ -289,7 +290,7 @@ def _graph_variables(frames: list[tuple[types.FrameType, int]], snaps: FrameSnap
     if main is not None and isinstance(getattr(main, "__dict__", None), dict):
         spaces.append(main.__dict__)
     for ns in spaces:
-        for name, v in list(ns.items()):
+        for name, v in items_now(ns):
             if not name.startswith("__") and name.isidentifier() and _has_graph(v):
                 found.setdefault(name, None)
     return list(found)
