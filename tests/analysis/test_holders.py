@@ -751,7 +751,7 @@ def test_a_collection_whose_finalizers_import_while_the_roots_are_read_still_nam
 ) -> None:
     # On Python 3.11 an allocation can run a collection, and its finalizers other Python code (a thread
     # switch too), in the middle of `list(sys.modules.items())`: "dictionary changed size during iteration",
-    # and "no holders found" for a tensor a global holds (CI at `1b6f1c1`). The roots and names are read
+    # and "no holders found" for a tensor a global holds (CI at `d36b584`). The roots and names are read
     # from copies that `dict.copy` takes without running any other code, with collections off.
     put("LAZY_KEPT", [torch.zeros(2)])
     old = gc.get_threshold()
