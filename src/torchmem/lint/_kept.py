@@ -233,13 +233,11 @@ class KeptChecks:
             return
         form, bound = _step_bound(tm001_form(grows), key, list(ctx.loop.chain()))
         if form == "backward-ran" and self._fresh_per_call(scope, key, list(ctx.loop.chain())):
-            form, bound = (
-                "backward-in-step",
-                (
-                    f"; `{key}` is made afresh on every call of `{scope.name}`, which steps no optimizer (its "
-                    "caller does): what it keeps is one optimizer step's micro-batches, released when the call's "
-                    "result is dropped, so it does not grow with the run"
-                ),
+            form = "backward-in-step"
+            bound = (
+                f"; `{key}` is made afresh on every call of `{scope.name}`, which steps no optimizer "
+                "(its caller does): what it keeps is one optimizer step's micro-batches, released when "
+                "the call's result is dropped, so it does not grow with the run"
             )
         self.add(
             node,

@@ -68,16 +68,19 @@ numbers (`train_step(...)` returning `loss.item()`); the container or total is r
 (gradient accumulation); the loop has no `.backward()` and no optimizer `.step()`; the value's origin is
 unknown to the local data flow (a call to a function of another file that is not a model or a loss, a class
 call, `get_model(...)`, `compute_loss_scale(...)`: names that make or describe, not compute, are not taken
-for a forward or a loss; of `a, b, c = criterion(...)` only the first element is taken for the loss); the
+for a forward or a loss; of `a, b, c = criterion(...)` only the first element is taken for the loss; a field
+read from what a loss function returned, `losses.intermediate_losses`, is no tensor's attribute: its type is
+unknown; a name rebound after its `.backward()` to what an unknown call returns is no longer that tensor); the
 file imports another framework (MXNet, TensorFlow, JAX, ...) and nothing of torch's world (its `autograd`
 and `backward()` are that framework's); the receiver of `.add(...)`/`.append(...)` is a name an import binds
 (`from labml import tracker`: `tracker.add({"loss": loss})` is that package's logging API, not a container).
 
 Shown by default: the "backward-ran" form, and the "output-kept" form when the container outlives an
 optimizer step. Outputs kept by a list made afresh for each step (its micro-batches, "output-in-step"),
-a loss total made afresh by the loop that steps the optimizer and added to over that step's micro-batches
-("backward-in-step": one step's autograd nodes, released at the next step) and graphs no backward is seen
-to run through ("no-backward") are reported by `torchmem lint --all`.
+a loss total made afresh by the loop that steps the optimizer and added to over that step's micro-batches,
+or made afresh by each call of a function that steps no optimizer and that a loop of the file calling it
+steps after each call ("backward-in-step": one step's autograd nodes, released at the next step) and graphs
+no backward is seen to run through ("no-backward") are reported by `torchmem lint --all`.
 
 Suppress one line with `# noqa: TM001`.
 """,
@@ -381,8 +384,9 @@ Trackers that convert what they are given at once keep no graph and are not flag
 `SummaryWriter.add_scalar(s)` (`make_np`), `mlflow.log_metric` (`float(...)`), a logger's
 `log_metrics`, Lightning's `self.log(...)`; `print` and `logging`. Also: a meter class of the same file
 whose `update` keeps nothing of its argument; values that are `.item()`, `.detach()`, `float(...)`, from
-a `@torch.no_grad()` function of the file (nanoGPT's `estimate_loss`), or of unknown origin; calls outside
-a training loop or under `no_grad`.
+a `@torch.no_grad()` function of the file (nanoGPT's `estimate_loss`), or of unknown origin (among them
+a loss rebound after its `.backward()` to what a helper of another file returns: `[loss] =
+reduce_to_floats([loss])`); calls outside a training loop or under `no_grad`.
 
 Suppress with `# noqa: TM007`.
 """,
