@@ -172,6 +172,8 @@ class DataFlow:
             return False
         best = max(bound, key=lambda b: b.line)
         value = best.value
+        while isinstance(value, ast.BinOp):  # `component.compute_loss(batch) / grad_acc_steps` (iris)
+            value = value.left
         return (
             isinstance(value, ast.Call)
             and best.index is None

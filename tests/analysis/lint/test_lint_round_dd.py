@@ -99,6 +99,9 @@ def test_a_field_of_a_loss_functions_result_is_not_taken_for_the_loss() -> None:
         "            intermediate_losses[name] += value / steps"
     )
     assert codes(FIELDS.format(use=use)) == []
+    # as iris writes it: the loss object divided by the accumulation steps (the class's `__truediv__`)
+    scaled = FIELDS.replace("component.compute_loss(batch)", "component.compute_loss(batch) / steps")
+    assert codes(scaled.format(use=use)) == []
 
 
 def test_the_backwarded_field_the_result_itself_and_a_models_output_field_stay_flagged() -> None:
