@@ -14,6 +14,7 @@ import ast
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from torchmem.lint._per_call import fresh_per_call, per_call_words
 from torchmem.lint._rules import WARNING, severity
 from torchmem.lint._syntax import (
     TENSOR,
@@ -23,7 +24,6 @@ from torchmem.lint._syntax import (
     is_model_callee,
     last_name,
     node_line,
-    optimizer_step,
     short,
 )
 from torchmem.lint._walk import Ctx, Loop, Scope, names_in
@@ -232,13 +232,8 @@ class KeptChecks:
         if loop is None:
             return
         form, bound = _step_bound(tm001_form(grows), key, list(ctx.loop.chain()))
-        if form == "backward-ran" and self._fresh_per_call(scope, key, list(ctx.loop.chain())):
-            form = "backward-in-step"
-            bound = (
-                f"; `{key}` is made afresh on every call of `{scope.name}`, which steps no optimizer "
-                "(its caller does): what it keeps is one optimizer step's micro-batches, released when "
-                "the call's result is dropped, so it does not grow with the run"
-            )
+        if form == "backward-ran" and fresh_per_call(self.w, self.flow, scope, key, list(ctx.loop.chain())):
+            form, bound = "backward-in-step", per_call_words(key, scope)
         self.add(
             node,
             "TM001",
@@ -246,50 +241,6 @@ class KeptChecks:
             f"iterations of a training loop (line {node_line(loop.node)}): {grows}{bound}",
             form,
         )
-
-    def _fresh_per_call(self, scope: Scope, key: str, chain: list[Loop]) -> bool:
-        """Whether a total kept across a loop's iterations lives for one call of a function that steps no
-        optimizer: a plain local bound before the loop, in a function with no optimizer step (nor a call
-        of one of this file's functions that steps), called by a loop of this file that steps. The loop's
-        backwards then all feed one optimizer step, the caller's (modulus-sym's ``adam_compute_gradients``:
-        ``loss = 0`` then ``loss += loss_minibatch`` over ``grad_agg_freq`` micro-batches, round EE)."""
-        if scope.kind != "function" or "." in key or key in scope.params or key in scope.declared:
-            return False
-        if scope.steps or any(lp.steps for lp in chain):
-            return False
-        outer = chain[-1].node
-        start = getattr(outer, "lineno", 0)
-        if not any(b.line < start and b.value is not None for b in scope.bindings.get(key, ())):
-            return False
-        for node in ast.walk(scope.node):
-            if isinstance(node, ast.Call) and self._steps(node, scope):
-                return False
-        return self._called_per_step(scope)
-
-    def _steps(self, call: ast.Call, scope: Scope) -> bool:
-        """``opt.step()``, or a call of a function of this file that steps an optimizer."""
-        if optimizer_step(call):
-            return True
-        callee = self.flow.function_of(call, scope)
-        return callee is not None and callee is not scope and callee.steps
-
-    def _called_per_step(self, fn: Scope) -> bool:
-        """Whether this file calls ``fn`` inside a loop that also steps an optimizer (each call is one step's
-        work): without such a caller, a loop that runs backward and never steps may be a whole dataset's
-        (gradients of an evaluation, saliency), not one step's micro-batches."""
-        callers = [*self.w.functions.values(), self.w.module]
-        for caller in callers:
-            if caller is fn:
-                continue
-            for loop in ast.walk(caller.node):
-                if not isinstance(loop, (ast.For, ast.While, ast.AsyncFor)):
-                    continue
-                calls = [n for n in ast.walk(loop) if isinstance(n, ast.Call)]
-                if any(self.flow.function_of(c, caller) is fn for c in calls) and any(
-                    self._steps(c, caller) for c in calls
-                ):
-                    return True
-        return False
 
     @staticmethod
     def _made_by_torch(scope: Scope, key: str, line: int) -> bool:
