@@ -446,9 +446,8 @@ class PathNamer:
                 cache = self.positions_cache.get(id(d))
                 if cache is None:
                     cache = {}
-                    for k, v in items_now(
-                        d
-                    ):  # a copy: another thread or a collection may change `d` meanwhile
+                    # a copy: another thread, or a collection's finalizers, may change `d` meanwhile
+                    for k, v in items_now(d):
                         cache.setdefault(id(v), []).append(k)
                     self.positions_cache[id(d)] = cache
                 keys = [k for k in cache.get(id(child), ()) if dict.get(d, k, MISSING) is child]
