@@ -149,3 +149,42 @@ def test_the_run_names_kept_outputs_from_the_tensors_born_during_the_run() -> No
     culprits, _ = timeline_culprits(cpu, born_before, 40 * KiB, "step", backward=False)
     assert culprits and culprits[0].kind == "device_accumulation", culprits
     assert "graph" not in culprits[0].fix and "detached" in (culprits[0].holder or ""), culprits[0]
+
+
+def test_the_model_state_remade_each_step_is_not_named_for_what_a_loop_kept() -> None:
+    """The same path with a model whose gradients and Adam moments (a 256x1000 layer: 1 MB each, remade by
+    ``zero_grad(set_to_none=True)`` and alive at the end) outweigh each kept output (64x1000: 256 KB): what
+    grew is the many outputs of one size that ``val_outputs`` keeps. It named the gradient
+    (``loss.grad_fn -> graph leaf (AccumulateGrad.variable).grad``, "`loss` carries its autograd graph")."""
+    from torchmem.run.timeline import live_storages, timeline_culprits
+
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1000))
+    opt = torch.optim.Adam(model.parameters())
+    born_before = set(live_storages(cpu))
+    val_outputs = []
+    for _ in range(4):
+        for _ in range(3):
+            loss = model(torch.randn(8, 256)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            val_outputs += [model(torch.randn(64, 256)) for _ in range(4)]
+    grown = 16 * 64 * 1000 * 4
+    culprits, _ = timeline_culprits(cpu, born_before, grown / 12, "step", backward=True, grown=grown)
+    assert culprits and culprits[0].kind == "device_accumulation", culprits
+    assert "val_outputs" in (culprits[0].holder or ""), culprits[0].holder
+    assert "AccumulateGrad" not in (culprits[0].holder or "") and ".state[" not in (culprits[0].holder or "")
+    # must not: where the optimizers' state is what grew (an optimizer made anew and kept per epoch), it is
+    # named: what else is alive (the kept outputs, dropped here) is less than half the growth
+    val_outputs.clear()
+    opts = [opt]
+    for _ in range(3):
+        opts.append(torch.optim.Adam(model.parameters()))
+        model(torch.randn(8, 256)).square().mean().backward()
+        opts[-1].step()
+    grown = 3 * 2 * (256 * 256 + 256 + 256 * 1000 + 1000) * 4
+    culprits, _ = timeline_culprits(cpu, born_before, grown / 3, "step", backward=True, grown=grown)
+    assert culprits and "opts" in (culprits[0].holder or ""), culprits

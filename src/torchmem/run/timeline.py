@@ -62,11 +62,17 @@ def timeline_report(
 
 
 def timeline_culprits(
-    device: torch.device, born_before: set[int], rate: float, unit: str = "s", backward: bool | None = None
+    device: torch.device,
+    born_before: set[int],
+    rate: float,
+    unit: str = "s",
+    backward: bool | None = None,
+    grown: float | None = None,
 ) -> tuple[tuple[Any, ...], list[str]]:
     """Who holds what grew, without steps: the tensors born during the run (not in ``born_before``) and still
     alive, their holders named (there is no allocation site: the exact ledger never ran without a step).
-    ``backward``: whether the program ran a backward (words the fix of a kept graph; ``None``: not known)."""
+    ``backward``: whether the program ran a backward (words the fix of a kept graph; ``None``: not known);
+    ``grown``: the bytes the growth added over the run (``None``: not known; see :func:`growth_samples`)."""
     from torchmem.analysis.holders.survivors import holder_paths_of_storages
     from torchmem.analysis.leaks import attribute
     from torchmem.results.leaks import SiteGrowth
@@ -74,9 +80,7 @@ def timeline_culprits(
     born = [(k, s) for k, s in live_storages(device).items() if k not in born_before]
     if not born:
         return (), ["no tensor born during the run is alive: what grew is not a tensor storage"]
-    born.sort(key=lambda ks: -_nbytes(ks[1]))
-    live = sum(_nbytes(s) for _, s in born)
-    samples = [s for _, s in born[:6]]
+    samples, live = growth_samples(born, model_state_keys(device), grown)
     born.clear()
     info: dict[str, Any] = {}
     paths = holder_paths_of_storages(samples, max_paths=2, time_limit=3.0, info=info)
@@ -88,6 +92,69 @@ def timeline_culprits(
         "per second: without a step the allocation site is unknown; what holds the tensors born "
         "during the run is named (name the loop's function with --step-marker for the site)"
     ]
+
+
+def growth_samples(
+    born: list[tuple[int, Any]], state: set[int], grown: float | None, most: int = 6
+) -> tuple[list[Any], int]:
+    """The storages (at most ``most``) that stand for what grew, among ``born`` (``(key, storage)``: born
+    during the run and still alive), and the live bytes of the sizes they were taken from.
+
+    Not the model's state (``state``: the keys of parameters, gradients, buffers and optimizer state): one
+    per parameter, made again at each step by ``zero_grad(set_to_none=True)`` and alive at the end however
+    large — a 1024x1000 layer's gradient and Adam moments (4 MB each) outweighed the 1 MB outputs a loop
+    kept 16 at a time, and were named as the leak. Unless what is left is less than half of ``grown``
+    (optimizers made anew and kept: then the state is what grew). Then by byte size, the size whose live
+    storages weigh most first: what a loop keeps is many storages of one size, where the batch it holds now
+    is one."""
+    rest = [ks for ks in born if ks[0] not in state]
+    rest_bytes = sum(_nbytes(s) for _, s in rest)
+    pool = rest if rest and (grown is None or rest_bytes >= grown / 2) else born
+    sizes: dict[int, list[Any]] = {}
+    for _, st in pool:
+        sizes.setdefault(_nbytes(st), []).append(st)
+    samples: list[Any] = []
+    live = 0
+    for size, members in sorted(sizes.items(), key=lambda kv: -kv[0] * len(kv[1])):
+        if len(samples) >= most:
+            break
+        samples.extend(members[: most - len(samples)])
+        live += size * len(members)
+    return samples, live
+
+
+def model_state_keys(device: torch.device) -> set[int]:
+    """The storage keys (as :func:`live_storages`) of every live module's parameters, gradients and buffers
+    and every live optimizer's parameters, gradients and state tensors on ``device``."""
+    import gc
+
+    tensors: list[Any] = []
+    module_t, opt_t = torch.nn.Module, torch.optim.Optimizer
+    for o in gc.get_objects():
+        kind = type(o)  # not isinstance: a proxy's __class__ would run its code
+        if issubclass(kind, module_t):
+            for p in o.parameters(recurse=False):
+                tensors += (p, p.grad)
+            tensors.extend(o.buffers(recurse=False))
+        elif issubclass(kind, opt_t):
+            for group in o.param_groups:
+                for p in group.get("params", ()):
+                    tensors += (p, getattr(p, "grad", None))
+            for st in list(o.state.values()):
+                if isinstance(st, dict):
+                    tensors.extend(list(st.values()))
+    out: set[int] = set()
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        try:
+            if t.device.type != device.type or (device.index is not None and t.device.index != device.index):
+                continue
+            out.add(t.untyped_storage()._cdata)
+        except Exception:  # sparse, nested, meta and other storage-less layouts
+            continue
+    tensors.clear()
+    return out
 
 
 def live_storages(device: torch.device) -> dict[int, Any]:

@@ -67,7 +67,8 @@ def named(
         )
     else:
         try:
-            culprits, _ = timeline_culprits(device, born_before, rate, unit, backward)
+            grown = rate * max(1, leak.steps - leak.warmup) if unit == "step" else None
+            culprits, _ = timeline_culprits(device, born_before, rate, unit, backward, grown)
         except Exception:
             culprits = ()
         if culprits:
