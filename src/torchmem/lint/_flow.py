@@ -147,7 +147,13 @@ class DataFlow:
 
     @staticmethod
     def _filled_later(expr: ast.AST, scope: Scope, line: int) -> bool:
-        """Whether ``expr`` names a container bound from a display (``[]``, ``{}``, ``[x for ...]``)."""
+        """Whether ``expr`` names a container bound from a display (``[]``, ``{}``, ``[x for ...]``); for an
+        entry of an entry (``pred[0][0]``), the name it is read from. What a call returns is read at once:
+        nothing fills it later (``np.argmax(p)[0]``)."""
+        while isinstance(expr, ast.Subscript):
+            expr = expr.value
+        if isinstance(expr, ast.Call):
+            return False
         key = dotted(expr) if isinstance(expr, (ast.Name, ast.Attribute)) else None
         if key is None:
             return not isinstance(expr, ast.Attribute)
@@ -278,6 +284,8 @@ class DataFlow:
             if name == "abs" and len(call.args) == 1:
                 return self.kind(call.args[0], scope, line, depth + 1)
             if is_model_callee(func):
+                if self._numbers_forward(func.id, scope, line, depth):
+                    return SAFE
                 return SAFE if self._frozen_call(call, scope, line, depth) else TENSOR
             if is_loss_callee(func):
                 return self._loss_kind(call, scope, line, depth)
@@ -313,6 +321,22 @@ class DataFlow:
         if is_loss_callee(func):
             return self._loss_kind(call, scope, line, depth)
         return UNKNOWN
+
+    def _numbers_forward(self, name: str, scope: Scope, line: int, depth: int) -> bool:
+        """Whether ``name`` holds an instance of a class of this file (its last binding before ``line``, here
+        or at module level, is ``Cls(...)``) whose ``forward`` returns only numbers or arrays: calling it
+        gives no graph-carrying output (UniVLA's ``ActionDecoder``, returning ``np.argmax(...)``; round
+        CC's re-run after round FF)."""
+        bound = [b for b in scope.bindings.get(name, ()) if b.line < line] or list(
+            self._module_bindings.get(name, ())
+        )
+        if not bound:
+            return False
+        value = max(bound, key=lambda b: b.line).value
+        if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name):
+            return False
+        forward = self._functions.get(f"{value.func.id}.forward")
+        return forward is not None and forward is not scope and self.returns_kind(forward, depth + 1) == SAFE
 
     def _frozen_call(self, call: ast.Call, scope: Scope, line: int, depth: int) -> bool:
         """A model whose parameters were set not to require grad, called on values that carry no graph

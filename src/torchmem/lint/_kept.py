@@ -14,7 +14,8 @@ import ast
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from torchmem.lint._per_call import fresh_per_call, per_call_words
+from torchmem.lint._in_place import rewrites_entries
+from torchmem.lint._per_call import per_call_form
 from torchmem.lint._rules import WARNING, severity
 from torchmem.lint._syntax import (
     TENSOR,
@@ -182,6 +183,8 @@ class KeptChecks:
             return
         if isinstance(node, ast.Subscript) and self._fixed_key(node.slice, lives.rebound | lives.targets):
             return  # `d[name] = out` with `name` the same every iteration: one slot, overwritten
+        if isinstance(node, ast.Subscript) and rewrites_entries(node, value, key, ctx.loop, self.flow, scope):
+            return  # `for k in out: out[k] = out[k].float()`: each entry converted in place (round FF)
         if self._bounded(scope, key, node_line(node)):
             return  # `deque(maxlen=n)`: a ring of the last n, it does not grow with the run
         if _one_iteration(ctx, lives, self.w.if_tests):
@@ -232,8 +235,7 @@ class KeptChecks:
         if loop is None:
             return
         form, bound = _step_bound(tm001_form(grows), key, list(ctx.loop.chain()))
-        if form == "backward-ran" and fresh_per_call(self.w, self.flow, scope, key, list(ctx.loop.chain())):
-            form, bound = "backward-in-step", per_call_words(key, scope)
+        form, bound = per_call_form(self.w, self.flow, scope, key, list(ctx.loop.chain()), form, bound)
         self.add(
             node,
             "TM001",

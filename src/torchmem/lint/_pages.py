@@ -62,25 +62,32 @@ for x, y in loader:
 
 The value is `.item()`, `.detach()`, `.tolist()`, `float(...)`, `.cpu().numpy()` or made under
 `torch.no_grad()`; it comes from a function of the same file that runs under `@torch.no_grad()` or returns
-numbers (`train_step(...)` returning `loss.item()`); the container or total is reset inside the loop (`total
-= 0`, `losses.clear()`); the value is stored on one iteration only (under `if (i + 1) == n:` or `if i ==
-0:`, a test of the loop's counter for equality); the accumulated value is itself what `.backward()` runs on
-(gradient accumulation); the loop has no `.backward()` and no optimizer `.step()`; the value's origin is
-unknown to the local data flow (a call to a function of another file that is not a model or a loss, a class
-call, `get_model(...)`, `compute_loss_scale(...)`: names that make or describe, not compute, are not taken
-for a forward or a loss; of `a, b, c = criterion(...)` only the first element is taken for the loss; a field
-read from what a loss function returned, `losses.intermediate_losses`, is no tensor's attribute: its type is
-unknown; a name rebound after its `.backward()` to what an unknown call returns is no longer that tensor); the
-file imports another framework (MXNet, TensorFlow, JAX, ...) and nothing of torch's world (its `autograd`
-and `backward()` are that framework's); the receiver of `.add(...)`/`.append(...)` is a name an import binds
-(`from labml import tracker`: `tracker.add({"loss": loss})` is that package's logging API, not a container).
+numbers (`train_step(...)` returning `loss.item()`), or from a model made from a class of the same file whose
+`forward` returns only numbers or arrays (`np.argmax(...)`); the container or total is reset inside the loop
+(`total = 0`, `losses.clear()`); the value is stored on one iteration only (under `if (i + 1) == n:` or `if i
+== 0:`, a test of the loop's counter for equality); an entry is replaced by its own conversion (`out[k] =
+out[k].float()` in `for k in out:`, every loop keeping the container changing the key: nothing is added); the
+accumulated value is itself what `.backward()` runs on (gradient accumulation); the loop has no `.backward()`
+and no optimizer `.step()`; the value's origin is unknown to the local data flow (a call to a function of
+another file that is not a model or a loss, a class call, `get_model(...)`, `compute_loss_scale(...)`: names
+that make or describe, not compute, are not taken for a forward or a loss; of `a, b, c = criterion(...)` only
+the first element is taken for the loss; a field read from what a loss function returned,
+`losses.intermediate_losses`, is no tensor's attribute: its type is unknown; a name rebound after its
+`.backward()` to what an unknown call returns is no longer that tensor); the file imports another framework
+(MXNet, TensorFlow, JAX, ...) and nothing of torch's world (its `autograd` and `backward()` are that
+framework's); the receiver of `.add(...)`/`.append(...)` is a name an import binds (`from labml import
+tracker`: `tracker.add({"loss": loss})` is that package's logging API, not a container).
 
 Shown by default: the "backward-ran" form, and the "output-kept" form when the container outlives an
 optimizer step. Outputs kept by a list made afresh for each step (its micro-batches, "output-in-step"),
 a loss total made afresh by the loop that steps the optimizer and added to over that step's micro-batches,
 or made afresh by each call of a function that steps no optimizer and that a loop of the file calling it
-steps after each call ("backward-in-step": one step's autograd nodes, released at the next step) and graphs
-no backward is seen to run through ("no-backward") are reported by `torchmem lint --all`.
+steps after each call ("backward-in-step": one step's autograd nodes, released at the next step), a list
+or total made afresh before a loop whose iterations each step their own optimizer (the members of an
+ensemble, `for critic, opt in zip(critics, optimizers):`, or `opts[i].step()` with `i` the loop's target)
+and neither returned nor stored by the function (one value per member, for one call: "output-in-step" or
+"backward-in-step") and graphs no backward is seen to run through ("no-backward") are reported by
+`torchmem lint --all`.
 
 Suppress one line with `# noqa: TM001`.
 """,
@@ -254,10 +261,11 @@ carried from one iteration to the next reaches what the backward runs on (a loop
 place, `output = output.reshape(-1)`, is bound afresh each iteration: a Jacobian built row by row with
 `retain_graph=True` over one graph is not flagged; state an inner loop updates from a value bound afresh at
 the top of the iteration, `hidden = features` then `for w in weights: hidden = f(hidden, w)`, is the inner
-loop's, not carried by the loop around it; a state whose update is a NumPy call, `r = np.float32(r + dr)`,
-is an array and carries no graph); the only carried name is one the loop calls as a model
-(`model = DDP(model)` in the epoch loop: a module, whose parameters are leaves); the file imports another
-framework (MXNet, TensorFlow, JAX, ...) and nothing of torch's world.
+loop's, not carried by the loop around it; a state whose update is a NumPy call, `r = np.float32(r + dr)`, is
+an array and carries no graph; `h = h` carries nothing new; a name bound afresh earlier in the same `if` arm,
+`buf = buffer.get_data(n)` then `buf = buf.long()`, is this iteration's value); the only carried name is one
+the loop calls as a model (`model = DDP(model)` in the epoch loop: a module, whose parameters are leaves); the
+file imports another framework (MXNet, TensorFlow, JAX, ...) and nothing of torch's world.
 
 Suppress with `# noqa: TM004`.
 """,
@@ -514,14 +522,17 @@ as well.)
 
 The loop trains (a backward or an optimizer step in it: TM001's business); it runs under `no_grad`,
 `inference_mode` or `set_grad_enabled(<a variable>)`, or in a function a caller of the file runs under
-`no_grad`; the kept values reach a backward or `torch.autograd.grad` later in the function (their
-gradients are used); the function is a module's `forward` (its caller backwards what it returns); the loop
-carries state through the model (`out, h = model(x, h)`, or a state read in the iteration before it is
-rebound from the step's output: a step-by-step decode, one forward spread over steps, whose kept outputs
-add nothing the carried state does not keep); the key of `results[key] = out` is the same on every
-iteration (one slot, overwritten); there is no sign that the loop evaluates (no `.eval()`, no training in
-the same function, not named like evaluation; a `test_*` function of a pytest file is a test); framework
-hooks (`validation_step`).
+`no_grad`; the kept values reach a backward or `torch.autograd.grad` later in the function (their gradients
+are used); the function is a module's `forward` (its caller backwards what it returns); the loop carries state
+through the model (`out, h = model(x, h)`, or a state read in the iteration before it is rebound from the
+step's output: a step-by-step decode, one forward spread over steps, whose kept outputs add nothing the
+carried state does not keep); the key of `results[key] = out` is the same on every iteration (one slot,
+overwritten); an entry is replaced by its own conversion (`out[k] = out[k].float()` in `for k in out.keys():`,
+every loop that keeps the container changing the key: one step's output dict converted in place, nothing
+added); the model is made from a class of the same file whose `forward` returns only numbers or arrays
+(`return np.argmax(pred)`: no graph leaves the call); there is no sign that the loop evaluates (no `.eval()`,
+no training in the same function, not named like evaluation; a `test_*` function of a pytest file is a test);
+framework hooks (`validation_step`).
 
 Shown by default when the loop (or a loop around it that does not train) calls a model whose last
 `train()`/`eval()` before the call is `eval()` (the "eval-mode" form), or a model whose outputs a backward

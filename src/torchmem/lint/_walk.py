@@ -166,7 +166,7 @@ class Walker(CallEvents):
         bound.append(Binding(node_line(target), col, value, ctx.no_grad, index, None, ctx.branch))
         loop = ctx.loop
         if loop is not None and value is not None:
-            self._carry(key, value, node_line(target), loop, bound[:-1])
+            self._carry(key, value, node_line(target), loop, bound[:-1], ctx.branch)
         while loop is not None:
             loop.rebound.add(key)
             loop = loop.parent
@@ -184,9 +184,15 @@ class Walker(CallEvents):
             bound.value, bound.index, bound.path = iterable, None, path
 
     @staticmethod
-    def _carry(key: str, value: ast.expr, line: int, loop: Loop, earlier: list[Binding]) -> None:
+    def _carry(
+        key: str, value: ast.expr, line: int, loop: Loop, earlier: list[Binding], branch: Branch
+    ) -> None:
         """Record ``h = f(x, h)`` (state carried into the next iteration) and ``h = h.detach()``; not when
-        ``h`` was bound afresh earlier in the same iteration (``wave, = next(it); wave = wave.to(d)``)."""
+        ``h`` was bound afresh earlier in the same iteration (``wave, = next(it); wave = wave.to(d)``), nor
+        for a self-assignment ``h = h``, which carries nothing new (PyContinual's ``buf_inputs = buf_inputs``
+        after a buffer read, round FF)."""
+        if value.__class__ in (ast.Name, ast.Attribute) and dotted(value) == key:
+            return
         uses = False
         cut = False
         stack: list[ast.AST] = [value]
@@ -222,13 +228,15 @@ class Walker(CallEvents):
                 # this loop's next iteration, nor out to the loops around it (StyleTTS2's `batch = [...
                 # for b in batch[1:]]` and `_s2s_pred = _s2s_pred[:n]` inside their own loops, round N)
                 break
-            elif any(node_line(lp.node) < b.line and b.branch == lp.branch for b in fresh):
+            elif any(node_line(lp.node) < b.line and branch[: len(b.branch)] == b.branch for b in fresh):
                 # what the previous iteration of this loop left is replaced before this reads it, in this
                 # loop's body: nothing goes into its next iteration, nor out to the loops around it
                 # (`hidden = features`, then `for w in weights: hidden = f(hidden, w)`: the inner loop
-                # carries it, the loop around it does not; DeepRobust's mettack, round S). Not a binding
-                # under an `if` of this loop's body (`if t == 0: hidden = zeros(...)`: the other iterations
-                # read what the one before left; home-robot's keypoint rollout, round V)
+                # carries it, the loop around it does not; DeepRobust's mettack, round S), or earlier in
+                # the arm this statement is written in (`if not buffer.is_empty(): labels = buffer.get();
+                # labels = labels.long()`: PyContinual, round FF). Not a binding under an `if` this
+                # statement is not in (`if t == 0: hidden = zeros(...)`: the other iterations read what
+                # the one before left; home-robot's keypoint rollout, round V)
                 break
             else:
                 lp.carried.setdefault(key, line)
@@ -389,7 +397,7 @@ class Walker(CallEvents):
                 if dotted(e) != key:
                     scope.events.append(("aug", t, ctx, (key, e)))
             if ctx.loop is not None:
-                self._carry(key, value, node_line(t), ctx.loop, scope.bindings.get(key, []))
+                self._carry(key, value, node_line(t), ctx.loop, scope.bindings.get(key, []), ctx.branch)
             return
         self._bind(t, value, scope, ctx)
 
