@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import gc
+import os
 import urllib.request
 import warnings
 from pathlib import Path
@@ -171,7 +172,13 @@ def test_transformers_callback_on_cuda_adds_step_peaks_to_the_logs(tmp_path: Pat
     print(f"transformers cuda: {len(got)} logs with a step peak")
 
 
-def test_pytest_plugin_fails_a_cuda_test_that_leaves_memory(pytester: pytest.Pytester) -> None:
+def test_pytest_plugin_fails_a_cuda_test_that_leaves_memory(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The inner pytest runs in its own folder: where torchmem is not installed (the GPU machine runs the
+    # suite with PYTHONPATH=src, a relative path), it finds torchmem through this absolute one.
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p))
     pytester.makepyfile(
         """
         import pytest, torch
