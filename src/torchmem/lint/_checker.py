@@ -37,6 +37,7 @@ from torchmem.lint._syntax import (
     node_line,
     optimizer_step,
     short,
+    stepped_optimizers,
 )
 from torchmem.lint._walk import Binding, Ctx, Loop, Scope, Walker, names_in, same_path
 from torchmem.lint._workers import WorkerChecks
@@ -171,7 +172,7 @@ class Rules(ForwardChecks, WorkerChecks):
                 f"`empty_cache()` on every step of the training loop at line {node_line(loop.node)} (its "
                 f"`{step}(...)` runs the backward and the optimizer step): it frees nothing the program "
                 "holds, only the cache the next step must allocate again (slow)",
-                "optimizer-step",
+                "" if loop.remade(stepped_optimizers(loop.node)) else "optimizer-step",
             )
             return
         if ctx.guard is loop and not _with_optimizer_step(loop.node, node):
@@ -182,8 +183,11 @@ class Rules(ForwardChecks, WorkerChecks):
         # every iteration, so each call gives back blocks the next step allocates again. A loop that
         # only runs backward, or builds its model afresh each iteration (a test over a model zoo, where
         # shapes change from one model to the next), is the info form.
+        # ... or steps an optimizer it makes anew each iteration (a benchmark over configurations that
+        # builds, times and deletes a model and its optimizer per iteration, round GG): each iteration is a
+        # training run of its own, and the call gives back what the next run's shapes may not reuse
         callees = [container_key(c.func) or "" for c in loop.model_calls]
-        rebuilt = any(k in loop.rebound or k.split(".", 1)[0] in loop.rebound for k in callees)
+        rebuilt = loop.remade(callees + stepped_optimizers(loop.node))
         self.add(
             node,
             "TM003",

@@ -211,9 +211,9 @@ periodic call), or in an `except` handler (recovery after an out-of-memory error
 any loop, in the `training_step` of a class derived from a framework's (an HF `Trainer`, a
 `LightningModule`): the framework calls it on every step, as a loop would (not under an `if` or in an
 `except` there either). Shown by default (the
-"optimizer-step" form) when the loop steps an optimizer and the model it calls is not built inside it; a
-loop over a zoo of models (each of another size) or one with only a backward is reported by
-`torchmem lint --all`.
+"optimizer-step" form) when the loop steps an optimizer and neither the model it calls nor that optimizer is
+built inside it; a loop over a zoo of models (each of another size), a sweep that makes a model and its
+optimizer per configuration, or one with only a backward is reported by `torchmem lint --all`.
 
 Suppress with `# noqa: TM003`.
 """,

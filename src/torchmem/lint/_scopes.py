@@ -30,6 +30,10 @@ class Loop:
     targets: set[str] = field(default_factory=set)  # names the for statement binds each iteration
     branch: Branch = ()  # the arms of the `if` statements the loop is written in
 
+    def remade(self, keys: list[str]) -> bool:
+        """Whether the loop binds one of ``keys`` (or the object it is an attribute of) anew."""
+        return any(k in self.rebound or k.split(".", 1)[0] in self.rebound for k in keys if k)
+
     def chain(self) -> Iterator[Loop]:
         loop: Loop | None = self
         while loop is not None:

@@ -233,6 +233,15 @@ def optimizer_step(call: ast.Call) -> bool:
     return bool(call.args) and OPT_NAMES.search(last_name(call.args[0])) is not None
 
 
+def stepped_optimizers(node: ast.AST) -> list[str]:
+    """The receivers of the optimizer steps written in ``node`` (``optimizer`` of ``optimizer.step()``)."""
+    return [
+        container_key(n.func.value) or ""
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and optimizer_step(n)
+    ]
+
+
 def no_grad_item(expr: ast.AST) -> int:
     """1 when a ``with`` item (or decorator) turns autograd off, -1 when it may (a variable), else 0."""
     if isinstance(expr, ast.IfExp):
