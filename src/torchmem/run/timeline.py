@@ -103,13 +103,14 @@ def growth_samples(
     Not the model's state (``state``: the keys of parameters, gradients, buffers and optimizer state): one
     per parameter, made again at each step by ``zero_grad(set_to_none=True)`` and alive at the end however
     large — a 1024x1000 layer's gradient and Adam moments (4 MB each) outweighed the 1 MB outputs a loop
-    kept 16 at a time, and were named as the leak. Unless what is left is less than half of ``grown``
-    (optimizers made anew and kept: then the state is what grew). Then by byte size, the size whose live
+    kept 16 at a time, and were named as the leak. Unless what is left is less than a quarter of ``grown``
+    (optimizers made anew and kept: then the state is what grew; a quarter, as ``grown`` is the rate times
+    the run's steps and growth that began late is less). Then by byte size, the size whose live
     storages weigh most first: what a loop keeps is many storages of one size, where the batch it holds now
     is one."""
     rest = [ks for ks in born if ks[0] not in state]
     rest_bytes = sum(_nbytes(s) for _, s in rest)
-    pool = rest if rest and (grown is None or rest_bytes >= grown / 2) else born
+    pool = rest if rest and (grown is None or rest_bytes >= grown / 4) else born
     sizes: dict[int, list[Any]] = {}
     for _, st in pool:
         sizes.setdefault(_nbytes(st), []).append(st)
@@ -132,17 +133,20 @@ def model_state_keys(device: torch.device) -> set[int]:
     module_t, opt_t = torch.nn.Module, torch.optim.Optimizer
     for o in gc.get_objects():
         kind = type(o)  # not isinstance: a proxy's __class__ would run its code
-        if issubclass(kind, module_t):
-            for p in o.parameters(recurse=False):
-                tensors += (p, p.grad)
-            tensors.extend(o.buffers(recurse=False))
-        elif issubclass(kind, opt_t):
-            for group in o.param_groups:
-                for p in group.get("params", ()):
-                    tensors += (p, getattr(p, "grad", None))
-            for st in list(o.state.values()):
-                if isinstance(st, dict):
-                    tensors.extend(list(st.values()))
+        try:
+            if issubclass(kind, module_t):
+                for p in o.parameters(recurse=False):
+                    tensors += (p, p.grad)
+                tensors.extend(o.buffers(recurse=False))
+            elif issubclass(kind, opt_t):
+                for group in o.param_groups:
+                    for p in group.get("params", ()):
+                        tensors += (p, getattr(p, "grad", None))
+                for st in list(o.state.values()):
+                    if isinstance(st, dict):
+                        tensors.extend(list(st.values()))
+        except Exception:  # a module or optimizer of the program's own make that cannot be read: not state
+            continue
     out: set[int] = set()
     for t in tensors:
         if not isinstance(t, torch.Tensor):
