@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from torchmem.lint._syntax import node_line, optimizer_step
+from torchmem.lint._syntax import node_line, optimizer_step, optimizer_steps
 from torchmem.lint._walk import Loop, Scope
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ def _member_loop(scope: Scope, key: str, chain: list[Loop]) -> Loop | None:
         return None
     if not any(b.line < node.lineno and b.value is not None for b in scope.bindings.get(key, ())):
         return None
-    steps = [c for c in ast.walk(node) if isinstance(c, ast.Call) and optimizer_step(c)]
+    steps = optimizer_steps(node)
     if not steps or not all(_own_target(c, _members(scope, outer)) for c in steps):
         return None
     return None if _handed_out(scope.node, key) else outer

@@ -233,12 +233,15 @@ def optimizer_step(call: ast.Call) -> bool:
     return bool(call.args) and OPT_NAMES.search(last_name(call.args[0])) is not None
 
 
+def optimizer_steps(node: ast.AST) -> list[ast.Call]:
+    """The optimizer steps (:func:`optimizer_step`) written in ``node``, nested functions included."""
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call) and optimizer_step(n)]
+
+
 def stepped_optimizers(node: ast.AST) -> list[str]:
     """The receivers of the optimizer steps written in ``node`` (``optimizer`` of ``optimizer.step()``)."""
     return [
-        container_key(n.func.value) or ""
-        for n in ast.walk(node)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and optimizer_step(n)
+        container_key(c.func.value) or "" for c in optimizer_steps(node) if isinstance(c.func, ast.Attribute)
     ]
 
 

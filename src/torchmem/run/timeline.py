@@ -73,14 +73,21 @@ def timeline_culprits(
     alive, their holders named (there is no allocation site: the exact ledger never ran without a step).
     ``backward``: whether the program ran a backward (words the fix of a kept graph; ``None``: not known);
     ``grown``: the bytes the growth added over the run (``None``: not known; see :func:`growth_samples`)."""
+    import gc
+
     from torchmem.analysis.holders.survivors import holder_paths_of_storages
     from torchmem.analysis.leaks import attribute
     from torchmem.results.leaks import SiteGrowth
 
-    born = [(k, s) for k, s in live_storages(device).items() if k not in born_before]
+    objects = gc.get_objects()  # one walk of the heap serves both reads
+    try:
+        born = [(k, s) for k, s in live_storages(device, objects).items() if k not in born_before]
+        state = model_state_keys(device, objects) if born else set()
+    finally:
+        objects.clear()
     if not born:
         return (), ["no tensor born during the run is alive: what grew is not a tensor storage"]
-    samples, live = growth_samples(born, model_state_keys(device), grown)
+    samples, live = growth_samples(born, state, grown)
     born.clear()
     info: dict[str, Any] = {}
     paths = holder_paths_of_storages(samples, max_paths=2, time_limit=3.0, info=info)
@@ -124,14 +131,15 @@ def growth_samples(
     return samples, live
 
 
-def model_state_keys(device: torch.device) -> set[int]:
+def model_state_keys(device: torch.device, objects: list[Any] | None = None) -> set[int]:
     """The storage keys (as :func:`live_storages`) of every live module's parameters, gradients and buffers
-    and every live optimizer's parameters, gradients and state tensors on ``device``."""
+    and every live optimizer's parameters, gradients and state tensors on ``device`` (``objects``: the heap
+    as ``gc.get_objects()`` lists it, read now when ``None``)."""
     import gc
 
     tensors: list[Any] = []
     module_t, opt_t = torch.nn.Module, torch.optim.Optimizer
-    for o in gc.get_objects():
+    for o in gc.get_objects() if objects is None else objects:
         kind = type(o)  # not isinstance: a proxy's __class__ would run its code
         try:
             if issubclass(kind, module_t):
@@ -149,35 +157,38 @@ def model_state_keys(device: torch.device) -> set[int]:
             continue
     out: set[int] = set()
     for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            continue
-        try:
-            if t.device.type != device.type or (device.index is not None and t.device.index != device.index):
-                continue
-            out.add(t.untyped_storage()._cdata)
-        except Exception:  # sparse, nested, meta and other storage-less layouts
-            continue
+        if isinstance(t, torch.Tensor):
+            st = _storage_on(t, device)
+            if st is not None:
+                out.add(st._cdata)
     tensors.clear()
     return out
 
 
-def live_storages(device: torch.device) -> dict[int, Any]:
-    """The storages of the live tensors on ``device`` (gc), by key. Strong references: drop soon."""
+def live_storages(device: torch.device, objects: list[Any] | None = None) -> dict[int, Any]:
+    """The storages of the live tensors on ``device`` (gc; ``objects``: the heap as ``gc.get_objects()``
+    lists it, read now when ``None``), by key. Strong references: drop soon."""
     import gc
 
     out: dict[int, Any] = {}
     tensor_t = torch.Tensor
-    for o in gc.get_objects():
-        if not issubclass(type(o), tensor_t):
-            continue
-        try:
-            if o.device.type != device.type or (device.index is not None and o.device.index != device.index):
-                continue
-            st = o.untyped_storage()
-        except Exception:  # sparse, nested, meta and other storage-less layouts
-            continue
-        out.setdefault(st._cdata, st)
+    for o in gc.get_objects() if objects is None else objects:
+        if issubclass(type(o), tensor_t):
+            st = _storage_on(o, device)
+            if st is not None:
+                out.setdefault(st._cdata, st)
     return out
+
+
+def _storage_on(t: torch.Tensor, device: torch.device) -> Any:
+    """The untyped storage of ``t`` when it lives on ``device`` (any index where ``device`` names none), else
+    ``None`` (also for sparse, nested, meta and other storage-less layouts)."""
+    try:
+        if t.device.type != device.type or (device.index is not None and t.device.index != device.index):
+            return None
+        return t.untyped_storage()
+    except Exception:
+        return None
 
 
 def live_storage_keys(device: torch.device) -> set[int]:
