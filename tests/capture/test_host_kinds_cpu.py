@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from scenarios.run_catalog import Expected, records, run_all, safety_failures
+from torchmem.analysis.host import ChainHead, standalone_graphs
 from torchmem.analysis.host_state import (
     ANOMALY,
     CUDNN_BENCHMARK,
@@ -134,6 +135,25 @@ def test_anomaly_mode_with_the_losses_kept_is_named_with_its_holder(runs: dict[s
     assert "`losses` keeps the graphs alive (+7 nodes/step" in c.fix, c.fix
     assert "set_detect_anomaly(False)" in c.fix and "loss.item()" in c.fix
     assert not [k for k in r.culprits if k.kind == "python_objects"], str(r)  # the stacks are not lines
+
+
+def test_the_graph_of_the_step_in_progress_is_searched_last_for_who_keeps_the_anomaly_stacks() -> None:
+    # A scan at a backward() boundary sees `loss` of the step in progress before `losses.append(loss)`: on a
+    # two-step gap its graph tied with the one kept graph since the second scan, and the holder named was
+    # `__main__.loss` (CI, session 26). The graphs since the first scan, oldest first, outvote it.
+    first, second = 100, 120
+    kept = [ChainHead(i, seq, "MeanBackward0", 7) for i, seq in enumerate((128, 114, 107))]
+    seen_at_second = ChainHead(3, 107 - 7, "MeanBackward0", 0, (100,))  # not a graph since the first scan
+    in_progress = ChainHead(4, 135, "MeanBackward0", 7)
+    chain = ChainHead(5, 133, "AddBackward0", 3, (99,))  # grows on an older head: a chain, not a graph
+    again = ChainHead(6, 112, "MeanBackward0", 0, (112,))  # the second scan's head, still alive
+    heads = [in_progress, *kept, seen_at_second, chain, again]
+    got = standalone_graphs(heads, since=first, until=1 << 63, limit=8)
+    assert [h.seq for h in got] == [107, 112, 114, 128, 135]
+    assert got[-1] is in_progress and second < got[-1].seq
+    assert [h.seq for h in standalone_graphs(heads, since=first, until=1 << 63, limit=2)] == [107, 112]
+    leaf = ChainHead(0, 1 << 63, "AccumulateGrad", 0)
+    assert standalone_graphs([leaf], since=0, until=1 << 63, limit=8) == []
 
 
 def test_controls_and_anomaly_mode_with_nothing_kept_stay_quiet() -> None:

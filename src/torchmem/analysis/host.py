@@ -147,6 +147,23 @@ def confirmed_chains(first: Sequence[ChainGrowth], second: Sequence[ChainGrowth]
     return out
 
 
+def standalone_graphs(heads: Sequence[ChainHead], since: int, until: int, limit: int) -> list[ChainHead]:
+    """Up to ``limit`` of ``heads`` whose graphs were made after sequence number ``since`` (and before
+    ``until``, the leaves' sequence number) and are graphs of their own, not a chain on an older head (a head
+    the previous scan also saw counts: its ``reached`` is itself), oldest first: the step in progress has
+    graphs the program has not yet put where it keeps the others (``loss`` before ``losses.append(loss)``).
+
+    Example:
+        >>> hs = [ChainHead(0, 30, "MeanBackward0", 7), ChainHead(1, 21, "MeanBackward0", 0, (21,)),
+        ...       ChainHead(2, 25, "AddBackward0", 3, (12,)), ChainHead(3, 9, "MeanBackward0", 0, (9,))]
+        >>> [h.seq for h in standalone_graphs(hs, since=10, until=1 << 63, limit=8)]
+        [21, 30]
+    """
+    out = [h for h in heads if since < h.seq < until and (not h.reached or h.reached == (h.seq,))]
+    out.sort(key=lambda h: h.seq)
+    return out[:limit]
+
+
 def type_growth(
     counts: Sequence[Mapping[str, int]], steps: Sequence[int], *, min_per_step: float = 1.0
 ) -> dict[str, float]:
@@ -508,5 +525,6 @@ __all__ = [
     "node_trend",
     "object_culprits",
     "objects_fix",
+    "standalone_graphs",
     "type_growth",
 ]

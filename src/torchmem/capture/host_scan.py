@@ -32,6 +32,7 @@ from torchmem.analysis.host import (
     confirmed_chains,
     node_trend,
     object_culprits,
+    standalone_graphs,
     type_growth,
 )
 from torchmem.analysis.host_state import (
@@ -394,11 +395,10 @@ class HostScanner:
         self._account_scans(first, second, scan)
         graphs: list[Any] = []
         if self._states[-1].anomaly:
-            # Tensors whose graphs were made since the second scan and are still alive (not a chain: a graph
-            # of its own): who keeps them keeps the anomaly stacks.
-            fresh = [h for h in live if second.watermark < h.seq < NO_SEQ and not h.reached]
-            fresh.sort(key=lambda h: -h.new_nodes)
-            graphs = [tensors[h.index] for h in fresh[: 2 * SAMPLES_PER_TYPE]]
+            # Tensors whose graphs were made since the first scan and are still alive: who keeps them keeps
+            # the anomaly stacks (oldest first; see standalone_graphs).
+            fresh = standalone_graphs(live, first.watermark, NO_SEQ, 2 * SAMPLES_PER_TYPE)
+            graphs = [tensors[h.index] for h in fresh]
         window = self._instruments.close_window(on_thread=True)  # scans run on the watch's thread only
         evidence = self._instruments.close_shapes()
         chain_tensors = [tensors[g.index] for g in confirmed]
