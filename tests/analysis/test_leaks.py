@@ -481,6 +481,43 @@ def test_a_dict_keyed_by_name_is_a_cache_and_a_list_an_accumulation() -> None:
     assert _kind_of(listed) == "device_accumulation"
 
 
+class _Selector:
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+
+class _Connector:
+    def __init__(self, model: Any) -> None:
+        self._selector = _Selector(model)
+
+
+class UserModule(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.outputs: list[torch.Tensor] = []
+        self._cache: list[torch.Tensor] = []
+
+
+def test_an_attribute_reached_through_a_frameworks_internals_is_named_on_its_class() -> None:
+    # Lightning keeps the user's module as `trainer._data_connector._datahook_selector.model`: the fix names
+    # `M.validation_step_outputs`, the line the user changes; the path (printed as "held by") stays whole.
+    class Trainer:
+        def __init__(self, model: Any) -> None:
+            self._connector = _Connector(model)
+
+    tr = Trainer(UserModule())
+    tr._connector._selector.model.outputs.append(torch.zeros(2))
+    path = find_holders([tr._connector._selector.model.outputs[0]]).paths[0][0]
+    assert str(path).endswith("local 'tr'._connector._selector.model.outputs[0]"), str(path)
+    assert holder_name(path) == "UserModule.outputs"
+    # must not: a path with no private hop, and one whose last attribute is itself private (the user's own)
+    direct = UserModule()
+    direct.outputs.append(torch.zeros(3))
+    direct._cache.append(torch.zeros(4))
+    assert holder_name(find_holders([direct.outputs[0]]).paths[0][0]) == "direct.outputs"
+    assert holder_name(find_holders([direct._cache[0]]).paths[0][0]) == "direct._cache"
+
+
 def test_a_list_of_optimizers_with_their_state_is_kept_optimizers() -> None:
     # A fresh AdamW per epoch kept in a list (with its scheduler): its state is made inside step(), keyed by
     # parameter and by name ('exp_avg'): not a cache to bound but optimizers to drop.

@@ -108,6 +108,25 @@ def _member_names(steps: Sequence[HolderStep]) -> list[str]:
     return names
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _past_internals(steps: Sequence[HolderStep], names: list[str]) -> list[str]:
+    """``names`` (the attribute chain of ``steps``), or where the chain reaches the last attribute through a
+    private one (``tr._data_connector._datahook_selector.model.validation_step_outputs``: a framework's
+    internals), the last attribute named on the class of its object (``M.validation_step_outputs``): the
+    line a person changes is in that class. The path itself, which a report prints too, is unchanged."""
+    n = len(names)
+    if n < 2 or not any(_private(x) for x in names[:-1]):
+        return names
+    last = n - 1
+    owner = steps[last].holder_type
+    if steps[last].kind is not StepKind.ATTRIBUTE or not owner.isidentifier() or _private(owner):
+        return names
+    return [owner, names[last]]
+
+
 def holder_pattern(path: HolderPath) -> str:
     """The holder a path goes through, with item indices and keys generalised and autograd hops cut.
 
@@ -166,14 +185,14 @@ def holder_name(path: HolderPath) -> str:
     locals_ = [i for i, s in enumerate(steps) if s.kind is StepKind.FRAME_LOCAL]
     if locals_:
         i = locals_[-1]
-        return ".".join([steps[i].name, *_member_names(steps[i + 1 :])])
+        return ".".join(_past_internals(steps[i:], [steps[i].name, *_member_names(steps[i + 1 :])]))
     if not steps:
         return str(path)
     first, rest = steps[0], steps[1:]
     members = _member_names(rest)
     if path.root == "module" and members:  # the module's name is not what a person calls the variable
-        return ".".join(members)
-    return ".".join([first.name or first.text, *members])
+        return ".".join(_past_internals(rest, members))
+    return ".".join(_past_internals(steps, [first.name or first.text, *members]))
 
 
 def _through_exception(path: HolderPath) -> bool:
