@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 import re
 
-from torchmem.analysis.growth import GrowthStream, periodic_rate
+from torchmem.analysis.growth import GrowthStream, periodic_growth, periodic_rate
+from torchmem.analysis.run_growth import detect_run_growth
 from torchmem.capture.watch_verdict import GrowthTrack
 
 MiB = 1 << 20
@@ -149,3 +150,55 @@ def test_growth_that_stopped_stays_stopped_when_nothing_rises_after() -> None:
         t.add(step, 1024 * MiB + MiB * min(step, 60))
     assert t.detected_at is not None and t.stopped_at is not None
     assert t.verdict(600, 5)[0] == "stopped"
+
+
+def _dense_after_rises(
+    jump_at: set[int], size: int, steps: int, every: int = 4
+) -> tuple[list[int], list[int]]:
+    """A host figure's readings: every ``every`` steps, and at each of the 8 steps after a rise (the host
+    schedule reads more often while the figure moves), rising by ``size`` at each step of ``jump_at``."""
+    xs, ys, value, last, burst = [], [], 220 * MiB, 220 * MiB, 0
+    for step in range(1, steps + 1):
+        if step in jump_at:
+            value += size
+        if step % every == 0 or burst:
+            burst = 8 if value > last else max(0, burst - 1)
+            last = value
+            xs.append(step)
+            ys.append(value)
+    return xs, ys
+
+
+def test_a_validation_pass_every_20_steps_read_densely_is_a_periodic_leak_not_a_one_time_rise() -> None:
+    # Lightning's `validation_step_outputs` never cleared (CPU, session 26): +15.6 MiB at each validation,
+    # every 20 steps; the host report said "flat for the last 11 readings (since step 224), after a one-time
+    # rise of 31.26 MiB before it: not a leak" and then "no leak now on host".
+    xs, ys = _dense_after_rises(set(range(80, 241, 20)), int(15.6 * MiB), 240)
+    g = detect_run_growth(xs, ys, min_bytes_per_step=4096)
+    assert "one-time rise" not in g.reason, g.reason
+    p = periodic_growth(xs, ys, min_bytes_per_step=4096)
+    assert p is not None and p.leaking and p.method == "periodic", p
+    assert "every 20 steps" in p.reason, p.reason
+
+
+def test_a_rise_that_happened_once_is_still_a_one_time_rise() -> None:
+    # must not: optimizer state made at the first step, then nothing (read densely after it, then sparsely)
+    xs, ys = _dense_after_rises({180}, 64 * MiB, 240)
+    g = detect_run_growth(xs, ys, min_bytes_per_step=4096)
+    assert not g.leaking and "one-time rise" in g.reason, g.reason
+    assert periodic_growth(xs, ys, min_bytes_per_step=4096) is None
+    # two rises far apart are no staircase either: the flat tail is longer than the stretch between them
+    xs, ys = _dense_after_rises({150, 170}, 32 * MiB, 240)
+    g = detect_run_growth(xs, ys, min_bytes_per_step=4096)
+    assert not g.leaking and "one-time rise" in g.reason, g.reason
+    assert periodic_growth(xs, ys, min_bytes_per_step=4096) is None
+
+
+def test_an_irregular_jump_before_regular_ones_does_not_hide_them() -> None:
+    # a second rise within one validation pass (step 108), then jumps every 20 steps: the last six agree
+    jumps = [(102, 16 * MiB, 300 * MiB, 100), (108, 12 * MiB, 316 * MiB, 104)]
+    jumps += [(124 + 20 * k, 16 * MiB, (328 + 16 * k) * MiB, 120 + 20 * k) for k in range(6)]
+    found = periodic_rate(jumps, 240, 440 * MiB)
+    assert found is not None and abs(found[0] - 16 * MiB / 20) < 0.15 * 16 * MiB / 20, found
+    # must not: the same jumps with the regular ones given back since (the figure fell back)
+    assert periodic_rate(jumps, 240, 300 * MiB) is None

@@ -187,7 +187,7 @@ def _explain(
         m += 1
     before, tail = ys[:-m], ys[-m:]
     one_sided = all(y < min(tail) for y in before) or all(y > max(tail) for y in before)
-    if m >= steady_samples and one_sided:
+    if m >= steady_samples and one_sided and not _staircase(xs, ys, n - m, threshold):
         change = ys[-m] - ys[0]
         what = f"a one-time {'rise' if change > 0 else 'fall'} of {fmt_bytes(abs(change))}"
         return no(
@@ -535,6 +535,27 @@ PERIODIC_LAST = 8
 """The most jumps the periodic test reads (and a stream keeps)."""
 
 
+def _staircase(xs: Sequence[int], ys: Sequence[int], k: int, threshold: float) -> bool:
+    """The flat tail from reading ``k`` follows a flat stretch at least as long in steps that a rise came
+    before too: growth in steps (outputs kept at every validation, every N steps), whose tail is only the
+    current stair, not a one-time rise. Readings are denser after a rise (the schedule reads more often when
+    the figure moves), so the lengths are compared in steps, not readings.
+
+    Example:
+        >>> xs = [0, 4, 8, 12, 16, 20, 21, 22, 23, 24, 28, 32, 36, 40, 41, 42, 43, 44, 48]
+        >>> ys = [0] * 6 + [100] * 8 + [200] * 5
+        >>> _staircase(xs, ys, 14, 50.0), _staircase(xs[6:], ys[6:], 8, 50.0)
+        (True, False)
+    """
+    j = k - 1
+    if j < 1:
+        return False
+    i = j
+    while i > 0 and max(ys[i - 1 : j + 1]) - min(ys[i - 1 : j + 1]) < threshold:
+        i -= 1
+    return i > 0 and xs[j] - xs[i] >= xs[-1] - xs[k]
+
+
 def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tuple[float, int, float] | None:
     """``(bytes per step, one jump, period in steps)`` of growth that comes in regular jumps, or None.
 
@@ -555,26 +576,26 @@ def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tu
         >>> periodic_rate([(25 * k, 4 << 20, (4 << 20) * k) for k in range(1, 6)], 200, 5 * (4 << 20)) is None
         True
     """
-    if len(jumps) < PERIODIC_JUMPS:
+    use = _regular_tail(jumps, step, value)
+    if use is None:
         return None
-    use = list(jumps)[-PERIODIC_LAST:]
+    return _periodic_of(use)
+
+
+def _regular_tail(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> list[tuple[int, ...]] | None:
+    """The longest run of the last :data:`PERIODIC_JUMPS` to :data:`PERIODIC_LAST` jumps that
+    :func:`periodic_rate` accepts (an irregular jump before them, a second rise within one validation pass,
+    does not hide the regular ones after it), or None."""
+    for k in range(min(len(jumps), PERIODIC_LAST), PERIODIC_JUMPS - 1, -1):
+        use = list(jumps)[-k:]
+        if _agree(use, step, value):
+            return use
+    return None
+
+
+def _periodic_of(use: Sequence[tuple[int, ...]]) -> tuple[float, int, float]:
     at = [j[0] for j in use]
-    since = [j[3] if len(j) > 3 else j[0] for j in use]  # the reading before each jump's, where known
     sizes = [j[1] for j in use]
-    size, gap = _median(sizes), (at[-1] - at[0]) / (len(at) - 1)  # the mean gap: the grid averages out
-    if gap <= 0 or step - at[-1] > 1.5 * gap:
-        return None
-    # each jump is 0.5x..2x of the median, times the periods (the shortest gap seen) its two readings span:
-    # a stride that widened late in the run reads several jumps as one
-    shortest = max(1, min(b - a for a, b in itertools.pairwise(at)))
-    for v, a, b in zip(sizes, at, since):
-        if not 0.5 * size <= v <= 2 * size * max(1, math.ceil((a - b) / shortest)):
-            return None
-    for i in range(len(at) - 1):  # the gap lies between (since[i+1] - at[i]) and (at[i+1] - since[i])
-        if at[i + 1] - since[i] < 0.5 * gap or since[i + 1] - at[i] > 2 * gap:
-            return None
-    if value - use[0][2] < 0.75 * sum(sizes):
-        return None
     rate = sum(sizes[1:]) / (at[-1] - at[0])
     # One jump is the smallest seen: readings that span two of them see twice its size (the median of
     # a coarse grid's readings would give a period too long).
@@ -582,13 +603,31 @@ def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tu
     return rate, int(base), base / rate
 
 
+def _agree(use: Sequence[tuple[int, ...]], step: int, value: int) -> bool:
+    at = [j[0] for j in use]
+    since = [j[3] if len(j) > 3 else j[0] for j in use]  # the reading before each jump's, where known
+    sizes = [j[1] for j in use]
+    size, gap = _median(sizes), (at[-1] - at[0]) / (len(at) - 1)  # the mean gap: the grid averages out
+    if gap <= 0 or step - at[-1] > 1.5 * gap:
+        return False
+    # each jump is 0.5x..2x of the median, times the periods (the shortest gap seen) its two readings span:
+    # a stride that widened late in the run reads several jumps as one
+    shortest = max(1, min(b - a for a, b in itertools.pairwise(at)))
+    for v, a, b in zip(sizes, at, since):
+        if not 0.5 * size <= v <= 2 * size * max(1, math.ceil((a - b) / shortest)):
+            return False
+    for i in range(len(at) - 1):  # the gap lies between (since[i+1] - at[i]) and (at[i+1] - since[i])
+        if at[i + 1] - since[i] < 0.5 * gap or since[i + 1] - at[i] > 2 * gap:
+            return False
+    return value - use[0][2] >= 0.75 * sum(sizes)
+
+
 def periodic_words(jumps: Sequence[tuple[int, ...]], size: float, period: float) -> str:
     """How growth of ``size`` every ``period`` steps was seen: in jumps with flat readings between them, or
     at every reading (steady growth read every few steps looks the same to :func:`periodic_rate`, and is
     not called periodic)."""
     use = list(jumps)[-PERIODIC_LAST:]
-    flat_between = any(len(b) > 3 and b[3] > a[0] for a, b in itertools.pairwise(use))
-    if flat_between:
+    if any(len(b) > 3 and b[3] > a[0] for a, b in itertools.pairwise(use)):
         return f"rises by about {fmt_bytes(size)} every {period:.0f} steps, flat between"
     return f"rises at every reading, about {fmt_bytes(size)} every {period:.0f} steps"
 
@@ -596,11 +635,10 @@ def periodic_words(jumps: Sequence[tuple[int, ...]], size: float, period: float)
 def _periodic_growth(jumps: Sequence[tuple[int, ...]], step: int, value: int, thr: float) -> Growth | None:
     """The periodic test's leak verdict (:func:`periodic_rate` at ``thr`` or more per step, and
     :data:`STEADY_EVIDENCE` thresholds in its jumps), or None."""
-    found = periodic_rate(jumps, step, value)
-    if found is None:
+    use = _regular_tail(jumps, step, value)
+    if use is None:
         return None
-    rate, size, gap = found
-    use = list(jumps)[-PERIODIC_LAST:]
+    rate, size, gap = _periodic_of(use)
     if rate < thr or sum(j[1] for j in use) < STEADY_EVIDENCE * thr:
         return None
     return Growth(
@@ -773,6 +811,39 @@ class GrowthStream:
         return growth
 
 
+def periodic_growth(
+    steps: Sequence[int], values: Sequence[int], *, min_bytes_per_step: float
+) -> Growth | None:
+    """The periodic test's leak verdict over a whole series (its jumps as a :class:`GrowthStream` fed every
+    reading keeps them), or None: the end-of-run check of a figure whose window-based verdict missed growth
+    that comes every N steps (a validation pass that keeps its outputs, read densely after each rise: the
+    window sees a long flat tail).
+
+    Example:
+        >>> xs = list(range(0, 200, 4))
+        >>> ys = [(x // 20) * (4 << 20) for x in xs]  # 4 MiB every 20 steps
+        >>> g = periodic_growth(xs, ys, min_bytes_per_step=4096)
+        >>> g.leaking, g.method, round(g.bytes_per_step)
+        (True, 'periodic', 209715)
+    """
+    if not steps:
+        return None
+    stream = GrowthStream(min_bytes_per_step)
+    for x, y in zip(steps, values):
+        stream.add(x, y)
+    use = _regular_tail(stream.jumps, steps[-1], values[-1])
+    if use is None or not _flat_between(use):
+        return None  # growth at every reading is the window's to judge (a call's inner climb looks the same)
+    return _periodic_growth(use, steps[-1], values[-1], min_bytes_per_step)
+
+
+def _flat_between(use: Sequence[tuple[int, ...]]) -> bool:
+    """Most of the jumps ``use`` have a reading between them and the one before (flat stairs, not growth seen
+    at every reading)."""
+    pairs = list(itertools.pairwise(use))
+    return bool(pairs) and 2 * sum(len(b) > 3 and b[3] > a[0] for a, b in pairs) >= len(pairs)
+
+
 __all__ = [
     "PERIODIC_JUMPS",
     "PERIODIC_LAST",
@@ -789,6 +860,7 @@ __all__ = [
     "below_threshold_reason",
     "detect_growth",
     "inner_growth",
+    "periodic_growth",
     "periodic_rate",
     "periodic_words",
     "short_run_growth",
