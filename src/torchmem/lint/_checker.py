@@ -416,10 +416,8 @@ class Rules(ForwardChecks, WorkerChecks):
         if found is None:
             return  # functions of this file (`validate_network(...)`), or not the model put in eval mode
         loop, call, form = found
-        if (
-            scope.kind == "function"
-            and scope.cls is None
-            and called_under_no_grad_elsewhere(scope.name, self.w)
+        if scope.kind == "function" and called_under_no_grad_elsewhere(
+            scope.name, self.w, scope.cls.name if scope.cls is not None else None
         ):
             return  # its callers in other files of the project run it under no_grad
         if self.tm010_within(loop.node, severity("TM002", form) == WARNING):

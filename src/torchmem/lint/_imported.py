@@ -414,19 +414,23 @@ def _importers(root: str) -> list[tuple[str, frozenset[str]]]:
     return found
 
 
-def called_under_no_grad_elsewhere(name: str, w: Walker) -> bool:
+def called_under_no_grad_elsewhere(name: str, w: Walker, owner: str | None = None) -> bool:
     """Whether another file of the project imports the function ``name`` from the checked file and calls it
     under ``no_grad`` (a ``@torch.no_grad()`` entry point, a ``with torch.no_grad():`` block): as a caller in
     the same file does, it decides that the function's forward passes record no graph (smoothquant's
     ``get_act_scales``, called only from ``examples/generate_act_scales.py``'s ``@torch.no_grad()`` ``main``,
-    round CC: TM002 said otherwise). Looked for only where a finding is about to be made."""
+    round CC: TM002 said otherwise). For a method, ``owner`` is its class: a file that imports the class and
+    calls ``.name(...)`` under ``no_grad`` (ipex-llm's ``BigDLPPL.perplexity_hf``, called from
+    ``run_longbench.py``'s ``@torch.no_grad()`` ``main``, round HH). Looked for only where a finding is about
+    to be made."""
     me = os.path.abspath(w.path)
+    imported = owner or name
     for path, names in _importers(_project_root(w.path)):
-        if name not in names or os.path.abspath(path) == me:
+        if imported not in names or os.path.abspath(path) == me:
             continue
         tree = _parsed(path)
-        found = _binding_import(tree, name) if tree is not None else None
-        if found is None or found[1] != name:
+        found = _binding_import(tree, imported) if tree is not None else None
+        if found is None or found[1] != imported:
             continue
         _, where = _module_tree(path, found[0].module, found[0].level)
         if where is None or os.path.abspath(where) != me:

@@ -161,7 +161,9 @@ model is put in eval() mode (`model.module.patch_embed.eval()` to freeze a stem'
 wrapper holds, `model.module.eval()`, is the model); the loop trains through a loss scaler
 (`loss_scaler(loss, optimizer, ...)`); the loop is under a context that may turn autograd off
 (`with torch.no_grad() if not requires_grad else nullcontext():`); the file
-imports nothing of torch's world (torch, lightning, transformers, accelerate, ...); framework hooks such
+imports nothing of torch's world (torch, lightning, transformers, accelerate, ...); another file of the
+project imports the function (for a method, its class) and calls it under `no_grad` (a `@torch.no_grad()`
+entry point: smoothquant's `get_act_scales`, ipex-llm's `PPL.perplexity`); framework hooks such
 as Lightning's `validation_step` (run under no_grad by the framework); test functions (`test*`) in test
 files (`test_*.py`, `*_test.py`), in both forms. When the loop also keeps its outputs, TM010 is reported
 instead (the outputs' activations grow).
@@ -527,9 +529,11 @@ are used); the function is a module's `forward` (its caller backwards what it re
 through the model (`out, h = model(x, h)`, or a state read in the iteration before it is rebound from the
 step's output: a step-by-step decode, one forward spread over steps, whose kept outputs add nothing the
 carried state does not keep); the key of `results[key] = out` is the same on every iteration (one slot,
-overwritten); an entry is replaced by its own conversion (`out[k] = out[k].float()` in `for k in out.keys():`,
-every loop that keeps the container changing the key: one step's output dict converted in place, nothing
-added); the model is made from a class of the same file whose `forward` returns only numbers or arrays
+overwritten); an entry is replaced by its own conversion (`out[k] = out[k].float()` in
+`for k in out.keys():`, or by torch's function of itself, `pred[ix] = torch.clamp(pred[ix], min=0.0)` in
+`for ix, ... in enumerate(...)`, every loop that keeps the container changing the key: one step's output
+converted in place, nothing added); the model is made from a class of the same file whose `forward` returns
+only numbers or arrays
 (`return np.argmax(pred)`: no graph leaves the call); there is no sign that the loop evaluates (no `.eval()`,
 no training in the same function, not named like evaluation; a `test_*` function of a pytest file is a test);
 framework hooks (`validation_step`).

@@ -4,12 +4,21 @@ data flow, with the twins right next to it that must still be flagged by default
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
-from torchmem.lint import lint_source
+from torchmem.lint import lint_paths, lint_source
 
 
 def found(src: str, path: str = "predict.py") -> list[tuple[str, str, str]]:
     return [(f.code, f.form, f.severity) for f in lint_source(textwrap.dedent(src), path)]
+
+
+def project(root: Path, files: dict[str, str]) -> list[str]:
+    for name, text in files.items():
+        p = root / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    return [f.code for f in lint_paths([root], config=False)]
 
 
 # -- granite-tsfm: a row of one batch's output clamped and written back into the same tensor ----------------
@@ -55,3 +64,50 @@ def test_an_entry_that_brings_in_another_output_or_the_programs_function_stays_a
     ):
         got = found(CLAMP.replace("{value}", value))
         assert ("TM010", "eval-mode", "warning") in got, (value, got)
+
+
+# -- ipex-llm (round HH): an evaluation method whose only caller, in another file, runs under no_grad --------
+PPL = """
+import torch
+
+
+class PPL:
+    def __init__(self, model):
+        self.model = model
+
+    def perplexity(self, encoded):
+        self.model.eval()
+        ppls = []
+        for bid in range(len(encoded)):
+            logits = self.model(encoded[bid : bid + 1]).logits
+            ppls += torch.exp2(logits.mean(1)).tolist()
+        return sum(ppls) / len(ppls)
+"""
+
+RUN = """
+import torch
+
+from bench.ppl import PPL
+
+
+{decorator}
+def main(model, encoded):
+    return PPL(model).perplexity(encoded)
+"""
+
+
+def test_a_method_called_under_no_grad_from_another_file_of_the_project_is_not_flagged(
+    tmp_path: Path,
+) -> None:
+    files = {"bench/__init__.py": "", "bench/ppl.py": PPL, "run.py": RUN.format(decorator="@torch.no_grad()")}
+    assert project(tmp_path, files) == []
+
+
+def test_a_method_its_other_files_call_with_autograd_on_is_flagged(tmp_path: Path) -> None:
+    files = {"bench/__init__.py": "", "bench/ppl.py": PPL, "run.py": RUN.format(decorator="")}
+    assert "TM002" in project(tmp_path / "a", files)
+    # a file that imports another class of the same name from elsewhere decides nothing
+    files["run.py"] = RUN.format(decorator="@torch.no_grad()").replace("bench.ppl", "other.ppl")
+    files["other/__init__.py"] = ""
+    files["other/ppl.py"] = "class PPL:\n    def perplexity(self, encoded):\n        return 0.0\n"
+    assert "TM002" in project(tmp_path / "b", files)
