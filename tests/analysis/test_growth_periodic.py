@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 import re
 
-from torchmem.analysis.growth import GrowthStream, periodic_growth, periodic_rate
+from torchmem.analysis.growth import periodic_rate
+from torchmem.analysis.growth_stream import GrowthStream, periodic_growth
 from torchmem.analysis.run_growth import detect_run_growth
 from torchmem.capture.watch_verdict import GrowthTrack
 

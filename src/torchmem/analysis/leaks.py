@@ -26,18 +26,17 @@ from __future__ import annotations
 
 from torchmem.analysis.culprits import attribute, holder_name, holder_pattern, site_growth, through_hook
 from torchmem.analysis.growth import (
-    ROBUST_EVERY,
     ROBUST_SAMPLES,
     SHORT_BAND,
     SHORT_MIN_RISE,
     STAIR_SAMPLES,
     STEADY_EVIDENCE,
-    GrowthStream,
     detect_growth,
     inner_growth,
     short_run_growth,
     suggested_threshold,
 )
+from torchmem.analysis.growth_stream import ROBUST_EVERY, GrowthStream
 from torchmem.analysis.leak_fixes import (
     ACCUMULATION,
     CACHE,

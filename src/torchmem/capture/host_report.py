@@ -8,7 +8,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from torchmem._format import fmt_bytes
-from torchmem.analysis.growth import STEADY_READINGS, periodic_growth
+from torchmem.analysis.growth import STEADY_READINGS
+from torchmem.analysis.growth_stream import periodic_growth
 from torchmem.analysis.host import PYTHON_OBJECTS
 from torchmem.analysis.host_state import (
     ANOMALY,
