@@ -6,19 +6,13 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from torchmem.lint import lint_paths, lint_source
+from lint_project import project
+
+from torchmem.lint import lint_source
 
 
 def codes(src: str, path: str = "extract.py") -> list[str]:
     return [f.code for f in lint_source(textwrap.dedent(src), path)]
-
-
-def project(root: Path, files: dict[str, str]) -> list[str]:
-    for name, text in files.items():
-        p = root / name
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(textwrap.dedent(text))
-    return [f.code for f in lint_paths([root], config=False)]
 
 
 # -- rl4co: a rollout buffer emptied by a method of its class at each outer step ----------------------------
