@@ -620,12 +620,18 @@ def _agree(use: Sequence[tuple[int, ...]], step: int, value: int) -> bool:
     return value - use[0][2] >= 0.75 * sum(sizes)
 
 
+def read_between(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """A reading was taken between jump ``a`` and the next jump ``b`` (``b``'s reading before is after ``a``):
+    the figure stayed flat between them, as a stair does, rather than rising at every reading."""
+    return len(b) > 3 and b[3] > a[0]
+
+
 def periodic_words(jumps: Sequence[tuple[int, ...]], size: float, period: float) -> str:
     """How growth of ``size`` every ``period`` steps was seen: in jumps with flat readings between them, or
     at every reading (steady growth read every few steps looks the same to :func:`periodic_rate`, and is
     not called periodic)."""
     use = list(jumps)[-PERIODIC_LAST:]
-    if any(len(b) > 3 and b[3] > a[0] for a, b in itertools.pairwise(use)):
+    if any(read_between(a, b) for a, b in itertools.pairwise(use)):
         return f"rises by about {fmt_bytes(size)} every {period:.0f} steps, flat between"
     return f"rises at every reading, about {fmt_bytes(size)} every {period:.0f} steps"
 
@@ -668,6 +674,7 @@ __all__ = [
     "inner_growth",
     "periodic_rate",
     "periodic_words",
+    "read_between",
     "short_run_growth",
     "suggested_threshold",
 ]

@@ -22,6 +22,7 @@ from torchmem.analysis.growth import (
     _robust_growth,
     _steady_growth,
     periodic_rate,
+    read_between,
 )
 from torchmem.results.leaks import Growth
 
@@ -212,7 +213,7 @@ def _flat_between(use: Sequence[tuple[int, ...]]) -> bool:
     """Most of the jumps ``use`` have a reading between them and the one before (flat stairs, not growth seen
     at every reading)."""
     pairs = list(itertools.pairwise(use))
-    return bool(pairs) and 2 * sum(len(b) > 3 and b[3] > a[0] for a, b in pairs) >= len(pairs)
+    return bool(pairs) and 2 * sum(read_between(a, b) for a, b in pairs) >= len(pairs)
 
 
 __all__ = ["ROBUST_EVERY", "GrowthStream", "periodic_growth"]
