@@ -290,3 +290,52 @@ def test_objects_frozen_by_gc_freeze_are_said_to_be_out_of_the_walk_s_reach() ->
     assert r.frozen > 0, r.frozen
     assert "frozen by gc.freeze()" in str(r) and "gc.unfreeze()" in str(r), str(r)
     assert type(r).from_dict(r.to_dict()).frozen == r.frozen
+
+
+def _lines_of(report: torchmem.LiveTensorReport, ts: list[torch.Tensor]) -> list[str]:
+    """The printed entry of each storage of ``ts`` (its line and the 'held by' line under it, if any)."""
+    text = render_live(report, top=len(report.tensors)).splitlines()
+    want = {t.untyped_storage().nbytes() for t in ts}
+    out = []
+    for i, line in enumerate(text):
+        if any(t.name and line.rstrip().endswith(t.name) and t.bytes in want for t in report.tensors):
+            nxt = text[i + 1] if i + 1 < len(text) else ""
+            out.append(line + ("\n" + nxt if nxt.strip().startswith("held by") else ""))
+    return out
+
+
+def test_a_parameter_of_a_reachable_model_is_not_said_held_by_a_kept_loss_graph() -> None:
+    """The holder search's shortest path to a parameter can be a kept loss's graph leaf or the optimizer's
+    state keys: printed under ``model.0.weight`` as 'held by loss.grad_fn' it reads as if deleting the loss
+    would free the weight. A named tensor of a module or optimizer the program reaches is held by its name."""
+    model = torch.nn.Sequential(torch.nn.Linear(96, 80), torch.nn.ReLU(), torch.nn.Linear(80, 72))
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(2):
+        loss = model(torch.randn(4, 96)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    report = torchmem.live_tensors("cpu")
+    w = model[0].weight
+    mine = [t for t in report.tensors if t.bytes == w.untyped_storage().nbytes() and t.name]
+    assert {t.category for t in mine} >= {"parameter", "gradient", "optimizer state"}, mine
+    for t in mine:
+        assert t.holder == t.name, t
+        assert "grad_fn" not in (t.holder or "") and "state key" not in (t.holder or ""), t
+    printed = _lines_of(report, [w])
+    assert printed and not any("held by" in p for p in printed), printed
+    del loss, opt
+
+
+def test_a_parameter_only_a_kept_loss_graph_holds_is_said_held_by_it() -> None:
+    """The same weight after ``del model, opt``: the kept loss's graph is what holds it, and is said."""
+    model = torch.nn.Linear(88, 76)
+    loss = model(torch.randn(4, 88)).sum()
+    nbytes = model.weight.untyped_storage().nbytes()
+    del model
+    gc.collect()
+    report = torchmem.live_tensors("cpu")
+    mine = [t for t in report.tensors if t.bytes == nbytes and t.category == "parameter"]
+    assert len(mine) == 1 and mine[0].holder is not None and "loss" in mine[0].holder, mine
+    assert "grad_fn" in mine[0].holder, mine
+    del loss

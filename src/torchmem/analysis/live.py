@@ -595,6 +595,12 @@ def census(
                 owner = (pool.label, "CUDA graphs")
         if isinstance(name, tuple):
             name = resolve(name)
+            if holder is not None and hp is not None and owner_index is not None and owner_paths[owner_index] is not None:
+                # A parameter, buffer, gradient or optimizer state of a module or optimizer the program
+                # reaches: its name is a holder path. The search's shortest path can be another (a kept
+                # loss's graph leaf, the optimizer's state keys): true, but printed beside the name it reads
+                # as if that were what keeps the tensor alive.
+                holder = name
         layout = str(t.layout).replace("torch.", "")
         if part is not None:  # a part of a sparse tensor: say so in the name people read
             name = f"{name} ({layout} {part})" if name else f"{layout} {part}"

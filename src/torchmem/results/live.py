@@ -28,7 +28,9 @@ class LiveTensor:
     dtype: str
     category: str
     name: str | None  # parameter/buffer path, or what autograd saved it for
-    holder: str | None  # shortest readable holder path
+    # a holder path: the name itself for a parameter, buffer, gradient or optimizer state of a module or
+    # optimizer the program reaches; else the shortest path found
+    holder: str | None
     views: int  # Python tensors sharing the storage
     layout: str = "strided"  # "sparse_coo", "sparse_csr", ...: the storage is one part of a sparse tensor
     part: str | None = None  # which part of a sparse tensor: "values", "indices", "crow_indices", ...
