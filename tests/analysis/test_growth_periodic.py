@@ -203,3 +203,40 @@ def test_an_irregular_jump_before_regular_ones_does_not_hide_them() -> None:
     assert found is not None and abs(found[0] - 16 * MiB / 20) < 0.15 * 16 * MiB / 20, found
     # must not: the same jumps with the regular ones given back since (the figure fell back)
     assert periodic_rate(jumps, 240, 300 * MiB) is None
+
+
+def _jumps(sizes: list[float], period: int, *, read_every: int) -> list[tuple[int, int, int, int]]:
+    """``(step, rise, value before, step of the reading before)`` of jumps of ``sizes`` one per ``period``."""
+    out, value = [], 100 * MiB
+    for k, v in enumerate(sizes, 1):
+        out.append((period * k, int(v), value, period * k - read_every))
+        value += int(v)
+    return out
+
+
+def test_one_jump_split_over_two_readings_does_not_shorten_the_period() -> None:
+    """15.6 MiB every 20 steps, one of them read mid-way (12.15 MiB, the rest below the threshold in the
+    next reading): one jump is 15.6 MiB and the period 20, not 12.15 MiB every 15."""
+    sizes = [15.6 * MiB, 15.6 * MiB, 12.15 * MiB, 15.6 * MiB, 15.6 * MiB, 15.6 * MiB]
+    jumps = _jumps(sizes, 20, read_every=5)
+    got = periodic_rate(jumps, 125, jumps[-1][2] + jumps[-1][1])
+    assert got is not None
+    rate, size, period = got
+    assert abs(size - 15.6 * MiB) < 0.05 * 15.6 * MiB, size / MiB
+    assert 18 <= period <= 22, period
+
+
+def test_readings_that_span_two_jumps_still_give_one_jump_and_its_period() -> None:
+    """Read every 30 steps, 4 MiB every 25: some readings see two jumps (8 MiB); one jump stays 4 MiB."""
+    sizes = [4 * MiB, 4 * MiB, 4 * MiB, 8 * MiB, 4 * MiB, 4 * MiB, 8 * MiB]
+    at = [30, 60, 90, 120 + 30, 180, 210, 270]
+    value, jumps = 100 * MiB, []
+    prev = 0
+    for a, v in zip(at, sizes):
+        jumps.append((a, int(v), value, prev))
+        value += int(v)
+        prev = a
+    got = periodic_rate(jumps, 280, value)
+    assert got is not None
+    rate, size, period = got
+    assert size == 4 * MiB and 20 <= period <= 30, (size / MiB, period)

@@ -566,7 +566,8 @@ def periodic_rate(jumps: Sequence[tuple[int, ...]], step: int, value: int) -> tu
     since (the figure now is at least 3/4 of their sum above where the first began), and the newest reading
     may not lie more than 1.5 gaps after the last jump: growth that stopped for two of its own periods is
     not periodic any more. The rate is the jumps after the first over the steps they span; one jump, the
-    smallest (a reading that spans two sees both); the period, one jump over the rate.
+    median of the jumps within 1.5x of the smallest (a reading that spans two sees both; a jump split over
+    two readings leaves a smaller part); the period, one jump over the rate.
 
     Example:
         >>> periodic_rate([(25 * k, 4 << 20, (4 << 20) * k) for k in range(1, 6)], 130, 5 * (4 << 20))
@@ -595,9 +596,11 @@ def _periodic_of(use: Sequence[tuple[int, ...]]) -> tuple[float, int, float]:
     at = [j[0] for j in use]
     sizes = [j[1] for j in use]
     rate = sum(sizes[1:]) / (at[-1] - at[0])
-    # One jump is the smallest seen: readings that span two of them see twice its size (the median of
-    # a coarse grid's readings would give a period too long).
-    base = min(sizes)
+    # One jump: readings that span two of them see twice its size (the median of a coarse grid's readings
+    # would give a period too long), and a jump split over two readings leaves one smaller part (the
+    # smallest alone would give a period too short): the median of those within 1.5x of the smallest.
+    low = min(sizes)
+    base = _median([v for v in sizes if v < 1.5 * low])
     return rate, int(base), base / rate
 
 

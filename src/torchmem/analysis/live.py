@@ -595,7 +595,8 @@ def census(
                 owner = (pool.label, "CUDA graphs")
         if isinstance(name, tuple):
             name = resolve(name)
-            if holder is not None and hp is not None and owner_index is not None and owner_paths[owner_index] is not None:
+            reached = owner_index is not None and owner_paths[owner_index] is not None
+            if holder is not None and hp is not None and reached:
                 # A parameter, buffer, gradient or optimizer state of a module or optimizer the program
                 # reaches: its name is a holder path. The search's shortest path can be another (a kept
                 # loss's graph leaf, the optimizer's state keys): true, but printed beside the name it reads
