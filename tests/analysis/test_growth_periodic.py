@@ -224,6 +224,7 @@ def test_one_jump_split_over_two_readings_does_not_shorten_the_period() -> None:
     rate, size, period = got
     assert abs(size - 15.6 * MiB) < 0.05 * 15.6 * MiB, size / MiB
     assert 18 <= period <= 22, period
+    assert abs(rate - 15.6 * MiB / 20) < 0.15 * 15.6 * MiB / 20, rate
 
 
 def test_readings_that_span_two_jumps_still_give_one_jump_and_its_period() -> None:
@@ -238,5 +239,5 @@ def test_readings_that_span_two_jumps_still_give_one_jump_and_its_period() -> No
         prev = a
     got = periodic_rate(jumps, 280, value)
     assert got is not None
-    rate, size, period = got
+    _rate, size, period = got
     assert size == 4 * MiB and 20 <= period <= 30, (size / MiB, period)
