@@ -160,6 +160,37 @@ def test_live_tensors_on_cuda_reconcile_with_the_allocator() -> None:
     del kept
 
 
+def test_printed_live_tensors_of_a_transformers_model_name_each_weight_by_its_module() -> None:
+    """A newcomer's ``print(torchmem.live_tensors())`` after a few AdamW steps of a Hugging Face model, its
+    last loss kept: each weight, gradient and optimizer state is listed under its module's name, with no
+    'held by' line pointing at the loss's graph (which references every weight too)."""
+    transformers = pytest.importorskip("transformers")
+    import torchmem
+
+    cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=256, vocab_size=1000, n_positions=128)
+    model = transformers.GPT2LMHeadModel(cfg).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(3):
+        ids = torch.randint(0, 1000, (4, 64), device="cuda")
+        loss = model(ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    r = torchmem.live_tensors("cuda:0")
+    text = str(r)
+    mine = [t for t in r.tensors if t.category in ("parameter", "gradient", "optimizer state")]
+    assert len(mine) >= 3 * len(list(model.parameters())) - 2, text  # tied embeddings share a storage
+    assert all(t.name and t.holder == t.name for t in mine), [t for t in mine if t.holder != t.name][:3]
+    assert "grad_fn" not in "\n".join(line for line in text.splitlines() if "held by" in line), text
+    assert r.allocated == torch.cuda.memory_allocated(0) and r.unexplained == r.allocated - r.total
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "live_tensors_gpt2.txt"), "w") as f:
+            f.write(text + "\n")
+    del loss, opt, model
+
+
 def test_cuda_graph_pools_are_reset_and_other_devices_left_alone() -> None:
     import torchmem
 
