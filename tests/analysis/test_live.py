@@ -339,3 +339,31 @@ def test_a_parameter_only_a_kept_loss_graph_holds_is_said_held_by_it() -> None:
     assert len(mine) == 1 and mine[0].holder is not None and "loss" in mine[0].holder, mine
     assert "grad_fn" in mine[0].holder, mine
     del loss
+
+
+def test_optimizer_state_of_a_function_s_locals_is_named_without_the_frame_twice() -> None:
+    """A training loop in ``def main()``: the state is ``main() ..., local 'opt'.state[model.0.weight]...``,
+    not the frame's label written again inside the brackets."""
+    model = torch.nn.Sequential(torch.nn.Linear(40, 36))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 40)).sum().backward()
+    opt.step()
+    report = torchmem.live_tensors("cpu")
+    nbytes = model[0].weight.untyped_storage().nbytes()
+    state = [t for t in report.tensors if t.category == "optimizer state" and t.bytes == nbytes]
+    assert len(state) == 2, state
+    for t in state:
+        assert t.name is not None and ", local 'opt'.state[0.weight]" not in t.name, t.name
+        assert t.name.count(", local '") == 1 and ".state[model.0.weight]['exp_avg" in t.name, t.name
+    del opt
+
+
+def test_the_scope_an_optimizer_state_name_shares_is_dropped_only_when_it_is_the_same() -> None:
+    from torchmem.analysis.live import _same_scope
+
+    a, b = "main() in train.py, local 'opt'", "main() in train.py, local 'model'.0.weight"
+    assert _same_scope(a, b) == "model.0.weight"
+    other = "evaluate() in train.py, local 'model'.0.weight"  # another frame's local: kept whole
+    assert _same_scope(a, other) == other
+    assert _same_scope("__main__.opt", "__main__.model.0.weight") == "model.0.weight"
+    assert _same_scope("pkg.trainer.opt", "__main__.model.0.weight") == "__main__.model.0.weight"

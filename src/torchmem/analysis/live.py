@@ -328,6 +328,20 @@ def _label(t: torch.Tensor) -> str:
     return f"<{kind} {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}>"
 
 
+def _same_scope(owner: str, inner: str) -> str:
+    """``inner`` (a parameter's name inside an optimizer state's name) without the scope it shares with
+    ``owner``: ``opt.state[model.0.weight]`` for two locals of one frame (``main() in train.py, local 'opt'``
+    and ``main() in train.py, local 'model'.0.weight``) or two globals of ``__main__``; else as it is."""
+    mark = ", local '"
+    if mark in owner and mark in inner:
+        scope, _, rest = inner.partition(mark)
+        if owner.partition(mark)[0] == scope:
+            return rest.replace("'", "", 1)
+    elif owner.startswith("__main__.") and inner.startswith("__main__."):
+        return inner[len("__main__.") :]
+    return inner
+
+
 def collect_live(device: torch.device, allocated: int | None, with_holders: bool = True) -> LiveTensorReport:
     """Build the report for ``device`` (the public wrapper reads ``allocated`` from the device layer)."""
     report = census(device, allocated, with_holders).report
@@ -565,6 +579,8 @@ def census(
             inner = resolve(name[2])
             if inner.startswith(owner + ".") or inner.startswith(owner + "["):  # the owner's own parameter
                 inner = inner[len(owner) :].lstrip(".")
+            else:
+                inner = _same_scope(owner, inner)
             text = text.replace("{p}", inner)
         return text
 
