@@ -241,3 +241,18 @@ def test_readings_that_span_two_jumps_still_give_one_jump_and_its_period() -> No
     assert got is not None
     _rate, size, period = got
     assert size == 4 * MiB and 20 <= period <= 30, (size / MiB, period)
+
+
+def test_stair_spacing_is_the_steps_between_rises_of_a_figure_flat_between_them() -> None:
+    from torchmem.analysis.growth_stream import stair_spacing
+
+    xs = list(range(0, 200, 2))
+    stairs = [100 * MiB + (x // 25) * 2 * MiB for x in xs]
+    spacing = stair_spacing(xs, stairs, min_bytes_per_step=4 * KiB)
+    assert spacing is not None and 24 <= spacing <= 26, spacing  # read every 2 steps
+    steady = [100 * MiB + x * 64 * KiB for x in xs]  # growth at every reading: not stairs
+    assert stair_spacing(xs, steady, min_bytes_per_step=4 * KiB) is None
+    once = [100 * MiB + (8 * MiB if x >= 100 else 0) for x in xs]  # one rise: no spacing to speak of
+    assert stair_spacing(xs, once, min_bytes_per_step=4 * KiB) is None
+    flat = [100 * MiB + (x * 7919) % 3000 for x in xs]  # noise under the threshold
+    assert stair_spacing(xs, flat, min_bytes_per_step=4 * KiB) is None

@@ -209,6 +209,39 @@ def periodic_growth(
     return _periodic_growth(use, steps[-1], values[-1], min_bytes_per_step)
 
 
+STAIR_READINGS = 256
+"""The last readings :func:`stair_spacing` reads."""
+
+
+def stair_spacing(steps: Sequence[int], values: Sequence[int], *, min_bytes_per_step: float) -> float | None:
+    """Steps between the rises of a figure that grows in stairs (jumps of ``min_bytes_per_step`` or more
+    with a reading between them where it stayed flat: a validation pass every N steps that keeps its
+    outputs), from its last two to four jumps over the last :data:`STAIR_READINGS` readings; None when the
+    figure does not grow that way (no two such jumps, or growth at every reading).
+
+    What compares the program's objects at two moments (the host watcher's scans) must look further apart
+    than that: two scans between two rises see nothing grow.
+
+    Example:
+        >>> xs = list(range(0, 100, 4))
+        >>> ys = [(x // 20) * (4 << 20) for x in xs]  # 4 MiB every 20 steps
+        >>> stair_spacing(xs, ys, min_bytes_per_step=4096)
+        20.0
+        >>> stair_spacing(xs, [x * 65536 for x in xs], min_bytes_per_step=4096) is None  # at every reading
+        True
+    """
+    if len(steps) < 3:
+        return None
+    stream = GrowthStream(min_bytes_per_step)
+    for x, y in zip(steps[-STAIR_READINGS:], values[-STAIR_READINGS:]):
+        stream.add(x, y)
+    use = list(stream.jumps)[-4:]
+    if len(use) < 2 or not _flat_between(use):
+        return None
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(use)]
+    return float(_median(gaps))
+
+
 def _flat_between(use: Sequence[tuple[int, ...]]) -> bool:
     """Most of the jumps ``use`` have a reading between them and the one before (flat stairs, not growth seen
     at every reading)."""
@@ -216,4 +249,4 @@ def _flat_between(use: Sequence[tuple[int, ...]]) -> bool:
     return bool(pairs) and 2 * sum(read_between(a, b) for a, b in pairs) >= len(pairs)
 
 
-__all__ = ["ROBUST_EVERY", "GrowthStream", "periodic_growth"]
+__all__ = ["ROBUST_EVERY", "STAIR_READINGS", "GrowthStream", "periodic_growth", "stair_spacing"]
