@@ -204,7 +204,7 @@ def periodic_growth(
     for x, y in zip(steps, values):
         stream.add(x, y)
     use = _regular_tail(stream.jumps, steps[-1], values[-1])
-    if use is None or not _flat_between(use):
+    if use is None or not flat_between(use):
         return None  # growth at every reading is the window's to judge (a call's inner climb looks the same)
     return _periodic_growth(use, steps[-1], values[-1], min_bytes_per_step)
 
@@ -236,17 +236,24 @@ def stair_spacing(steps: Sequence[int], values: Sequence[int], *, min_bytes_per_
     for x, y in zip(steps[-STAIR_READINGS:], values[-STAIR_READINGS:]):
         stream.add(x, y)
     use = list(stream.jumps)[-4:]
-    if len(use) < 2 or not _flat_between(use):
+    if len(use) < 2 or not flat_between(use):
         return None
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(use)]
     return float(_median(gaps))
 
 
-def _flat_between(use: Sequence[tuple[int, ...]]) -> bool:
+def flat_between(use: Sequence[tuple[int, ...]]) -> bool:
     """Most of the jumps ``use`` have a reading between them and the one before (flat stairs, not growth seen
     at every reading)."""
     pairs = list(itertools.pairwise(use))
     return bool(pairs) and 2 * sum(read_between(a, b) for a, b in pairs) >= len(pairs)
 
 
-__all__ = ["ROBUST_EVERY", "STAIR_READINGS", "GrowthStream", "periodic_growth", "stair_spacing"]
+__all__ = [
+    "ROBUST_EVERY",
+    "STAIR_READINGS",
+    "GrowthStream",
+    "flat_between",
+    "periodic_growth",
+    "stair_spacing",
+]

@@ -9,7 +9,9 @@ import collections
 import sys
 from collections.abc import Sequence
 
+from torchmem.analysis.growth import PERIODIC_LAST
 from torchmem.analysis.growth import WINDOW_READINGS as WINDOW
+from torchmem.analysis.growth_stream import GrowthStream, flat_between
 from torchmem.analysis.leaks import detect_growth
 from torchmem.results.leaks import Growth
 
@@ -81,6 +83,10 @@ class HostReadings:
         # of a reading: growth of the RSS alone is Python's only when these grow too.
         self._blocks: collections.deque[tuple[int, int]] = collections.deque(maxlen=WINDOW)
         self.rss_unexplained = 0.0  # RSS growth per step that no allocator's in-use figure shows
+        # The figure's readings as the device watcher judges its own (one growth engine): its periodic test
+        # finds growth in stairs during the run (a validation pass every 20 steps keeping its records, which
+        # the window's tests see as flat stretches), for the scans to name while the run goes on.
+        self._stream = GrowthStream(min_bytes_per_step)
         self.detected_at: int | None = None
         self.since: int | None = None  # the reading since which growth is seen without a break
         self.stopped_at: int | None = None
@@ -116,6 +122,7 @@ class HostReadings:
         ps, pv = self.ps, self.pv
         ps.append(n)
         pv.append(v)
+        self._stream.add(n, v)
         if self.run_first is None:
             self.run_first = (n, v)
         return len(pv) > 2 and v > pv[-2] > pv[-3] and v - pv[-3] >= self.min_bytes_per_step * (n - ps[-3])
@@ -184,6 +191,16 @@ class HostReadings:
 
     def evaluate(self, n: int, full: bool = True) -> None:
         g = self._judge(self.ps, self.pv, full)
+        if not g.leaking:
+            stairs = self._stream.growth
+            # stairs only: growth at every reading is the window's to judge (a call's inner climb, read
+            # every few steps, looks regular too)
+            if (
+                stairs.leaking
+                and stairs.method == "periodic"
+                and flat_between(self._stream.jumps[-PERIODIC_LAST:])
+            ):
+                g = stairs
         if not full and not g.leaking:
             return  # the steady test alone: it finds growth, the full test withdraws it
         self.growth = g
@@ -218,3 +235,4 @@ class HostReadings:
         if figure:
             self.ps.clear()
             self.pv.clear()
+            self._stream = GrowthStream(self.min_bytes_per_step)
