@@ -246,13 +246,15 @@ def test_readings_that_span_two_jumps_still_give_one_jump_and_its_period() -> No
 def test_stair_spacing_is_the_steps_between_rises_of_a_figure_flat_between_them() -> None:
     from torchmem.analysis.growth_stream import stair_spacing
 
+    def spacing(values: list[int]) -> float | None:
+        s = GrowthStream(min_bytes_per_step=4 * KiB)
+        for x, y in zip(xs, values):
+            s.add(x, y)
+        return stair_spacing(s.jumps)
+
     xs = list(range(0, 200, 2))
-    stairs = [100 * MiB + (x // 25) * 2 * MiB for x in xs]
-    spacing = stair_spacing(xs, stairs, min_bytes_per_step=4 * KiB)
-    assert spacing is not None and 24 <= spacing <= 26, spacing  # read every 2 steps
-    steady = [100 * MiB + x * 64 * KiB for x in xs]  # growth at every reading: not stairs
-    assert stair_spacing(xs, steady, min_bytes_per_step=4 * KiB) is None
-    once = [100 * MiB + (8 * MiB if x >= 100 else 0) for x in xs]  # one rise: no spacing to speak of
-    assert stair_spacing(xs, once, min_bytes_per_step=4 * KiB) is None
-    flat = [100 * MiB + (x * 7919) % 3000 for x in xs]  # noise under the threshold
-    assert stair_spacing(xs, flat, min_bytes_per_step=4 * KiB) is None
+    got = spacing([100 * MiB + (x // 25) * 2 * MiB for x in xs])
+    assert got is not None and 24 <= got <= 26, got  # read every 2 steps
+    assert spacing([100 * MiB + x * 64 * KiB for x in xs]) is None  # growth at every reading: not stairs
+    assert spacing([100 * MiB + (8 * MiB if x >= 100 else 0) for x in xs]) is None  # one rise
+    assert spacing([100 * MiB + (x * 7919) % 3000 for x in xs]) is None  # noise under the threshold

@@ -209,33 +209,23 @@ def periodic_growth(
     return _periodic_growth(use, steps[-1], values[-1], min_bytes_per_step)
 
 
-STAIR_READINGS = 256
-"""The last readings :func:`stair_spacing` reads."""
-
-
-def stair_spacing(steps: Sequence[int], values: Sequence[int], *, min_bytes_per_step: float) -> float | None:
-    """Steps between the rises of a figure that grows in stairs (jumps of ``min_bytes_per_step`` or more
-    with a reading between them where it stayed flat: a validation pass every N steps that keeps its
-    outputs), from its last two to four jumps over the last :data:`STAIR_READINGS` readings; None when the
-    figure does not grow that way (no two such jumps, or growth at every reading).
+def stair_spacing(jumps: Sequence[tuple[int, ...]]) -> float | None:
+    """Steps between the rises of a figure that grows in stairs, from its last two to four ``jumps`` (a
+    :class:`GrowthStream`'s: rises of the threshold or more between two readings) when a reading between
+    them stayed flat (a validation pass every N steps that keeps its outputs); None when the figure does not
+    grow that way (fewer than two jumps, or growth at every reading).
 
     What compares the program's objects at two moments (the host watcher's scans) must look further apart
     than that: two scans between two rises see nothing grow.
 
     Example:
-        >>> xs = list(range(0, 100, 4))
-        >>> ys = [(x // 20) * (4 << 20) for x in xs]  # 4 MiB every 20 steps
-        >>> stair_spacing(xs, ys, min_bytes_per_step=4096)
+        >>> s = GrowthStream(min_bytes_per_step=4096)
+        >>> for x in range(0, 100, 4):
+        ...     _ = s.add(x, (x // 20) * (4 << 20))  # 4 MiB every 20 steps
+        >>> stair_spacing(s.jumps)
         20.0
-        >>> stair_spacing(xs, [x * 65536 for x in xs], min_bytes_per_step=4096) is None  # at every reading
-        True
     """
-    if len(steps) < 3:
-        return None
-    stream = GrowthStream(min_bytes_per_step)
-    for x, y in zip(steps[-STAIR_READINGS:], values[-STAIR_READINGS:]):
-        stream.add(x, y)
-    use = list(stream.jumps)[-4:]
+    use = list(jumps)[-4:]
     if len(use) < 2 or not flat_between(use):
         return None
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(use)]
@@ -251,7 +241,6 @@ def flat_between(use: Sequence[tuple[int, ...]]) -> bool:
 
 __all__ = [
     "ROBUST_EVERY",
-    "STAIR_READINGS",
     "GrowthStream",
     "flat_between",
     "periodic_growth",

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from torchmem.analysis.growth import PERIODIC_LAST
 from torchmem.analysis.growth import WINDOW_READINGS as WINDOW
-from torchmem.analysis.growth_stream import GrowthStream, flat_between
+from torchmem.analysis.growth_stream import GrowthStream, flat_between, stair_spacing
 from torchmem.analysis.leaks import detect_growth
 from torchmem.results.leaks import Growth
 
@@ -126,6 +126,10 @@ class HostReadings:
         if self.run_first is None:
             self.run_first = (n, v)
         return len(pv) > 2 and v > pv[-2] > pv[-3] and v - pv[-3] >= self.min_bytes_per_step * (n - ps[-3])
+
+    def stair_spacing(self) -> float | None:
+        """Steps between the figure's rises where it grows in stairs (:func:`stair_spacing` of its jumps)."""
+        return stair_spacing(self._stream.jumps)
 
     def rose(self) -> bool:
         """Whether the newest reading of the figure rose at 0.8x the threshold's rate or more since the one

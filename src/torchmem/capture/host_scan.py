@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from torchmem._format import fmt_bytes
-from torchmem.analysis.growth_stream import stair_spacing
 from torchmem.analysis.holders import find_holders
 from torchmem.analysis.host import (
     AUTOGRAD_CHAIN,
@@ -74,9 +73,8 @@ from torchmem.results.leaks import Culprit
 # Host culprits that keep autograd graphs (their nodes are the live nodes that rise).
 _GRAPH_KINDS = frozenset({AUTOGRAD_CHAIN, RETAINED_GRAPH, ANOMALY})
 _MAX_ATTEMPTS = 4  # scan sequences that found nothing before scanning stops
-_MAX_GAP = (
-    100  # steps between two scans of a sequence at most (a figure that rises in stairs: see _sequence_gap)
-)
+# Steps between two scans of a sequence at most (a figure that rises in stairs: see sequence_gap).
+_MAX_GAP = 100
 
 
 class HostNodeCounts:
@@ -381,7 +379,7 @@ class HostScanner:
         if phase < 2:
             self._scans.append(scan)
             if phase == 0:
-                self._seq_gap, note = sequence_gap(self._readings.series, self._gap, self._min_bytes, n)
+                self._seq_gap, note = sequence_gap(self._readings.stair_spacing(), self._gap, n)
                 if note and not self._stairs_noted:
                     self._stairs_noted = True
                     self._notes.add(note)
@@ -585,9 +583,18 @@ class HostScanner:
     def _end_sequence(self, n: int, *, found: bool, graphs: bool = False) -> None:
         """The end of a scan sequence (``found``: it named culprits; ``graphs``: one of them keeps autograd
         graphs, so the live nodes rising with it are the same growth)."""
+        self._scans = []
+        self.due = None
+        self._instruments.close_window(on_thread=True)  # scans run on the watch's thread only
+        self._instruments.close_shapes()
+        self._tracer.stop()
         if self._state_facts is not None:
             self.checked = (self._state_facts[0], self._account)
-        self._drop_sequence()
+        self._states = []
+        self._tracer.reset()
+        # The scans' memory stays resident after it is freed, and the program reuses it before the RSS grows
+        # again: the RSS is judged afresh from here.
+        self._readings.afresh(figure=self._source == "rss")
         if found:
             self._found_on |= self._scanning_for
             if self.chain_facts or graphs:
@@ -600,19 +607,6 @@ class HostScanner:
         self._attempts += 1
         self._quiet_until = n + 64 * 2**self._attempts
         self._quiet_t = time.perf_counter() + 200 * self.seconds
-
-    def _drop_sequence(self) -> None:
-        """No scan sequence under way any more: its windows closed, tracing stopped."""
-        self._scans = []
-        self.due = None
-        self._instruments.close_window(on_thread=True)  # scans run on the watch's thread only
-        self._instruments.close_shapes()
-        self._tracer.stop()
-        self._states = []
-        self._tracer.reset()
-        # The scans' memory stays resident after it is freed, and the program reuses it before the RSS grows
-        # again: the RSS is judged afresh from here.
-        self._readings.afresh(figure=self._source == "rss")
 
     def objects_still_growing(self, steps: int) -> dict[str, float]:
         """The growing types of the last scans whose instances kept growing since (one heap scan, cached
@@ -680,12 +674,11 @@ _OWN_STATE = (
 )
 
 
-def sequence_gap(series: HostSeries, gap: int, min_bytes: int, n: int) -> tuple[int, str]:
+def sequence_gap(spacing: float | None, gap: int, n: int) -> tuple[int, str]:
     """Steps between the scans of a sequence starting at step ``n``, and a note where they are not ``gap``:
-    where the figure rises in stairs (a validation pass every 20 steps that keeps its outputs), 1.5x the steps
-    between its rises (up to :data:`_MAX_GAP`). Two scans between two rises see nothing grow, and a sequence
+    where the figure rises in stairs ``spacing`` steps apart (a validation pass every 20 steps that keeps its
+    outputs), 1.5x that (up to :data:`_MAX_GAP`). Two scans between two rises see nothing grow, and a sequence
     that found nothing would say that nothing torchmem can see explains the growth."""
-    spacing = stair_spacing(series.steps, series.values, min_bytes_per_step=max(1, min_bytes))
     if spacing is None or spacing <= gap:
         return gap, ""
     # 1.5x: the spacing is read on the readings' grid (a rise every 20 steps read as 18 on a GPU run, where
