@@ -258,3 +258,36 @@ def test_stair_spacing_is_the_steps_between_rises_of_a_figure_flat_between_them(
     assert spacing([100 * MiB + x * 64 * KiB for x in xs]) is None  # growth at every reading: not stairs
     assert spacing([100 * MiB + (8 * MiB if x >= 100 else 0) for x in xs]) is None  # one rise
     assert spacing([100 * MiB + (x * 7919) % 3000 for x in xs]) is None  # noise under the threshold
+
+
+def test_the_stairs_verdict_is_the_streams_own_in_the_run_and_at_its_end() -> None:
+    from torchmem.capture.host_readings import HostReadings
+
+    xs = list(range(0, 200, 2))
+
+    def fed(values: list[int]) -> tuple[GrowthStream, HostReadings]:
+        s = GrowthStream(min_bytes_per_step=4 * KiB)
+        rd = HostReadings(warmup=0, min_bytes_per_step=4 * KiB)
+        for x, y in zip(xs, values):
+            s.add(x, y)
+            rd.add_figure(x, y, warm=False)
+            rd.evaluate(x)
+        return s, rd
+
+    stairs = [100 * MiB + (x // 25) * 2 * MiB for x in xs]  # a validation pass every 25 steps, kept
+    s, rd = fed(stairs)
+    g = s.stairs()
+    assert g is not None and g.leaking and g.method == "periodic", g
+    assert "every 25 steps, flat between" in g.reason, g.reason
+    assert periodic_growth(xs, stairs, min_bytes_per_step=4 * KiB) == g  # the finished series: the same
+    assert rd.stairs() == g and rd.growth.method == "periodic"  # the host readings: the same, in the run
+    # growth at every reading, one rise, noise: no stairs verdict (the window's tests judge the first)
+    for values in (
+        [100 * MiB + x * 64 * KiB for x in xs],
+        [100 * MiB + (8 * MiB if x >= 100 else 0) for x in xs],
+        [100 * MiB + (x * 7919) % 3000 for x in xs],
+    ):
+        s, rd = fed(values)
+        assert s.stairs() is None and rd.stairs() is None
+        assert periodic_growth(xs, values, min_bytes_per_step=4 * KiB) is None
+    assert GrowthStream().stairs() is None  # no readings

@@ -1,7 +1,8 @@
 """Growth judged one reading at a time: :class:`GrowthStream` gives
 :func:`~torchmem.analysis.growth.detect_growth`'s verdict at O(1) per reading for the series that are not
 leaks (what a watcher calls at every step), with the periodic test over the jumps of the whole run;
-:func:`periodic_growth` runs that test over a finished series (the host report's end-of-run check). Pure
+:meth:`GrowthStream.stairs` is the verdict on a figure that grows in stairs, and :func:`periodic_growth`
+that verdict over a finished series. Pure
 functions over numbers (re-exported by :mod:`torchmem.analysis.leaks`).
 """
 
@@ -126,6 +127,20 @@ class GrowthStream:
         """Whether the newest reading rose at 0.8x the threshold's rate or more since the one before."""
         return self._rises > 0
 
+    def stairs(self) -> Growth | None:
+        """The periodic test's leak verdict at the newest reading where the figure grows in stairs (the
+        regular run of the last jumps, most of them with a reading between them and the one before: a
+        validation pass every N steps that keeps its outputs), or None: growth seen at every reading is the
+        window's tests' to judge (a call's inner climb read every few steps looks regular too). The one
+        stairs verdict of a figure, taken during the run and at its end."""
+        if not self.values:
+            return None
+        step, value = self.steps[-1], self.values[-1]
+        use = _regular_tail(self._jumps, step, value)
+        if use is None or not flat_between(use):
+            return None
+        return _periodic_growth(use, step, value, self.min_bytes_per_step)
+
     def add(self, step: int, value: int) -> Growth:
         """Add the reading ``value`` taken at ``step`` (steps strictly increasing); return the verdict (also
         kept in ``growth``; ``leaking`` is its ``leaking``)."""
@@ -198,15 +213,10 @@ def periodic_growth(
         >>> g.leaking, g.method, round(g.bytes_per_step)
         (True, 'periodic', 209715)
     """
-    if not steps:
-        return None
     stream = GrowthStream(min_bytes_per_step)
     for x, y in zip(steps, values):
         stream.add(x, y)
-    use = _regular_tail(stream.jumps, steps[-1], values[-1])
-    if use is None or not flat_between(use):
-        return None  # growth at every reading is the window's to judge (a call's inner climb looks the same)
-    return _periodic_growth(use, steps[-1], values[-1], min_bytes_per_step)
+    return stream.stairs()
 
 
 def stair_spacing(jumps: Sequence[tuple[int, ...]]) -> float | None:

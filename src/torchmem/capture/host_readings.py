@@ -9,9 +9,8 @@ import collections
 import sys
 from collections.abc import Sequence
 
-from torchmem.analysis.growth import PERIODIC_LAST
 from torchmem.analysis.growth import WINDOW_READINGS as WINDOW
-from torchmem.analysis.growth_stream import GrowthStream, flat_between, stair_spacing
+from torchmem.analysis.growth_stream import GrowthStream, stair_spacing
 from torchmem.analysis.leaks import detect_growth
 from torchmem.results.leaks import Growth
 
@@ -127,6 +126,11 @@ class HostReadings:
             self.run_first = (n, v)
         return len(pv) > 2 and v > pv[-2] > pv[-3] and v - pv[-3] >= self.min_bytes_per_step * (n - ps[-3])
 
+    def stairs(self) -> Growth | None:
+        """The figure's stairs verdict (:meth:`GrowthStream.stairs` of its readings after the warm-up), in
+        the run and at its end."""
+        return self._stream.stairs()
+
     def stair_spacing(self) -> float | None:
         """Steps between the figure's rises where it grows in stairs (:func:`stair_spacing` of its jumps)."""
         return stair_spacing(self._stream.jumps)
@@ -196,15 +200,7 @@ class HostReadings:
     def evaluate(self, n: int, full: bool = True) -> None:
         g = self._judge(self.ps, self.pv, full)
         if not g.leaking:
-            stairs = self._stream.growth
-            # stairs only: growth at every reading is the window's to judge (a call's inner climb, read
-            # every few steps, looks regular too)
-            if (
-                stairs.leaking
-                and stairs.method == "periodic"
-                and flat_between(self._stream.jumps[-PERIODIC_LAST:])
-            ):
-                g = stairs
+            g = self.stairs() or g
         if not full and not g.leaking:
             return  # the steady test alone: it finds growth, the full test withdraws it
         self.growth = g

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 from torchmem._format import fmt_bytes
 from torchmem.analysis.growth import STEADY_READINGS
-from torchmem.analysis.growth_stream import periodic_growth
 from torchmem.analysis.host import PYTHON_OBJECTS
 from torchmem.analysis.host_state import (
     ANOMALY,
@@ -71,11 +70,10 @@ def build_report(v: HostView) -> LeakReport:
             first=rd.run_first,
             min_bytes_per_step=v.min_bytes_per_step,
         )
-        if not g.leaking and series:
+        if not g.leaking:
             # growth every N steps (outputs kept at each validation pass) read densely after each rise: the
             # window's tail is flat for as many readings as a one-time rise's; the jumps over the run are not
-            xs, ys = zip(*series)
-            g = periodic_growth(xs, ys, min_bytes_per_step=v.min_bytes_per_step) or g
+            g = rd.stairs() or g
         verdict, reason, trend, confidence = g.verdict, g.reason, g.trend_per_step, g.confidence
         if g.leaking:
             leaking, per_step = True, g.bytes_per_step
