@@ -864,3 +864,37 @@ def test_growth_at_every_step_keeps_its_scans_two_steps_apart() -> None:
     r = _history_leak(200, history).report()
     assert r.leaking, str(r)
     assert not any("flat stretches between" in n for n in r.notes), r.notes
+
+
+# -- the traced lines: grouped without tracemalloc's per-trace objects -------------------------------------
+def _kept_rows(n: int) -> list[list[float]]:
+    return [[float(i)] * 200 for i in range(n)]  # KEEP ROWS
+
+
+def test_traced_lines_group_the_snapshot_as_tracemalloc_s_own_statistics_do() -> None:
+    """The traces grouped by traceback from the snapshot's raw traces (what a scan does, while tracing goes
+    on) give what ``Snapshot.statistics("traceback")`` gives: the same groups, bytes and blocks, and the
+    same bytes per program line; the line that keeps its rows is among them with their bytes."""
+    from torchmem.capture.host_objects import _traceback_groups, traced_lines
+
+    tracemalloc.start(16)
+    try:
+        rows = _kept_rows(500)
+        names = {i: f"row {i}" for i in range(300)}  # another line's allocations
+        snap = tracemalloc.take_snapshot()
+        fast = _traceback_groups(snap)  # tracing still on: the grouping's own allocations are traced
+    finally:
+        tracemalloc.stop()
+    slow = [
+        (tuple((f.filename, f.lineno) for f in reversed(list(s.traceback))), s.size, s.count)
+        for s in snap.statistics("traceback")
+    ]
+    assert sorted(fast) == sorted(slow) and len(fast) >= 2 and len(names) == 300
+    lines = traced_lines(snap)
+    site = _line_of(_kept_rows, "# KEEP ROWS")
+    assert site in lines, sorted(lines)
+    kept = sum(sys.getsizeof(r) for r in rows)  # the 500 lists (the floats are 200 copies of one each)
+    assert kept <= lines[site][0] <= 2 * kept, (lines[site], kept)
+    # the same per-line bytes from tracemalloc's own grouping (the fallback where the raw traces are absent)
+    snap.traces._traces = tuple(snap.traces._traces)  # type: ignore[attr-defined]
+    assert traced_lines(snap) == lines
