@@ -276,3 +276,17 @@ def test_on_the_cpu_one_heap_reading_serves_both_watchers(tmp_path: Path) -> Non
     # (how many of the host's readings fall in step with the device watcher's depends on both strides,
     # which the readings' cost on this machine chooses: a fragmented worker heap made the host read on its
     # own 48 times against 39 shared in CI; what is tested here is that a shared one is never read twice)
+
+
+def test_the_median_step_is_the_median_of_an_even_count_too() -> None:
+    """The program's median step is ``statistics.median`` (torchmem's one median): of 1, 2, 3 and 10 ms steps,
+    2.5 ms (the upper middle value, 3 ms, was the overhead record's own median before)."""
+    o = Overhead()
+    assert o.median_step() is None
+    t = 0.0
+    o.step_ended(t, t, False)
+    for d in (0.001, 0.002, 0.003, 0.010):
+        t += d
+        o.step_began(t)
+        o.step_ended(t, t, False)
+    assert o.median_step() == pytest.approx(0.0025)

@@ -6,6 +6,7 @@ median step without it); written as the ``overhead`` record, and said in a note 
 from __future__ import annotations
 
 import collections
+import statistics
 from typing import Any
 
 # The estimated slowdown from which the end summary says what torchmem cost (issue 12's target for the usual
@@ -132,7 +133,5 @@ class Overhead:
 
 
 def _median(values: collections.deque[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2]
+    """The median (:func:`statistics.median`, as everywhere in torchmem), ``None`` for no values."""
+    return statistics.median(values) if values else None
