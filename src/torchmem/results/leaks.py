@@ -266,7 +266,9 @@ class LeakReport:
             (see :class:`Growth`), ``"inner_growth"`` (the peak grows inside each call), ``"gathered"`` (a
             GPU run's host memory holds what an inference loop gathers: its culprits say where),
             ``"device_graphs"`` (a GPU run's host growth is held by the autograd graphs the device's leak
-            report names: the same leak, said once); ``""`` in reports written before it existed.
+            report names: the same leak, said once), ``"bounded"`` (the growth is held where its owner bounds
+            it: ``torch.optim.LBFGS``'s curvature history, ``history_size`` pairs at most; ``torchmem run``);
+            ``""`` in reports written before it existed.
         trend_per_step: The measured growth per step, also below the threshold (``bytes_per_step`` stays 0
             unless leaking).
         min_bytes_per_step: The reporting threshold the watch used (0: unknown).

@@ -524,6 +524,7 @@ class Session:
         survivors = self._watchers.survivors_report(self._steps, self._source.label, leak)
         if leak is not None:
             leak = _named(leak, survivors, self)
+            leak = verdicts.bounded_history(leak, _live_optimizers)
             self._records.record("leak", report=leak.to_dict(), final=True)
         forecast = _write_forecast(self, leak)
         final_exc = None
@@ -657,6 +658,15 @@ def _end_memory_viz(path: str, note: Callable[[str], None]) -> None:
     problem = _ops.dump_history_snapshot(path)
     _ops.record_history(False)
     note(f"--memory-viz: {problem}" if problem else f"allocator history snapshot: {path}")
+
+
+def _live_optimizers() -> list[Any]:
+    """The program's live optimizers (one pass over the heap)."""
+    import gc
+
+    optim = torch.optim.Optimizer
+    # type() rather than isinstance(): some objects warn or raise when __class__ is read
+    return [o for o in gc.get_objects() if issubclass(type(o), optim)]
 
 
 def _named(leak: LeakReport, survivors: Any, s: Session) -> LeakReport:

@@ -5,7 +5,7 @@ the memory runs out at the leak's rate."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import torch
@@ -88,6 +88,67 @@ def named(
     if not culprits:
         return leak
     return dataclasses.replace(leak, culprits=culprits, notes=(*leak.notes, note))
+
+
+# torch.optim.LBFGS's curvature history: per parameter group, ``history_size`` pairs at most (it drops the
+# oldest), kept in the state of the group's first parameter under these keys.
+_LBFGS_HISTORY = ("['old_dirs']", "['old_stps']", "['ro']", "['al']")
+
+
+def bounded_history(leak: LeakReport, optimizers: Callable[[], Iterable[Any]]) -> LeakReport:
+    """A leak whose every culprit is held in a ``torch.optim.LBFGS``'s curvature history (its state's
+    ``old_dirs``/``old_stps``, bounded by ``history_size``) is not a leak: a run that ends before the history
+    is full sees it grow at each step. ``optimizers``: gives the program's live optimizers (only ``LBFGS``
+    ones count; called only when every culprit is held in such a history). The verdict becomes
+    ``bounded``, with how full the history is and what it holds at most. The leak stays where a culprit is
+    held anywhere else, no live LBFGS has a history, a history is full already, or the growth is more than
+    a step's iterations (``max_iter`` pairs) can add by the leak threshold."""
+    if not leak.leaking or not leak.culprits:
+        return leak
+    if not all(_in_lbfgs_history(c.holder) for c in leak.culprits):
+        return leak
+    found = []
+    for opt in optimizers():
+        if not isinstance(opt, torch.optim.LBFGS):
+            continue
+        for group in opt.param_groups:
+            params = group.get("params") or []
+            size = group.get("history_size")
+            state = opt.state.get(params[0]) if params else None
+            if not isinstance(size, int) or not isinstance(state, dict):
+                continue
+            dirs, stps = state.get("old_dirs"), state.get("old_stps")
+            if not isinstance(dirs, list) or not dirs or not isinstance(stps, list) or not stps:
+                continue
+            pair = sum(t.numel() * t.element_size() for t in (dirs[-1], stps[-1]))
+            found.append((len(dirs), size, pair, int(group.get("max_iter") or 1)))
+    if not found or any(n >= size for n, size, _, _ in found):
+        return leak  # (a full history grows no more: the growth is something else's)
+    rate = max(leak.bytes_per_step, leak.trend_per_step)
+    # One step adds a pair per iteration at most (max_iter): growth beyond that is something else's,
+    # which the culprits, the largest holders only, may leave out.
+    if rate - sum(it * b for _, _, b, it in found) >= leak.min_bytes_per_step:
+        return leak
+    kept = sum(n * b for n, _, b, _ in found)
+    most = sum(size * b for _, size, b, _ in found)
+    n, size, _, _ = found[0]
+    fix = (
+        f"torch.optim.LBFGS keeps its last history_size={size} pairs of update directions: bounded; a "
+        "smaller history_size= holds less"
+    )
+    return _not_a_leak(
+        leak,
+        "bounded",
+        rate,
+        f"memory grew by {fmt_bytes(int(rate))}/step in torch.optim.LBFGS's curvature history ({n} of "
+        f"history_size={size} pairs kept, {fmt_bytes(kept)}): it stops growing at history_size pairs, "
+        f"{fmt_bytes(most)} in all, so this is not a leak; pass a smaller history_size= to hold less",
+        culprits=tuple(dataclasses.replace(c, fix=fix) for c in leak.culprits),
+    )
+
+
+def _in_lbfgs_history(holder: str | None) -> bool:
+    return bool(holder) and ".state[" in str(holder) and any(k in str(holder) for k in _LBFGS_HISTORY)
 
 
 def survivors_beside(survivors: Any, leak: LeakReport | None, steps: int) -> Any:
