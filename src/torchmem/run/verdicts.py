@@ -148,7 +148,7 @@ def bounded_history(leak: LeakReport, optimizers: Callable[[], Iterable[Any]]) -
 
 
 def _in_lbfgs_history(holder: str | None) -> bool:
-    return bool(holder) and ".state[" in str(holder) and any(k in str(holder) for k in _LBFGS_HISTORY)
+    return holder is not None and ".state[" in holder and any(k in holder for k in _LBFGS_HISTORY)
 
 
 def survivors_beside(survivors: Any, leak: LeakReport | None, steps: int) -> Any:
